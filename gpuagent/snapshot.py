@@ -1,0 +1,214 @@
+"""The model: immutable, typed snapshots of a node's GPUs.
+
+Sources (``devices/``, later ``pods/`` and ``network/``) produce these; every consumer (exporter, API,
+enforcer, hints) reads only these. Field names carry their unit. ``None`` always means "not supported or
+not known" and must never be rendered as 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Health(str, enum.Enum):
+    """Health of one GPU as the poller last saw it."""
+
+    OK = "ok"
+    LOST = "lost"  # NVML_ERROR_GPU_IS_LOST: fallen off the bus, needs a reset
+    UNRESPONSIVE = "unresponsive"  # an NVML call on it hung past its timeout
+    ERROR = "error"  # the per-GPU read failed for another reason
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process using a GPU (or a MIG instance of it)."""
+
+    pid: int
+    comm: str  # process name from /proc/PID/comm, "" when it exited before we looked
+    kind: str  # "compute" or "graphics"
+    used_memory_bytes: int | None
+    sm_util_percent: float | None  # None on MIG (NVML has no per-process utilization there)
+    memory_util_percent: float | None
+    gpu_instance_id: int | None = None  # the MIG GPU instance it runs in, None when not MIG
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingSample:
+    """DCGM-style profiling counters from NVML's GPM API (Hopper and later); ratios are 0-1."""
+
+    graphics_active_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    fp64_active_ratio: float | None = None
+    fp32_active_ratio: float | None = None
+    fp16_active_ratio: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    nvlink_tx_bytes_per_second: float | None = None
+    nvlink_rx_bytes_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EccCounts:
+    sbe_volatile_total: int | None = None
+    dbe_volatile_total: int | None = None
+    sbe_aggregate_total: int | None = None
+    dbe_aggregate_total: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class XidRecord:
+    """XID errors of one GPU, as counted by the event-set watcher since the agent started."""
+
+    last_code: int | None = None  # the last XID seen inside the recent window, None when none
+    last_seen_unix: float | None = None
+    totals: Mapping[int, int] = field(default_factory=dict)  # xid code -> count since start
+    recent: Mapping[int, int] = field(default_factory=dict)  # xid code -> count inside the window
+
+
+@dataclass(frozen=True, slots=True)
+class MigSample:
+    """One MIG GPU instance (with its compute instance) of a MIG-enabled GPU."""
+
+    gpu_instance_id: int
+    compute_instance_id: int | None
+    uuid: str
+    profile: str  # e.g. "1g.10gb", as dcgm-exporter's GPU_I_PROFILE label
+    slice_fraction: float  # this instance's share of the GPU's compute slices (e.g. 1/7)
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    memory_free_bytes: int | None
+    processes: tuple[ProcessSample, ...] = ()
+    profiling: ProfilingSample | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """What does not change between polls (refreshed on a slow cadence)."""
+
+    index: int
+    uuid: str
+    name: str
+    serial: str | None
+    pci_bus_id: str
+    minor_number: int | None
+    memory_total_bytes: int | None
+    power_limit_watts: float | None
+    mig_enabled: bool
+    nvlink_peers: tuple[str, ...] = ()  # PCI bus ids of the NVLink peers of active links
+    gpm_supported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One poll of one GPU."""
+
+    info: GpuInfo
+    sampled_at_unix: float
+    health: Health = Health.OK
+    health_detail: str = ""
+    stale: bool = False  # the last read did not finish in time; values are from an earlier poll
+    gpu_util_percent: float | None = None
+    memory_copy_util_percent: float | None = None
+    encoder_util_percent: float | None = None
+    decoder_util_percent: float | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    sm_clock_hz: float | None = None
+    memory_clock_hz: float | None = None
+    graphics_clock_hz: float | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    power_watts: float | None = None
+    energy_joules_total: float | None = None
+    pcie_replay_total: int | None = None
+    pcie_tx_bytes_total: int | None = None
+    pcie_rx_bytes_total: int | None = None
+    nvlink_bandwidth_total: int | None = None
+    clock_event_reasons: int | None = None  # NVML clocks-event (throttle) reason bitmask
+    ecc: EccCounts | None = None
+    remapped_rows: RemappedRows | None = None
+    xid: XidRecord = field(default_factory=XidRecord)
+    profiling: ProfilingSample | None = None
+    processes: tuple[ProcessSample, ...] = ()
+    migs: tuple[MigSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """How one source fared in its last run (node_exporter's collector success/duration)."""
+
+    name: str
+    ok: bool
+    duration_seconds: float
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlCallStats:
+    """Time spent in one NVML function since start (a summary: sum and count)."""
+
+    function: str
+    calls_total: int
+    seconds_total: float
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlErrorCount:
+    function: str
+    code: str  # e.g. "GPU_IS_LOST", "TIMEOUT"
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything the agent knows about its node at one instant."""
+
+    hostname: str
+    backend: str  # "nvml" or "sim"
+    taken_at_unix: float
+    taken_at_monotonic: float
+    poll_duration_seconds: float
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    sources: tuple[SourceStatus, ...] = ()
+    nvml_calls: tuple[NvmlCallStats, ...] = ()
+    nvml_errors: tuple[NvmlErrorCount, ...] = ()
+    polls_total: int = 0
+
+    @property
+    def stale(self) -> bool:
+        return any(g.stale for g in self.gpus)
+
+
+def to_jsonable(value: Any) -> Any:
+    """A snapshot (or any part of it) as plain JSON types, enums by value, mappings with string keys."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
