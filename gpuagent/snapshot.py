@@ -179,6 +179,16 @@ class NvmlErrorCount:
 
 
 @dataclass(frozen=True, slots=True)
+class PollHistogram:
+    """Cumulative histogram of poll durations since start (Prometheus semantics: counts per upper bound)."""
+
+    upper_bounds: tuple[float, ...] = ()
+    cumulative_counts: tuple[int, ...] = ()  # one per upper bound, cumulative; +Inf is ``count``
+    sum_seconds: float = 0.0
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """Everything the agent knows about its node at one instant."""
 
@@ -195,6 +205,8 @@ class NodeSnapshot:
     nvml_calls: tuple[NvmlCallStats, ...] = ()
     nvml_errors: tuple[NvmlErrorCount, ...] = ()
     polls_total: int = 0
+    poll_histogram: PollHistogram = field(default_factory=PollHistogram)
+    poll_interval_seconds: float = 1.0
 
     @property
     def stale(self) -> bool:
