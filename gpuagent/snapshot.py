@@ -148,6 +148,8 @@ class GpuSample:
     remapped_rows: RemappedRows | None = None
     xid: XidRecord = field(default_factory=XidRecord)
     profiling: ProfilingSample | None = None
+    # Every process on this GPU, MIG or not (each carries its gpu_instance_id); MigSample.processes
+    # repeats the subset of one instance for convenience: iterate one or the other, never both.
     processes: tuple[ProcessSample, ...] = ()
     migs: tuple[MigSample, ...] = ()
 

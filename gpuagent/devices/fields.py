@@ -1,0 +1,63 @@
+"""Catalogue of the NVML field values read in one batched ``nvmlDeviceGetFieldValues`` call per tier.
+
+Each entry: the NVML field constant's name, the key the reader stores it under, and the factor from
+NVML's unit to ours (the key's unit). Reading through field values costs one NVML call for many counters,
+which keeps the driver lock short (see DESIGN.md, "Do no harm").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    nvml_name: str
+    key: str
+    scale: float = 1.0
+
+
+# Every poll.
+FAST_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("NVML_FI_DEV_MEMORY_TEMP", "memory_temperature_celsius"),
+    FieldSpec("NVML_FI_DEV_POWER_INSTANT", "power_watts", 1e-3),  # mW
+    FieldSpec("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_joules_total", 1e-3),  # mJ
+    FieldSpec("NVML_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_total"),
+    FieldSpec("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "pcie_tx_bytes_total"),
+    FieldSpec("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", "pcie_rx_bytes_total"),
+    FieldSpec("NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL", "nvlink_bandwidth_total"),
+)
+
+# Every slow poll (default 30 s): counters that change rarely.
+SLOW_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "sbe_volatile_total"),
+    FieldSpec("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", "dbe_volatile_total"),
+    FieldSpec("NVML_FI_DEV_ECC_SBE_AGG_TOTAL", "sbe_aggregate_total"),
+    FieldSpec("NVML_FI_DEV_ECC_DBE_AGG_TOTAL", "dbe_aggregate_total"),
+    FieldSpec("NVML_FI_DEV_RETIRED_SBE", "retired_pages_sbe"),
+    FieldSpec("NVML_FI_DEV_RETIRED_DBE", "retired_pages_dbe"),
+    FieldSpec("NVML_FI_DEV_RETIRED_PENDING", "retired_pages_pending"),
+)
+
+_UNION_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def field_ids(nvml: Any, specs: tuple[FieldSpec, ...]) -> list[int]:
+    return [getattr(nvml, s.nvml_name) for s in specs]
+
+
+def decode_field_values(nvml: Any, specs: tuple[FieldSpec, ...], values: Any) -> dict[str, float | int]:
+    """The fields that answered ``NVML_SUCCESS``, scaled; the others are absent (not 0)."""
+    out: dict[str, float | int] = {}
+    if values is None:
+        return out
+    for spec, value in zip(specs, values, strict=False):
+        if value.nvmlReturn != nvml.NVML_SUCCESS:
+            continue
+        member = _UNION_MEMBER.get(int(value.valueType))
+        if member is None:
+            continue
+        raw = getattr(value.value, member)
+        out[spec.key] = raw * spec.scale if spec.scale != 1.0 else raw
+    return out

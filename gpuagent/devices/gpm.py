@@ -1,0 +1,83 @@
+"""DCGM-style profiling counters from NVML's GPU Performance Monitoring (GPM) API, without DCGM.
+
+GPM metrics are computed between two samples taken more than 100 ms apart; the poller's own cadence
+provides the interval (each poll takes one sample and compares it with the previous one). Supported on
+Hopper and later; elsewhere there is no sampler and the fields are absent, never faked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from gpuagent.devices.guard import NvmlGuard
+from gpuagent.snapshot import ProfilingSample
+
+MIB = 1024 * 1024
+
+# GPM metric constant -> (ProfilingSample field, factor from GPM's unit: percent -> ratio, MiB/s -> B/s)
+_METRICS: tuple[tuple[str, str, float], ...] = (
+    ("NVML_GPM_METRIC_GRAPHICS_UTIL", "graphics_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_SM_UTIL", "sm_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy_ratio", 0.01),
+    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "tensor_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_DRAM_BW_UTIL", "dram_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_FP64_UTIL", "fp64_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_FP32_UTIL", "fp32_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_FP16_UTIL", "fp16_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", "pcie_tx_bytes_per_second", MIB),
+    ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", "pcie_rx_bytes_per_second", MIB),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "nvlink_tx_bytes_per_second", MIB),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", "nvlink_rx_bytes_per_second", MIB),
+)
+
+
+class GpmSampler:
+    """Two GPM sample buffers for one GPU or one MIG GPU instance, swapped every poll."""
+
+    def __init__(self, guard: NvmlGuard, handle: Any, scope: Hashable, gpu_instance_id: int | None = None):
+        self._guard = guard
+        self._handle = handle
+        self._scope = scope
+        self._gi = gpu_instance_id
+        self._previous: Any = None
+        self._spare: Any = None
+
+    def sample(self) -> ProfilingSample | None:
+        """Take a sample; the metrics since the previous one, or None on the first call or a failure."""
+        g, nvml = self._guard, self._guard.nvml
+        if self._spare is None:
+            self._spare = g.call("nvmlGpmSampleAlloc", scope=self._scope)
+            if self._spare is None:
+                return None
+        if self._gi is None:
+            current = g.call("nvmlGpmSampleGet", self._handle, self._spare, scope=self._scope)
+        else:
+            current = g.call("nvmlGpmMigSampleGet", self._handle, self._gi, self._spare, scope=self._scope)
+        if current is None:
+            return None
+        previous, self._previous, self._spare = self._previous, self._spare, self._previous
+        if previous is None:
+            return None
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_METRICS)
+        request.sample1 = previous
+        request.sample2 = self._previous
+        for i, (const, _, _) in enumerate(_METRICS):
+            request.metrics[i].metricId = getattr(nvml, const)
+        answer = g.call("nvmlGpmMetricsGet", request, scope=self._scope)
+        if answer is None:
+            return None
+        values: dict[str, float] = {}
+        for i, (_, name, factor) in enumerate(_METRICS):
+            metric = answer.metrics[i]
+            if metric.nvmlReturn == nvml.NVML_SUCCESS:
+                values[name] = float(metric.value) * factor
+        return ProfilingSample(**values) if values else None
+
+    def close(self) -> None:
+        for buffer in (self._previous, self._spare):
+            if buffer is not None:
+                self._guard.call("nvmlGpmSampleFree", buffer, scope=self._scope)
+        self._previous = self._spare = None
