@@ -1,0 +1,143 @@
+"""The ``gpuagent`` command: ``run``, ``snapshot`` and ``check-config``.
+
+Flags are generated from the config key table (``gpuagent.config.KEYS``), so every flag has a config key
+and a ``GPUAGENT_<KEY>`` env var; flag values go to ``load_config`` as ``overrides`` and are validated
+there. ``gpuagent.agent`` is imported only by the commands that need it, so ``check-config`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from gpuagent import __version__
+from gpuagent.config import CONFIG_ENV, KEYS, KEYS_BY_NAME, Config, ConfigError, describe_keys, load_config
+
+EXIT_CONFIG_ERROR = 2  # also argparse's exit status for bad usage
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# The config keys each command takes as flags (their help, metavar and env name come from the key table).
+RUN_KEYS = tuple(key.name for key in KEYS)
+SNAPSHOT_KEYS = ("backend", "scenario", "hostname", "nvml_timeout")
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # bad usage (2) or --help/--version (0): return it rather than exit
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    command: Callable[[argparse.Namespace], int] = args.command
+    try:
+        return command(args)
+    except ConfigError as err:
+        print(str(err), file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuagent",
+        description="Node-level GPU monitoring agent.",
+        epilog="config keys (file key, env var, default):\n"
+        + describe_keys()
+        + "\nprecedence: flag > env > file > default",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuagent {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    run = commands.add_parser("run", help="poll the GPUs and serve /metrics and the API until stopped")
+    _add_config_flags(run, RUN_KEYS)
+    run.set_defaults(command=_run, keys=RUN_KEYS)
+
+    snapshot = commands.add_parser("snapshot", help="poll the GPUs once and print what was seen")
+    _add_config_flags(snapshot, SNAPSHOT_KEYS)
+    snapshot.add_argument("--format", choices=("json", "table"), default="json", help="output format")
+    snapshot.set_defaults(command=_snapshot, keys=SNAPSHOT_KEYS)
+
+    check = commands.add_parser(
+        "check-config", help="validate a config file (with env applied) and print the effective config"
+    )
+    check.add_argument("file", metavar="FILE", help="YAML config file")
+    check.set_defaults(command=_check_config)
+    return parser
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    parser.add_argument("--config", metavar="FILE", help=f"YAML config file (env {CONFIG_ENV})")
+    for name in names:
+        key = KEYS_BY_NAME[name]
+        parser.add_argument(  # no type/choices: load_config validates, naming the flag in its errors
+            key.flag,
+            dest=key.name,
+            metavar=key.metavar,
+            default=None,
+            help=f"{key.help} (key {key.name}, env {key.env}, default {key.default_text})",
+        )
+
+
+def load_from_args(args: argparse.Namespace) -> Config:
+    """The Config for a parsed command line: its ``--config`` file, the env, its flags as overrides."""
+    overrides = {name: getattr(args, name) for name in args.keys}
+    return load_config(args.config, overrides=overrides)
+
+
+def setup_logging(level: str) -> None:
+    """One line per record on stderr, on the root logger; calling it again replaces our handler only."""
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        if getattr(handler, "_gpuagent", False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler._gpuagent = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load_from_args(args)
+    setup_logging(config.log_level)
+    agent = importlib.import_module("gpuagent.agent")  # lazily: check-config must not load it
+
+    log.info("starting: %s", ", ".join(f"{k}={v}" for k, v in config.as_dict().items()))
+    return agent.run(config)
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    config = load_from_args(args)
+    setup_logging(config.log_level)
+    agent = importlib.import_module("gpuagent.agent")
+    from gpuagent.snapshot import to_jsonable
+
+    snap = agent.poll_once(config)
+    if args.format == "table":
+        from gpuagent.cli_table import format_table
+
+        text = format_table(snap)
+    else:
+        text = json.dumps(to_jsonable(snap), indent=2) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # piped into e.g. head, which stopped reading: not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    print(f"ok: {args.file}")
+    print(config.describe())
+    return 0

@@ -1,0 +1,448 @@
+"""The agent's configuration: one frozen ``Config``, loaded from defaults, a YAML file, env and flags.
+
+Precedence, highest first: flag (``overrides``) > env (``GPUAGENT_<KEY>``) > file > default. Every key is
+declared once, as a field of ``Config`` whose metadata carries its parser and help; ``KEYS`` (derived from
+those fields) is what the CLI flags, the env names, ``--help`` and ``check-config`` are built from.
+
+Every bad input raises ``ConfigError`` naming where it came from and the key, e.g.
+``config.yaml: poll_interval: expected a number > 0 and <= 300, got -1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import math
+import os
+import re
+import socket
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import yaml
+
+ENV_PREFIX = "GPUAGENT_"
+CONFIG_ENV = "GPUAGENT_CONFIG"  # names the config file when no path is given
+NODE_NAME_ENV = "NODE_NAME"  # the Kubernetes downward-API node name, preferred over gethostname()
+
+BACKENDS = ("auto", "nvml", "sim")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value (or file), with where it came from.
+
+    ``source`` is a file path, ``env NAME`` or ``flag --name``; env and flag sources already name the
+    key, so ``str()`` leaves the key path out for them.
+    """
+
+    def __init__(self, key_path: str, message: str, source: str) -> None:
+        super().__init__(key_path, message, source)
+        self.key_path = key_path
+        self.message = message
+        self.source = source
+
+    def __str__(self) -> str:
+        if not self.key_path or self.source.startswith(("env ", "flag ")):
+            return f"{self.source}: {self.message}"
+        return f"{self.source}: {self.key_path}: {self.message}"
+
+
+# --- parsers ------------------------------------------------------------------------------------------------
+# A parser turns one raw value into the typed value or raises _Invalid. ``ctx.text`` is true when the raw
+# value is a string that stands for any type (env and flags); false for YAML values, whose type counts.
+
+
+class _Ctx(NamedTuple):
+    text: bool
+    base_dir: str | None = None  # where relative paths in a file are resolved from
+
+
+class _Invalid(Exception):
+    def __init__(self, expected: str, hint: str = "") -> None:
+        super().__init__(expected)
+        self.expected = expected
+        self.hint = hint
+
+
+Parser = Callable[[Any, _Ctx], Any]
+
+
+def _number(low: float, *, high: float | None = None) -> Parser:
+    """A finite number > low (and <= high); booleans are not numbers."""
+    expected = f"a number > {low:g}" + (f" and <= {high:g}" if high is not None else "")
+
+    def parse(value: Any, ctx: _Ctx) -> float:
+        if ctx.text and isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                raise _Invalid(expected) from None
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:
+                raise _Invalid(expected) from None
+        else:
+            raise _Invalid(expected)
+        if not math.isfinite(number) or number <= low or (high is not None and number > high):
+            raise _Invalid(expected)
+        return number
+
+    return parse
+
+
+def _choice(*choices: str) -> Parser:
+    expected = "one of " + ", ".join(choices)
+
+    def parse(value: Any, ctx: _Ctx) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in choices:
+            raise _Invalid(expected)
+        return value.strip().lower()
+
+    return parse
+
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
+_LISTEN_EXPECTED = "HOST:PORT with a port 1-65535"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` or ``"[IPv6]:PORT"`` -> (host without brackets, port); ValueError when bad."""
+    if value.startswith("["):
+        inner, sep, port_text = value[1:].partition("]:")
+        if not sep:
+            raise ValueError("an IPv6 address in brackets needs a port after it, e.g. [::1]:9402")
+        try:
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            raise ValueError(f"{inner!r} is not an IPv6 address") from None
+        host = inner
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep:
+            raise ValueError("no port")
+        if ":" in host:
+            raise ValueError("an IPv6 address needs brackets, e.g. [::1]:9402")
+        if not host:
+            raise ValueError("no host; use 0.0.0.0:PORT or [::]:PORT for every interface")
+        if not _HOSTNAME.match(host):
+            raise ValueError(f"{host!r} is not a host name or IPv4 address")
+        if re.fullmatch(r"[0-9.]+", host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise ValueError(f"{host!r} is not an IPv4 address") from None
+    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"port {port_text!r} is not 1-65535")
+    return host, int(port_text)
+
+
+def _listen(value: Any, ctx: _Ctx) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(_LISTEN_EXPECTED)
+    try:
+        host, port = parse_listen(value.strip())
+    except ValueError as err:
+        raise _Invalid(_LISTEN_EXPECTED, str(err)) from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _scenario(value: Any, ctx: _Ctx) -> str | None:
+    expected = "a path to an existing scenario file, or null"
+    if value is None and not ctx.text:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _Invalid(expected)
+    path = os.path.expanduser(value)
+    if ctx.base_dir is not None and not os.path.isabs(path):
+        path = os.path.join(ctx.base_dir, path)
+    if not os.path.isfile(path):  # isfile() is False (never raises) for NUL bytes, overlong names, ...
+        hint = "a directory" if os.path.isdir(path) else "no such file"
+        raise _Invalid(expected, f"{path}: {hint}" if path != value else hint)
+    return path
+
+
+def _hostname(value: Any, ctx: _Ctx) -> str | None:
+    if value is None and not ctx.text:
+        return None  # null: resolved from NODE_NAME or gethostname() at load time
+    if not isinstance(value, str) or not value or len(value) > 253 or not value.isprintable() or " " in value:
+        raise _Invalid("a non-empty string without spaces (quote it if it looks like a number), or null")
+    return value
+
+
+# --- the key table ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: the YAML name, its parser, default, help and the names derived from it."""
+
+    name: str
+    default: Any
+    parse: Parser
+    help: str
+    metavar: str
+    default_doc: str | None = None  # how --help states a default computed at load time
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def default_text(self) -> str:
+        return self.default_doc if self.default_doc is not None else _yaml_scalar(self.default)
+
+
+def _key(default: Any, parse: Parser, help: str, metavar: str, default_doc: str | None = None) -> Any:
+    return field(default=default, metadata={"key": (parse, help, metavar, default_doc)})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The agent's effective configuration. Build it with ``load_config``, which validates every key."""
+
+    listen: str = _key("0.0.0.0:9402", _listen, "address the HTTP server listens on", "HOST:PORT")
+    poll_interval: float = _key(
+        1.0, _number(0, high=300), "seconds between polls of utilization, memory and processes", "SECONDS"
+    )
+    slow_poll_interval: float = _key(
+        30.0,
+        _number(0),
+        "seconds between polls of ECC, remapped rows, static info and MIG layout; >= poll_interval",
+        "SECONDS",
+        default_doc="30, or poll_interval when that is longer",
+    )
+    nvml_timeout: float = _key(
+        5.0, _number(0), "seconds one GPU's read may take before that GPU is marked stale", "SECONDS"
+    )
+    backend: str = _key(
+        "auto",
+        _choice(*BACKENDS),
+        "where GPU data comes from: real NVML, the simulator, or auto",
+        "{" + ",".join(BACKENDS) + "}",
+    )
+    scenario: str | None = _key(
+        None,
+        _scenario,
+        "simulator scenario file (backend sim or auto; sim without one runs the packaged demo)",
+        "FILE",
+    )
+    hostname: str = _key(
+        None,
+        _hostname,
+        "node name reported in metrics and the API",
+        "NAME",
+        default_doc=f"${NODE_NAME_ENV}, else the host name",
+    )
+    xid_window: float = _key(300.0, _number(0), "seconds an XID error counts as recent", "SECONDS")
+    log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
+
+    config_file: str | None = field(default=None, compare=False)  # the YAML file read, None when none
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # key -> where from
+
+    def __post_init__(self) -> None:
+        if self.hostname is None:  # a Config() built directly: resolve the way load_config does
+            object.__setattr__(self, "hostname", _default_hostname(os.environ)[0])
+
+    @property
+    def listen_host(self) -> str:
+        """The host to bind, IPv6 without brackets."""
+        return parse_listen(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return parse_listen(self.listen)[1]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The effective value of every key, by key name."""
+        return {key.name: getattr(self, key.name) for key in KEYS}
+
+    def describe(self) -> str:
+        """The effective values as YAML lines, each with where it came from (``# default``, ``# env ...``)."""
+        lines = [f"{name}: {_yaml_scalar(value)}" for name, value in self.as_dict().items()]
+        width = max(len(line) for line in lines)
+        return "\n".join(
+            f"{line:<{width}}  # {self.sources.get(key.name, 'default')}"
+            for line, key in zip(lines, KEYS, strict=True)
+        )
+
+
+KEYS: tuple[Key, ...] = tuple(
+    Key(f.name, f.default, *f.metadata["key"]) for f in dataclasses.fields(Config) if "key" in f.metadata
+)
+KEYS_BY_NAME: Mapping[str, Key] = types.MappingProxyType({key.name: key for key in KEYS})
+
+
+def describe_keys() -> str:
+    """Every key with its env name, default and help: for ``--help`` epilogs and the docs."""
+    return "\n".join(f"  {key.name} ({key.env}, default {key.default_text}): {key.help}" for key in KEYS)
+
+
+# --- loading ------------------------------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Defaults, then the YAML file (``path``, else ``$GPUAGENT_CONFIG``), then env, then ``overrides``.
+
+    ``overrides`` maps key names to flag values: strings are parsed like env values, other values must
+    already have the key's type; ``None`` means "not given". Raises ``ConfigError`` on any bad input.
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    if path is None:
+        path = env.get(CONFIG_ENV) or None
+    if path is not None:
+        base_dir = os.path.dirname(os.path.abspath(path))
+        for name, raw in _read_file(path).items():
+            key = _lookup(name, path)
+            values[key.name] = _parse(key, raw, _Ctx(text=False, base_dir=base_dir), path)
+            sources[key.name] = path
+
+    for key in KEYS:
+        raw = env.get(key.env)
+        if raw is not None and raw != "":  # an empty env var (a blank template value) counts as unset
+            source = f"env {key.env}"
+            values[key.name] = _parse(key, raw, _Ctx(text=True), source)
+            sources[key.name] = source
+
+    for name, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        key = _lookup(name, "flag --" + str(name).replace("_", "-"))
+        source = f"flag {key.flag}"
+        values[key.name] = _parse(key, raw, _Ctx(text=isinstance(raw, str)), source)
+        sources[key.name] = source
+
+    if values.get("hostname") is None:
+        values["hostname"], sources["hostname"] = _default_hostname(env)
+    _check_combinations(values, sources)
+    return Config(**values, config_file=path, sources=types.MappingProxyType(sources))
+
+
+def _read_file(path: str) -> dict[Any, Any]:
+    try:
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read()
+    except OSError as err:
+        raise ConfigError("", f"cannot read the config file: {err.strerror or err}", path) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("", f"not UTF-8 text (byte {err.start})", path) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError("", f"invalid YAML{where}: {err.problem or err.context}", path) from None
+    except yaml.YAMLError as err:
+        raise ConfigError("", f"invalid YAML: {err}", path) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("", f"expected a mapping of keys to values, got {_describe_value(data)}", path)
+    return data
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: list[Any] = []
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<" merges may be overridden by the mapping's own keys
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.append(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _lookup(name: Any, source: str) -> Key:
+    key = KEYS_BY_NAME.get(name) if isinstance(name, str) else None
+    if key is not None:
+        return key
+    close = difflib.get_close_matches(str(name), list(KEYS_BY_NAME), n=3, cutoff=0.6)
+    if close:
+        hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    else:
+        hint = "known keys: " + ", ".join(KEYS_BY_NAME)
+    key_path = name if isinstance(name, str) else repr(name)
+    if source.startswith("flag "):
+        raise ConfigError(key_path, f"unknown option; {hint}", source)
+    raise ConfigError(key_path, f"unknown key; {hint}", source)
+
+
+def _parse(key: Key, raw: Any, ctx: _Ctx, source: str) -> Any:
+    try:
+        return key.parse(raw, ctx)
+    except _Invalid as err:
+        got = repr(raw) if ctx.text else _describe_value(raw)
+        hint = f" ({err.hint})" if err.hint else ""
+        raise ConfigError(key.name, f"expected {err.expected}, got {got}{hint}", source) from None
+
+
+def _check_combinations(values: dict[str, Any], sources: dict[str, str]) -> None:
+    poll = values.get("poll_interval", Config.poll_interval)
+    if "slow_poll_interval" not in values:
+        if poll > Config.slow_poll_interval:
+            values["slow_poll_interval"] = poll
+            sources["slow_poll_interval"] = "default, raised to poll_interval"
+    elif values["slow_poll_interval"] < poll:
+        raise ConfigError(
+            "slow_poll_interval",
+            f"expected a number >= poll_interval ({poll:g}, from {sources.get('poll_interval', 'default')}), "
+            f"got {values['slow_poll_interval']:g}",
+            sources["slow_poll_interval"],
+        )
+    if values.get("backend") == "nvml" and values.get("scenario") is not None:
+        raise ConfigError(
+            "scenario",
+            f"a scenario drives the simulator, but backend is 'nvml' (from {sources['backend']}); "
+            "use backend 'sim' or 'auto', or drop the scenario",
+            sources["scenario"],
+        )
+
+
+def _default_hostname(env: Mapping[str, str]) -> tuple[str, str]:
+    node_name = env.get(NODE_NAME_ENV)
+    if node_name:
+        return node_name, f"env {NODE_NAME_ENV}"
+    return socket.gethostname(), "default (socket.gethostname())"
+
+
+def _describe_value(value: Any) -> str:
+    """A YAML value as an error message shows it: scalars as written, collections by kind."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = _yaml_scalar(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}" if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return repr(value)
+    return repr(value)

@@ -1,0 +1,441 @@
+"""gpuagent.config: defaults, file/env/flag precedence, validation messages, and no crash on any input."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuagent.config import KEYS, KEYS_BY_NAME, Config, ConfigError, describe_keys, load_config, parse_listen
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def error_of(*args: object, **kwargs: object) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)  # type: ignore[arg-type]
+    return info.value
+
+
+# --- defaults and the key table -----------------------------------------------------------------------------
+
+
+def test_defaults_without_file_or_env() -> None:
+    config = load_config(env={})
+    assert config.listen == "0.0.0.0:9402"
+    assert (config.listen_host, config.listen_port) == ("0.0.0.0", 9402)
+    assert config.poll_interval == 1.0
+    assert config.slow_poll_interval == 30.0
+    assert config.nvml_timeout == 5.0
+    assert config.backend == "auto"
+    assert config.scenario is None
+    assert config.xid_window == 300.0
+    assert config.log_level == "info"
+    assert config.config_file is None
+    assert config.hostname  # gethostname()
+
+
+def test_default_port_is_not_dcgm_exporters() -> None:
+    assert Config().listen_port != 9400
+
+
+def test_config_is_frozen_and_hashable() -> None:
+    config = load_config(env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.poll_interval = 2.0  # type: ignore[misc]
+    assert hash(config) == hash(dataclasses.replace(config))
+
+
+def test_key_table_matches_the_dataclass_defaults() -> None:
+    names = [key.name for key in KEYS]
+    assert names == [
+        "listen",
+        "poll_interval",
+        "slow_poll_interval",
+        "nvml_timeout",
+        "backend",
+        "scenario",
+        "hostname",
+        "xid_window",
+        "log_level",
+    ]
+    assert KEYS_BY_NAME["poll_interval"].env == "GPUAGENT_POLL_INTERVAL"
+    assert KEYS_BY_NAME["poll_interval"].flag == "--poll-interval"
+    defaults = load_config(env={"NODE_NAME": "n1"})
+    for key in KEYS:
+        if key.name != "hostname":
+            assert getattr(defaults, key.name) == key.default
+
+
+def test_describe_names_every_key_with_its_source(tmp_path: Path) -> None:
+    path = write(tmp_path, "poll_interval: 0.5\n")
+    config = load_config(path, env={"GPUAGENT_BACKEND": "sim", "NODE_NAME": "node-7"})
+    lines = config.describe().splitlines()
+    assert [line.split(":", 1)[0] for line in lines] == [key.name for key in KEYS]
+    text = config.describe()
+    assert "poll_interval: 0.5" in text and f"# {path}" in text
+    assert "# env GPUAGENT_BACKEND" in text
+    assert "hostname: 'node-7'" in text and "# env NODE_NAME" in text
+    assert config.as_dict()["backend"] == "sim"
+    assert all(key.env in describe_keys() for key in KEYS)
+
+
+# --- the file -----------------------------------------------------------------------------------------------
+
+
+def test_file_values_are_read_and_converted(tmp_path: Path) -> None:
+    scenario = write(tmp_path, "gpus: []\n", "demo.yaml")
+    path = write(
+        tmp_path,
+        "listen: '[::1]:9500'\npoll_interval: 2\nslow_poll_interval: 60\nnvml_timeout: 0.5\n"
+        f"backend: SIM\nscenario: {scenario}\nhostname: gpu-node-3\nxid_window: 60\nlog_level: DEBUG\n",
+    )
+    config = load_config(path, env={})
+    assert config.listen == "[::1]:9500"
+    assert (config.listen_host, config.listen_port) == ("::1", 9500)
+    assert config.poll_interval == 2.0 and isinstance(config.poll_interval, float)
+    assert config.slow_poll_interval == 60.0
+    assert config.nvml_timeout == 0.5
+    assert config.backend == "sim"
+    assert config.scenario == scenario
+    assert config.hostname == "gpu-node-3"
+    assert config.xid_window == 60.0
+    assert config.log_level == "debug"
+    assert config.config_file == path
+    assert config.sources["poll_interval"] == path
+
+
+def test_empty_file_means_all_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, ""), env={})
+    assert config == dataclasses.replace(load_config(env={}), hostname=config.hostname)
+
+
+def test_comment_only_file_means_all_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "# nothing\n"), env={}).poll_interval == 1.0
+
+
+def test_relative_scenario_is_resolved_against_the_config_files_directory(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    write(tmp_path / "etc", "gpus: []\n", "s.yaml")
+    config = load_config(write(tmp_path / "etc", "scenario: s.yaml\n"), env={})
+    assert config.scenario == str(tmp_path / "etc" / "s.yaml")
+
+
+def test_relative_scenario_from_env_is_resolved_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, "gpus: []\n", "s.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert load_config(env={"GPUAGENT_SCENARIO": "s.yaml"}).scenario == "s.yaml"
+
+
+def test_sim_without_scenario_is_allowed() -> None:
+    assert load_config(env={"GPUAGENT_BACKEND": "sim"}).scenario is None
+
+
+def test_slow_poll_interval_default_rises_with_poll_interval() -> None:
+    config = load_config(env={"GPUAGENT_POLL_INTERVAL": "60"})
+    assert config.slow_poll_interval == 60.0
+    assert load_config(env={"GPUAGENT_POLL_INTERVAL": "10"}).slow_poll_interval == 30.0
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        ("poll_interval: fast\n", "poll_interval", "expected a number > 0 and <= 300, got 'fast'"),
+        ("poll_interval: -1\n", "poll_interval", "expected a number > 0 and <= 300, got -1"),
+        ("poll_interval: 0\n", "poll_interval", "got 0"),
+        ("poll_interval: 301\n", "poll_interval", "got 301"),
+        ("poll_interval: true\n", "poll_interval", "got true"),
+        ("poll_interval: '0.5'\n", "poll_interval", "got '0.5'"),
+        ("poll_interval: .nan\n", "poll_interval", "got nan"),
+        ("poll_interval: [1]\n", "poll_interval", "got a list"),
+        ("slow_poll_interval: .inf\n", "slow_poll_interval", "expected a number > 0"),
+        ("poll_interval: 10\nslow_poll_interval: 5\n", "slow_poll_interval", ">= poll_interval (10"),
+        ("nvml_timeout: 0\n", "nvml_timeout", "expected a number > 0, got 0"),
+        ("xid_window: -5\n", "xid_window", "expected a number > 0, got -5"),
+        ("backend: cuda\n", "backend", "expected one of auto, nvml, sim, got 'cuda'"),
+        ("backend: null\n", "backend", "got null"),
+        ("log_level: verbose\n", "log_level", "one of debug, info, warning, error"),
+        ("listen: localhost\n", "listen", "no port"),
+        ("listen: 9402\n", "listen", "expected HOST:PORT with a port 1-65535, got 9402"),
+        ("listen: '0.0.0.0:70000'\n", "listen", "port '70000' is not 1-65535"),
+        ("listen: '0.0.0.0:0'\n", "listen", "port '0' is not 1-65535"),
+        ("listen: 'host:http'\n", "listen", "port 'http'"),
+        ("listen: '::1:9402'\n", "listen", "IPv6 address needs brackets"),
+        ("listen: '[::1]'\n", "listen", "needs a port"),
+        ("listen: '[nope]:80'\n", "listen", "not an IPv6 address"),
+        ("listen: '999.1.1.1:80'\n", "listen", "not an IPv4 address"),
+        ("listen: ':9402'\n", "listen", "no host"),
+        ("listen: 'bad host:80'\n", "listen", "not a host name"),
+        ("hostname: 123\n", "hostname", "quote it"),
+        ("hostname: ''\n", "hostname", "non-empty"),
+        ("scenario: missing.yaml\n", "scenario", "no such file"),
+        ("scenario: .\n", "scenario", "a directory"),
+        ("scenario: 5\n", "scenario", "got 5"),
+        ("pol_interval: 1\n", "pol_interval", "unknown key; did you mean 'poll_interval'"),
+        ("poll-interval: 1\n", "poll-interval", "did you mean 'poll_interval'"),
+        ("zzz: 1\n", "zzz", "unknown key; known keys: listen, poll_interval"),
+        ("1: 2\n", "1", "unknown key"),
+    ],
+)
+def test_bad_file_values_name_the_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    err = error_of(path, env={})
+    assert err.key_path == key
+    assert err.source == path
+    assert fragment in err.message
+    assert str(err).startswith(f"{path}: {key}: ")
+
+
+def test_nvml_backend_with_a_scenario_is_an_error(tmp_path: Path) -> None:
+    scenario = write(tmp_path, "gpus: []\n", "s.yaml")
+    path = write(tmp_path, f"backend: nvml\nscenario: {scenario}\n")
+    err = error_of(path, env={})
+    assert err.key_path == "scenario"
+    assert "backend is 'nvml'" in err.message and path in err.message
+
+
+def test_scenario_with_auto_backend_is_allowed(tmp_path: Path) -> None:
+    scenario = write(tmp_path, "gpus: []\n", "s.yaml")
+    assert load_config(env={"GPUAGENT_SCENARIO": scenario}).scenario == scenario
+
+
+def test_error_message_format_matches_the_contract(tmp_path: Path) -> None:
+    path = write(tmp_path, "poll_interval: -1\n")
+    assert str(error_of(path, env={})) == f"{path}: poll_interval: expected a number > 0 and <= 300, got -1"
+    assert str(error_of(env={"GPUAGENT_POLL_INTERVAL": "fast"})) == (
+        "env GPUAGENT_POLL_INTERVAL: expected a number > 0 and <= 300, got 'fast'"
+    )
+    assert str(error_of(env={}, overrides={"poll_interval": "0"})) == (
+        "flag --poll-interval: expected a number > 0 and <= 300, got '0'"
+    )
+
+
+def test_config_error_pickles() -> None:
+    err = ConfigError("poll_interval", "bad", "config.yaml")
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.key_path, again.message, again.source) == ("poll_interval", "bad", "config.yaml")
+    assert str(again) == "config.yaml: poll_interval: bad"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("poll_interval: [1\n", "invalid YAML at line 2"),
+        ("a: b\n  c: d\n", "invalid YAML at line 2"),
+        ("poll_interval: 1\n\tlisten: x\n", "invalid YAML at line 2"),
+        ("poll_interval: 1\npoll_interval: 2\n", "duplicate key 'poll_interval'"),
+        ("- poll_interval\n- listen\n", "expected a mapping of keys to values, got a list"),
+        ("just a string\n", "expected a mapping of keys to values, got 'just a string'"),
+        ("42\n", "got 42"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    err = error_of(path, env={})
+    assert err.key_path == ""
+    assert fragment in str(err)
+    assert str(err).startswith(f"{path}: ")
+
+
+def test_duplicate_key_error_names_its_line(tmp_path: Path) -> None:
+    err = error_of(write(tmp_path, "listen: 'a:1'\npoll_interval: 1\npoll_interval: 2\n"), env={})
+    assert "line 3" in err.message
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    # Not a duplicate: a key given next to a '<<' merge overrides the merged one.
+    path = write(tmp_path, "<<: {poll_interval: 2, backend: sim}\npoll_interval: 3\n")
+    config = load_config(path, env={})
+    assert (config.poll_interval, config.backend) == (3.0, "sim")
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.yaml")
+    err = error_of(missing, env={})
+    assert err.source == missing and "cannot read the config file" in err.message
+    assert "cannot read" in str(error_of(str(tmp_path), env={}))
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert "not UTF-8" in str(error_of(str(binary), env={}))
+
+
+# --- env and flags ------------------------------------------------------------------------------------------
+
+
+def test_env_beats_file_and_flag_beats_env(tmp_path: Path) -> None:
+    path = write(tmp_path, "poll_interval: 2\nlisten: '127.0.0.1:9000'\nbackend: sim\n")
+    env = {"GPUAGENT_POLL_INTERVAL": "0.5", "GPUAGENT_LISTEN": "127.0.0.1:9001"}
+    config = load_config(path, env=env, overrides={"listen": "127.0.0.1:9002", "backend": None})
+    assert config.poll_interval == 0.5  # env over file
+    assert config.listen == "127.0.0.1:9002"  # flag over env
+    assert config.backend == "sim"  # a None override is "not given": the file's value stands
+    assert config.sources["poll_interval"] == "env GPUAGENT_POLL_INTERVAL"
+    assert config.sources["listen"] == "flag --listen"
+
+
+def test_overrides_accept_typed_values() -> None:
+    config = load_config(env={}, overrides={"poll_interval": 0.25, "backend": "sim"})
+    assert (config.poll_interval, config.backend) == (0.25, "sim")
+    assert "got true" in str(error_of(env={}, overrides={"poll_interval": True}))
+
+
+def test_unknown_override_is_an_error() -> None:
+    err = error_of(env={}, overrides={"pol_interval": "1"})
+    assert err.key_path == "pol_interval" and "did you mean 'poll_interval'" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("GPUAGENT_POLL_INTERVAL", "fast", "got 'fast'"),
+        ("GPUAGENT_POLL_INTERVAL", "1e400", "<= 300"),
+        ("GPUAGENT_SLOW_POLL_INTERVAL", "nan", "got 'nan'"),
+        ("GPUAGENT_LISTEN", "0.0.0.0", "no port"),
+        ("GPUAGENT_BACKEND", "gpu", "one of auto, nvml, sim"),
+        ("GPUAGENT_SCENARIO", "/does/not/exist.yaml", "no such file"),
+        ("GPUAGENT_HOSTNAME", "a b", "without spaces"),
+        ("GPUAGENT_LOG_LEVEL", "loud", "one of debug"),
+    ],
+)
+def test_bad_env_value_names_the_env_var(name: str, value: str, fragment: str) -> None:
+    err = error_of(env={name: value})
+    assert err.source == f"env {name}"
+    assert str(err).startswith(f"env {name}: expected ")
+    assert fragment in str(err)
+
+
+def test_env_numbers_are_parsed() -> None:
+    env = {"GPUAGENT_POLL_INTERVAL": " 0.5 ", "GPUAGENT_NVML_TIMEOUT": "2", "GPUAGENT_XID_WINDOW": "1e2"}
+    config = load_config(env=env)
+    assert (config.poll_interval, config.nvml_timeout, config.xid_window) == (0.5, 2.0, 100.0)
+
+
+def test_empty_env_var_counts_as_unset() -> None:
+    assert load_config(env={"GPUAGENT_POLL_INTERVAL": "", "GPUAGENT_SCENARIO": ""}).poll_interval == 1.0
+
+
+def test_gpuagent_config_env_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "poll_interval: 3\n")
+    other = write(tmp_path, "poll_interval: 4\n", "other.yaml")
+    assert load_config(env={"GPUAGENT_CONFIG": path}).poll_interval == 3.0
+    assert load_config(other, env={"GPUAGENT_CONFIG": path}).poll_interval == 4.0  # the argument wins
+
+
+def test_nvml_with_scenario_across_sources_names_both(tmp_path: Path) -> None:
+    scenario = write(tmp_path, "gpus: []\n", "s.yaml")
+    path = write(tmp_path, "backend: nvml\n")
+    err = error_of(path, env={}, overrides={"scenario": scenario})
+    assert err.source == "flag --scenario" and path in err.message
+
+
+def test_slow_below_poll_across_sources(tmp_path: Path) -> None:
+    path = write(tmp_path, "slow_poll_interval: 30\n")
+    err = error_of(path, env={}, overrides={"poll_interval": "60"})
+    assert err.key_path == "slow_poll_interval" and err.source == path
+    assert "from flag --poll-interval" in err.message
+
+
+# --- hostname -----------------------------------------------------------------------------------------------
+
+
+def test_hostname_precedence(tmp_path: Path) -> None:
+    assert load_config(env={"NODE_NAME": "from-downward-api"}).hostname == "from-downward-api"
+    env = {"NODE_NAME": "n", "GPUAGENT_HOSTNAME": "explicit"}
+    assert load_config(env=env).hostname == "explicit"
+    assert load_config(write(tmp_path, "hostname: f\n"), env={"NODE_NAME": "n"}).hostname == "f"
+    assert load_config(write(tmp_path, "hostname: null\n"), env={"NODE_NAME": "n"}).hostname == "n"
+
+
+def test_hostname_falls_back_to_gethostname(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("socket.gethostname", lambda: "box-1")
+    config = load_config(env={"NODE_NAME": ""})
+    assert config.hostname == "box-1"
+
+
+# --- listen -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [
+        ("0.0.0.0:9402", "0.0.0.0", 9402),
+        ("localhost:1", "localhost", 1),
+        ("gpu-node.example.com:65535", "gpu-node.example.com", 65535),
+        ("[::]:9402", "::", 9402),
+        ("[fe80::1%eth0]:80", "fe80::1%eth0", 80),
+    ],
+)
+def test_parse_listen(text: str, host: str, port: int) -> None:
+    assert parse_listen(text) == (host, port)
+    config = load_config(env={}, overrides={"listen": text})
+    assert (config.listen_host, config.listen_port) == (host, port)
+
+
+def test_listen_is_normalised() -> None:
+    assert load_config(env={}, overrides={"listen": " 127.0.0.1:09402 "}).listen == "127.0.0.1:9402"
+
+
+# --- anything in, Config or ConfigError out -----------------------------------------------------------------
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    _text,
+    st.sampled_from(["0.0.0.0:9402", "[::1]:80", "sim", "nvml", "auto", "debug", ".", "/", "", "\x00"]),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+    max_leaves=6,
+)
+_key_names = st.sampled_from([key.name for key in KEYS] + ["pol_interval", "", "LISTEN"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.dictionaries(_key_names, _values, max_size=6))
+def test_any_yaml_mapping_loads_or_raises_config_error(tmp_path: Path, data: dict[str, object]) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(data))
+    try:
+        config = load_config(str(path), env={})
+    except ConfigError as err:
+        assert str(err).startswith(f"{path}: ")
+    else:
+        assert config.poll_interval > 0 and math.isfinite(config.poll_interval)
+        assert config.slow_poll_interval >= config.poll_interval
+        assert 1 <= config.listen_port <= 65535
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    env=st.dictionaries(st.sampled_from([key.env for key in KEYS]), st.text(max_size=20), max_size=5),
+    overrides=st.dictionaries(st.sampled_from([key.name for key in KEYS]), _values, max_size=4),
+)
+def test_any_env_or_override_loads_or_raises_config_error(
+    env: dict[str, str], overrides: dict[str, object]
+) -> None:
+    try:
+        load_config(env=env, overrides=overrides)
+    except ConfigError as err:
+        assert err.source.startswith(("env GPUAGENT_", "flag --"))
+
+
+def test_config_built_directly_resolves_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(os.environ, "NODE_NAME", "direct")
+    assert Config().hostname == "direct"
