@@ -1,0 +1,37 @@
+# Two commands on a fresh machine:
+#   make run    install the agent and run it (a simulated 8xH100 node when no NVIDIA driver is present)
+#   make test   install what the tests need and run lint, layer checks and the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SCENARIO ?= examples/scenarios/h100-8x-64proc.yaml
+LISTEN ?= 127.0.0.1:9402
+
+.PHONY: install run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/gpuagent run --backend auto --scenario $(SCENARIO) --listen $(LISTEN)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+test: install lint
+	./scripts/install-system-deps.sh
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/bench_poll_scrape.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

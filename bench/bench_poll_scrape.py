@@ -1,0 +1,152 @@
+"""Benchmark one poll and one scrape on the simulated 8xH100 / 64-process node, and the agent's footprint.
+
+Usage: .venv/bin/python bench/bench_poll_scrape.py [--polls 300] [--scrapes 500] [--soak 60]
+
+- poll: ``Agent.poll_once()`` end to end (NVML reads on the per-GPU threads, snapshot build). On the
+  simulator the "NVML" time is the simulator's own Python, so the figure is an upper bound for the
+  agent's share; the agent's own overhead (poll minus time inside NVML calls) is reported separately.
+- scrape: the server-side cost of ``/metrics`` (rendering the registry from the latest snapshot),
+  and the same through a real HTTP round trip on loopback.
+- footprint: a real ``gpuagent run`` process polling every second for ``--soak`` seconds: CPU share of one
+  core and RSS at start and end.
+Medians and p95 over repeated runs: this machine is noisy, single timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median_ms": round(statistics.median(ordered) * 1000, 3),
+        "p95_ms": round(ordered[int(len(ordered) * 0.95) - 1] * 1000, 3),
+        "min_ms": round(ordered[0] * 1000, 3),
+        "runs": len(ordered),
+    }
+
+
+async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
+    from gpuagent.agent import Agent
+    from gpuagent.config import load_config
+    from gpuagent.devices.sim import SimulatedNvml, load_scenario
+    from gpuagent.export.exposition import generate_text
+
+    config = load_config(None, env={}, overrides={"backend": "sim", "scenario": str(SCENARIO)})
+    agent = Agent(config, nvml=SimulatedNvml(load_scenario(str(SCENARIO))), backend="sim")
+    for _ in range(5):  # warm up: static info, GPM first sample, process names
+        await agent.poll_once()
+    poll_times, own_times = [], []
+    for _ in range(polls):
+        nvml_before = sum(s.seconds_total for s in agent.devices.guard.call_stats())
+        started = time.perf_counter()
+        snapshot = await agent.poll_once()
+        elapsed = time.perf_counter() - started
+        nvml_spent = sum(s.seconds_total for s in agent.devices.guard.call_stats()) - nvml_before
+        poll_times.append(elapsed)
+        # NVML time is summed over 8 parallel threads: a lower bound of the agent's own share.
+        own_times.append(max(0.0, elapsed - nvml_spent / len(snapshot.gpus)))
+    processes = sum(len(g.processes) for g in snapshot.gpus)
+    scrape_times = []
+    for _ in range(scrapes):
+        started = time.perf_counter()
+        body = generate_text(agent.registry)
+        scrape_times.append(time.perf_counter() - started)
+    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+    await agent.devices.close()
+    return {
+        "gpus": len(snapshot.gpus),
+        "processes": processes,
+        "series": series,
+        "exposition_bytes": len(body),
+        "poll": quantiles(poll_times),
+        "poll_agent_overhead": quantiles(own_times),
+        "scrape_server_side": quantiles(scrape_times),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_process(soak: float, scrapes: int) -> dict[str, object]:
+    port = free_port()
+    env = {**os.environ, "GPUAGENT_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuagent", "run", "--backend", "sim", "--scenario", str(SCENARIO),
+         "--listen", f"127.0.0.1:{port}", "--poll-interval", "1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/readyz", timeout=1).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        http_times = []
+        for _ in range(scrapes):
+            started = time.perf_counter()
+            urllib.request.urlopen(f"{url}/metrics", timeout=5).read()
+            http_times.append(time.perf_counter() - started)
+        ps = psutil.Process(proc.pid)
+        time.sleep(2)
+        rss_start = ps.memory_info().rss
+        cpu_start = sum(ps.cpu_times()[:2])
+        started = time.monotonic()
+        time.sleep(soak)
+        cpu = sum(ps.cpu_times()[:2]) - cpu_start
+        wall = time.monotonic() - started
+        rss_end = ps.memory_info().rss
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    return {
+        "scrape_http_roundtrip": quantiles(http_times),
+        "soak_seconds": round(wall, 1),
+        "cpu_percent_of_one_core_at_1s_polling": round(100 * cpu / wall, 2),
+        "rss_mib_start": round(rss_start / 2**20, 1),
+        "rss_mib_end": round(rss_end / 2**20, 1),
+        "exit_code_on_sigterm": proc.returncode,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--polls", type=int, default=300)
+    parser.add_argument("--scrapes", type=int, default=500)
+    parser.add_argument("--soak", type=float, default=60.0, help="seconds of the CPU/RSS run (0 to skip)")
+    args = parser.parse_args()
+    results: dict[str, object] = {"in_process": asyncio.run(bench_poll_and_scrape(args.polls, args.scrapes))}
+    if args.soak > 0:
+        results["agent_process"] = bench_process(args.soak, min(args.scrapes, 200))
+    print(json.dumps(results, indent=2))
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"poll_scrape_{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

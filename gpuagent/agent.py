@@ -1,0 +1,201 @@
+"""Wires sources, consumers and the HTTP server on one event loop.
+
+The device poller runs at a fixed rate; each poll publishes a new immutable :class:`NodeSnapshot` by a
+single attribute assignment (atomic for every reader on the loop and in threads). The HTTP server reads
+only that. The tasks are supervised: the first one to fail is logged and stops the others; SIGTERM and
+SIGINT stop everything cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuagent.api.app import build_app
+from gpuagent.config import Config
+from gpuagent.devices.loader import load_nvml
+from gpuagent.devices.poller import DevicePoller
+from gpuagent.devices.procnames import ProcessNames
+from gpuagent.export import build_registry
+from gpuagent.snapshot import NodeSnapshot, PollHistogram, SourceStatus
+
+log = logging.getLogger(__name__)
+
+POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class PollDurations:
+    """Accumulates poll durations; ``frozen()`` is the immutable copy a snapshot carries."""
+
+    def __init__(self, bounds: tuple[float, ...] = POLL_BUCKETS) -> None:
+        self._bounds = bounds
+        self._counts = [0] * len(bounds)
+        self._sum = 0.0
+        self._count = 0
+
+    def observe(self, seconds: float) -> None:
+        i = bisect.bisect_left(self._bounds, seconds)
+        if i < len(self._counts):
+            self._counts[i] += 1
+        self._sum += seconds
+        self._count += 1
+
+    def frozen(self) -> PollHistogram:
+        cumulative, running = [], 0
+        for n in self._counts:
+            running += n
+            cumulative.append(running)
+        return PollHistogram(self._bounds, tuple(cumulative), self._sum, self._count)
+
+
+class Agent:
+    """One node's agent: the device poller, the latest snapshot, and what serves it."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        nvml: Any = None,
+        backend: str | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        if nvml is None:
+            nvml, backend = load_nvml(config.backend, config.scenario)
+        self.backend = backend or "nvml"
+        self._clock = clock
+        self._monotonic = monotonic
+        fallback = getattr(nvml, "process_name", None)  # the simulator names its made-up PIDs
+        self.devices = DevicePoller(
+            nvml,
+            timeout=config.nvml_timeout,
+            slow_interval=config.slow_poll_interval,
+            xid_window=config.xid_window,
+            process_names=ProcessNames(fallback=fallback),
+            clock=clock,
+            monotonic=monotonic,
+        )
+        self.latest: NodeSnapshot | None = None
+        self._durations = PollDurations()
+        self._polls = 0
+        self._poll_failure = ""
+        self.registry = build_registry(lambda: self.latest, clock=clock, xid_window_seconds=config.xid_window)
+
+    async def poll_once(self) -> NodeSnapshot:
+        """Poll every source once and publish the snapshot."""
+        started = self._monotonic()
+        try:
+            reading = await self.devices.poll()
+            ok, error, gpus = reading.ok, reading.error, reading.gpus
+            versions = (reading.driver_version, reading.nvml_version, reading.cuda_driver_version)
+        except Exception as exc:  # a bug must not stop the agent serving: report it as the source's failure
+            if repr(exc) != self._poll_failure:
+                log.exception("device poll failed")
+                self._poll_failure = repr(exc)
+            ok, error = False, f"poll failed: {exc!r}"
+            gpus = self.latest.gpus if self.latest else ()
+            versions = (None, None, None)
+        duration = self._monotonic() - started
+        self._durations.observe(duration)
+        self._polls += 1
+        snapshot = NodeSnapshot(
+            hostname=self.config.hostname,
+            backend=self.backend,
+            taken_at_unix=self._clock(),
+            taken_at_monotonic=self._monotonic(),
+            poll_duration_seconds=duration,
+            driver_version=versions[0],
+            nvml_version=versions[1],
+            cuda_driver_version=versions[2],
+            gpus=gpus,
+            sources=(SourceStatus(name="nvml", ok=ok, duration_seconds=duration, error=error),),
+            nvml_calls=self.devices.guard.call_stats(),
+            nvml_errors=self.devices.guard.error_counts(),
+            polls_total=self._polls,
+            poll_histogram=self._durations.frozen(),
+            poll_interval_seconds=self.config.poll_interval,
+        )
+        self.latest = snapshot
+        return snapshot
+
+    async def poll_forever(self) -> None:
+        """Poll at a fixed rate; a poll that overruns skips the ticks it missed instead of bunching up."""
+        interval = self.config.poll_interval
+        next_tick = self._monotonic()
+        while True:
+            await self.poll_once()
+            next_tick += interval
+            now = self._monotonic()
+            if next_tick < now:
+                next_tick = now + interval - ((now - next_tick) % interval)
+            await asyncio.sleep(next_tick - now)
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Run the poller and the HTTP server until ``stop`` is set or one of them fails."""
+        from aiohttp import web
+
+        app = build_app(lambda: self.latest, self.registry, clock=self._clock)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            site = web.TCPSite(runner, self.config.listen_host, self.config.listen_port)
+            await site.start()
+            log.info("serving on http://%s:%d (backend %s, poll every %gs)", self.config.listen_host,
+                     self.config.listen_port, self.backend, self.config.poll_interval)
+            tasks = [
+                asyncio.create_task(self.poll_forever(), name="poller"),
+                asyncio.create_task(stop.wait(), name="stop"),
+            ]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.get_name() != "stop" and not task.cancelled() and task.exception() is not None:
+                    log.error("task %s failed; stopping", task.get_name(), exc_info=task.exception())
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in tasks:  # only our own tasks, never every task of the loop
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await runner.cleanup()
+            await self.devices.close()
+            log.info("stopped")
+
+
+def run(config: Config) -> int:
+    """``gpuagent run``: serve until SIGTERM or SIGINT. Returns the process exit code."""
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        agent = Agent(config)
+        try:
+            await agent.serve(stop)
+        except OSError as exc:
+            log.error("cannot listen on %s: %s", config.listen, exc)
+            return 1
+        return 0
+
+    return asyncio.run(main())
+
+
+def poll_once(config: Config) -> NodeSnapshot:
+    """``gpuagent snapshot``: two polls 200 ms apart (GPM counters need a previous sample), the last one."""
+
+    async def main() -> NodeSnapshot:
+        agent = Agent(config)
+        try:
+            await agent.poll_once()
+            await asyncio.sleep(0.2)
+            return await agent.poll_once()
+        finally:
+            await agent.devices.close()
+
+    return asyncio.run(main())

@@ -1,0 +1,104 @@
+"""The agent's HTTP API (aiohttp): metrics, probes and the snapshot as JSON.
+
+Handlers only read the latest published snapshot: no NVML, no kubelet, no I/O at request time. Errors
+are JSON ``{"error": ..., "field": ...}`` with a 4xx/5xx status, never an HTML page.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gpuagent.export import choose_encoder
+from gpuagent.snapshot import NodeSnapshot, to_jsonable
+
+LatestSnapshot = Callable[[], NodeSnapshot | None]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MAX_REQUEST_BYTES = 64 * 1024
+_LATEST = web.AppKey("latest", object)
+_REGISTRY = web.AppKey("registry", CollectorRegistry)
+_CLOCK = web.AppKey("clock", object)
+_STATE_CACHE = web.AppKey("state_cache", dict)
+
+
+def json_error(status: int, message: str, field: str | None = None) -> web.Response:
+    body: dict[str, str] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own 404/405/413 pages become JSON errors like ours."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return json_error(exc.status, exc.reason or "error")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    registry = request.app[_REGISTRY]
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    response = web.Response(body=encoder(registry), headers={"Content-Type": content_type})
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        response.enable_compression()
+    return response
+
+
+def _latest(request: web.Request) -> NodeSnapshot | None:
+    return request.app[_LATEST]()  # type: ignore[operator]
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Alive while the poller keeps publishing, even if every GPU is stale (that is not the agent's fault)."""
+    snapshot = _latest(request)
+    if snapshot is None:
+        return web.json_response({"status": "starting"})
+    age = request.app[_CLOCK]() - snapshot.taken_at_unix  # type: ignore[operator]
+    limit = max(30.0, 5 * snapshot.poll_interval_seconds)
+    if age > limit:
+        return web.json_response(
+            {"status": "stuck", "snapshot_age_seconds": round(age, 3), "limit_seconds": limit}, status=503
+        )
+    return web.json_response({"status": "ok", "snapshot_age_seconds": round(age, 3)})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    snapshot = _latest(request)
+    if snapshot is None:
+        return web.json_response({"status": "waiting for the first poll"}, status=503)
+    return web.json_response({"status": "ready", "gpus": len(snapshot.gpus), "backend": snapshot.backend})
+
+
+async def state(request: web.Request) -> web.Response:
+    snapshot = _latest(request)
+    if snapshot is None:
+        return json_error(503, "no snapshot yet: the first poll has not finished")
+    cache = request.app[_STATE_CACHE]
+    if cache.get("snapshot") is not snapshot:  # serialise each snapshot once, however many readers
+        cache["body"] = json.dumps(to_jsonable(snapshot), separators=(",", ":")).encode()
+        cache["snapshot"] = snapshot
+    return web.Response(body=cache["body"], content_type="application/json")
+
+
+def build_app(
+    latest: LatestSnapshot, registry: CollectorRegistry, *, clock: Callable[[], float] = time.time
+) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_REQUEST_BYTES)
+    app[_LATEST] = latest
+    app[_REGISTRY] = registry
+    app[_CLOCK] = clock
+    app[_STATE_CACHE] = {}
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/state", state)
+    return app

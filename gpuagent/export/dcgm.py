@@ -1,0 +1,250 @@
+"""dcgm-exporter compatible families: its names, help strings, units and labels.
+
+The default counter list of dcgm-exporter (4.x ``etc/default-counters.csv``, less the vGPU license status),
+the profiling (``DCGM_FI_PROF_*``) fields, the commented-but-popular ECC, retired-page and clock-reason rows,
+and ``DCGM_EXP_XID_ERRORS_COUNT``. Units are dcgm's: MHz, MiB, mJ, percent; ``None`` gives no series.
+
+**Counter names.** dcgm-exporter's counters carry no ``_total`` suffix (``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+12345``) and its text output types them ``counter``, which the 0.0.4 text format allows but OpenMetrics does
+not. A client_python ``counter`` family cannot say that: its HELP/TYPE lines get ``_total`` in the 0.0.4 text
+format while the bare-named samples do not (promtool rejects the output), and a counter sample without
+``_total`` fails OpenMetrics parsers ("Clashing name"). So these families are typed ``unknown``: the samples
+keep dcgm's exact names in both formats (``# TYPE X untyped`` in text 0.0.4, ``# TYPE X unknown`` in
+OpenMetrics), nothing claims they are gauges, and ``rate()``/``increase()`` work on them as before. Only the
+TYPE line differs from dcgm-exporter's.
+
+**MIG.** On a GPU with MIG instances, the fields NVML reports per instance (framebuffer used/free and the
+profiling ratios) are emitted per instance, with the parent's labels plus ``GPU_I_PROFILE``/``GPU_I_ID``;
+when no instance reports a field, the GPU-wide value is emitted instead. Physical fields (clocks,
+temperatures, power, energy, ECC, XIDs) stay on the GPU series. A GPU whose health is LOST has no series here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from prometheus_client.metrics_core import Metric
+
+from gpuagent.export import xid
+from gpuagent.export.families import add, add_known, family, flag, non_empty
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProfilingSample
+
+MIB = 1024 * 1024
+
+Value = float | int | None
+
+
+class Scope(Enum):
+    GPU = "gpu"  # physical, GPU-wide: always on the GPU series
+    INSTANCE = "instance"  # per MIG instance on a MIG GPU (memory figures of GpuSample / MigSample)
+    PROFILING = "profiling"  # per MIG instance on a MIG GPU (ProfilingSample of GpuSample / MigSample)
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    csv_type: str  # dcgm-exporter's CSV type; "counter" renders as untyped (see the module docstring)
+    help: str
+    scope: Scope
+    value: Callable[..., Value]  # of a GpuSample (GPU), GpuSample|MigSample (INSTANCE), ProfilingSample
+
+
+def _mhz(hertz: float | None) -> float | None:
+    return None if hertz is None else hertz / 1e6
+
+
+def _mib(value: int | None) -> int | None:
+    return None if value is None else value // MIB  # dcgm reports whole MiB
+
+
+def _mj(joules: float | None) -> int | None:
+    return None if joules is None else round(joules * 1000)  # dcgm reports whole mJ
+
+
+def _ecc(attr: str) -> Callable[[GpuSample], Value]:
+    def get(gpu: GpuSample) -> Value:
+        return None if gpu.ecc is None else getattr(gpu.ecc, attr)
+
+    return get
+
+
+def _remap(get: Callable[..., Value]) -> Callable[[GpuSample], Value]:
+    return lambda gpu: None if gpu.remapped_rows is None else get(gpu.remapped_rows)
+
+
+def _prof(attr: str) -> Callable[[ProfilingSample], Value]:
+    return lambda p: getattr(p, attr)
+
+
+GPU, INST, PROF = Scope.GPU, Scope.INSTANCE, Scope.PROFILING
+GAUGE, COUNTER = "gauge", "counter"
+_PCIE_HELP = (
+    "The rate of data {} over the PCIe bus - including both protocol headers and data payloads - "
+    "in bytes per second."
+)
+_NVLINK_HELP = "The rate of data {} over NVLink - including both headers and payloads - in bytes per second."
+
+# In the order of dcgm-exporter's CSV (help strings verbatim). XID families are built apart: extra labels.
+FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", GAUGE, "SM clock frequency (in MHz).", GPU,
+          lambda g: _mhz(g.sm_clock_hz)),
+    Field("DCGM_FI_DEV_MEM_CLOCK", GAUGE, "Memory clock frequency (in MHz).", GPU,
+          lambda g: _mhz(g.memory_clock_hz)),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", GAUGE, "Memory temperature (in C).", GPU,
+          lambda g: g.memory_temperature_celsius),
+    Field("DCGM_FI_DEV_GPU_TEMP", GAUGE, "GPU temperature (in C).", GPU,
+          lambda g: g.temperature_celsius),
+    Field("DCGM_FI_DEV_POWER_USAGE", GAUGE, "Power draw (in W).", GPU,
+          lambda g: g.power_watts),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", COUNTER,
+          "Total energy consumption since boot (in mJ).", GPU,
+          lambda g: _mj(g.energy_joules_total)),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", COUNTER, "Total number of PCIe retries.", GPU,
+          lambda g: g.pcie_replay_total),
+    Field("DCGM_FI_DEV_GPU_UTIL", GAUGE, "GPU utilization (in %).", GPU,
+          lambda g: g.gpu_util_percent),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", GAUGE, "Memory utilization (in %).", GPU,
+          lambda g: g.memory_copy_util_percent),
+    Field("DCGM_FI_DEV_ENC_UTIL", GAUGE, "Encoder utilization (in %).", GPU,
+          lambda g: g.encoder_util_percent),
+    Field("DCGM_FI_DEV_DEC_UTIL", GAUGE, "Decoder utilization (in %).", GPU,
+          lambda g: g.decoder_util_percent),
+    Field("DCGM_FI_DEV_FB_FREE", GAUGE, "Framebuffer memory free (in MiB).", INST,
+          lambda s: _mib(s.memory_free_bytes)),
+    Field("DCGM_FI_DEV_FB_USED", GAUGE, "Framebuffer memory used (in MiB).", INST,
+          lambda s: _mib(s.memory_used_bytes)),
+    Field("DCGM_FI_DEV_FB_RESERVED", GAUGE, "Framebuffer memory reserved (in MiB).", GPU,
+          lambda g: _mib(g.memory_reserved_bytes)),
+    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", COUNTER,
+          "Total number of NVLink bandwidth counters for all lanes.", GPU,
+          lambda g: g.nvlink_bandwidth_total),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", COUNTER,
+          "Number of remapped rows for uncorrectable errors", GPU,
+          _remap(lambda r: r.uncorrectable)),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", COUNTER,
+          "Number of remapped rows for correctable errors", GPU,
+          _remap(lambda r: r.correctable)),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", GAUGE, "Whether remapping of rows has failed", GPU,
+          _remap(lambda r: flag(r.failed))),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", GAUGE, "Ratio of time the graphics engine is active.", PROF,
+          _prof("graphics_active_ratio")),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", GAUGE, "Ratio of cycles the tensor (HMMA) pipe is active.", PROF,
+          _prof("tensor_active_ratio")),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", GAUGE,
+          "Ratio of cycles the device memory interface is active sending or receiving data.", PROF,
+          _prof("dram_active_ratio")),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", GAUGE, _PCIE_HELP.format("transmitted"), PROF,
+          _prof("pcie_tx_bytes_per_second")),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", GAUGE, _PCIE_HELP.format("received"), PROF,
+          _prof("pcie_rx_bytes_per_second")),
+    Field("DCGM_FI_PROF_SM_ACTIVE", GAUGE, "The ratio of cycles an SM has at least 1 warp assigned.", PROF,
+          _prof("sm_active_ratio")),
+    Field("DCGM_FI_PROF_SM_OCCUPANCY", GAUGE, "The ratio of number of warps resident on an SM.", PROF,
+          _prof("sm_occupancy_ratio")),
+    Field("DCGM_FI_PROF_PIPE_FP64_ACTIVE", GAUGE, "Ratio of cycles the fp64 pipes are active.", PROF,
+          _prof("fp64_active_ratio")),
+    Field("DCGM_FI_PROF_PIPE_FP32_ACTIVE", GAUGE, "Ratio of cycles the fp32 pipes are active.", PROF,
+          _prof("fp32_active_ratio")),
+    Field("DCGM_FI_PROF_PIPE_FP16_ACTIVE", GAUGE, "Ratio of cycles the fp16 pipes are active.", PROF,
+          _prof("fp16_active_ratio")),
+    Field("DCGM_FI_PROF_NVLINK_TX_BYTES", GAUGE, _NVLINK_HELP.format("transmitted"), PROF,
+          _prof("nvlink_tx_bytes_per_second")),
+    Field("DCGM_FI_PROF_NVLINK_RX_BYTES", GAUGE, _NVLINK_HELP.format("received"), PROF,
+          _prof("nvlink_rx_bytes_per_second")),
+    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", COUNTER, "Total number of single-bit volatile ECC errors.", GPU,
+          _ecc("sbe_volatile_total")),
+    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", COUNTER, "Total number of double-bit volatile ECC errors.", GPU,
+          _ecc("dbe_volatile_total")),
+    Field("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", COUNTER, "Total number of single-bit persistent ECC errors.", GPU,
+          _ecc("sbe_aggregate_total")),
+    Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", COUNTER, "Total number of double-bit persistent ECC errors.", GPU,
+          _ecc("dbe_aggregate_total")),
+    Field("DCGM_FI_DEV_RETIRED_SBE", COUNTER, "Total number of retired pages due to single-bit errors.", GPU,
+          _ecc("retired_pages_sbe")),
+    Field("DCGM_FI_DEV_RETIRED_DBE", COUNTER, "Total number of retired pages due to double-bit errors.", GPU,
+          _ecc("retired_pages_dbe")),
+    Field("DCGM_FI_DEV_RETIRED_PENDING", COUNTER, "Total number of pages pending retirement.", GPU,
+          _ecc("retired_pages_pending")),
+    Field("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", GAUGE, "Current clock throttle reasons.", GPU,
+          lambda g: g.clock_event_reasons),
+)
+
+XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+XID_ERRORS_HELP = "Value of the last XID error encountered."
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_COUNT_HELP = "reported XIDs during last window"
+# The last-XID gauge sits where dcgm's CSV has it: right after the decoder utilization.
+_XID_POSITION = next(i for i, f in enumerate(FIELDS) if f.name == "DCGM_FI_DEV_DEC_UTIL") + 1
+
+
+def _dcgm_family(name: str, csv_type: str, documentation: str) -> Metric:
+    return family(name, documentation, "unknown" if csv_type == COUNTER else csv_type)
+
+
+class DcgmCollector:
+    """Renders a snapshot as dcgm-exporter's families."""
+
+    name = "dcgm"
+
+    def __init__(
+        self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL, xid_window_seconds: float = 300.0
+    ) -> None:
+        self._hostname_label = hostname_label
+        # dcgm's window_size_in_ms label; the snapshot's XidRecord.recent is counted over the same window.
+        self._window_ms = str(round(xid_window_seconds * 1000))
+
+    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
+        if snapshot is None:
+            return []
+        labels = GpuLabels(snapshot, self._hostname_label)
+        gpus = [g for g in snapshot.gpus if g.health is not Health.LOST]
+        metrics = [self._field(f, gpus, labels) for f in FIELDS]
+        metrics.insert(_XID_POSITION, self._xid_last(gpus, labels))
+        metrics.append(self._xid_count(gpus, labels))
+        return non_empty(metrics)
+
+    @staticmethod
+    def _field(field: Field, gpus: Iterable[GpuSample], labels: GpuLabels) -> Metric:
+        metric = _dcgm_family(field.name, field.csv_type, field.help)
+        for gpu in gpus:
+            if field.scope is Scope.GPU:
+                add_known(metric, labels.dcgm(gpu), field.value(gpu))
+                continue
+            per_instance = [(mig, _read(field, mig)) for mig in gpu.migs]
+            if any(value is not None for _, value in per_instance):
+                for mig, value in per_instance:
+                    add_known(metric, labels.dcgm(gpu, mig), value)
+            else:  # not a MIG GPU, or no instance reports it: the GPU-wide value
+                add_known(metric, labels.dcgm(gpu), _read(field, gpu))
+        return metric
+
+    @staticmethod
+    def _xid_last(gpus: Iterable[GpuSample], labels: GpuLabels) -> Metric:
+        # Unlike dcgm's sticky gauge, the last XID clears once it leaves the snapshot's recent window.
+        metric = family(XID_ERRORS, XID_ERRORS_HELP, "gauge")
+        for gpu in gpus:
+            code = gpu.xid.last_code or 0
+            add(metric, {**labels.dcgm(gpu), "err_code": str(code), "err_msg": xid.message(code)}, code)
+        return metric
+
+    def _xid_count(self, gpus: Iterable[GpuSample], labels: GpuLabels) -> Metric:
+        metric = _dcgm_family(XID_COUNT, COUNTER, XID_COUNT_HELP)
+        for gpu in gpus:
+            base = {**labels.dcgm(gpu), "window_size_in_ms": self._window_ms}
+            recent = {code: n for code, n in gpu.xid.recent.items() if n}
+            if not recent:
+                add(metric, base, 0)
+            for code, count in sorted(recent.items()):
+                add(metric, {**base, "xid": str(code)}, count)
+        return metric
+
+
+def _read(field: Field, sample: GpuSample | MigSample) -> Value:
+    """An INSTANCE or PROFILING field of a GPU or of one of its MIG instances."""
+    if field.scope is Scope.PROFILING:
+        return None if sample.profiling is None else field.value(sample.profiling)
+    return field.value(sample)
+

@@ -1,0 +1,67 @@
+"""Per-GPU figures the snapshot has and dcgm-exporter lacks: ``gpuagent_gpu_*`` in base units.
+
+Labels: dcgm-exporter's join keys ``gpu, UUID, Hostname`` (the rest is on ``gpuagent_gpu_info``). A GPU
+whose health is LOST has no series here; ``None`` gives none.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.metrics_core import Metric
+
+from gpuagent.export.families import add, add_known, counter, flag, gauge, non_empty
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.snapshot import Health, NodeSnapshot
+
+# NVML's clocks-event (throttle) reason bits, named as dcgm-exporter's ``clock_event`` label values.
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("clocks_setting", 0x2),
+    ("power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80),
+    ("display_clocks", 0x100),
+)
+
+
+class GpuCollector:
+    """Renders the ``gpuagent_gpu_*`` extras of each GPU."""
+
+    name = "gpu"
+
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        self._hostname_label = hostname_label
+
+    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
+        if snapshot is None:
+            return []
+        labels = GpuLabels(snapshot, self._hostname_label)
+        graphics_clock = gauge("gpuagent_gpu_graphics_clock_hertz", "Graphics clock frequency.")
+        power_limit = gauge("gpuagent_gpu_power_limit_watts", "Power management limit.")
+        memory_total = gauge("gpuagent_gpu_memory_total_bytes", "Total framebuffer memory.")
+        pcie_tx = counter("gpuagent_gpu_pcie_tx_bytes_total", "Bytes transmitted over PCIe.")
+        pcie_rx = counter("gpuagent_gpu_pcie_rx_bytes_total", "Bytes received over PCIe.")
+        clock_event = gauge(
+            "gpuagent_gpu_clock_event_active",
+            "1 while the clock event (throttle) reason is active, else 0; one series per known reason.",
+        )
+        remap_pending = gauge("gpuagent_gpu_remapped_rows_pending", "1 while a row remap awaits a reset.")
+        for gpu in snapshot.gpus:
+            if gpu.health is Health.LOST:
+                continue
+            series = labels.gpu(gpu)
+            add_known(graphics_clock, series, gpu.graphics_clock_hz)
+            add_known(power_limit, series, gpu.info.power_limit_watts)
+            add_known(memory_total, series, gpu.info.memory_total_bytes)
+            add_known(pcie_tx, series, gpu.pcie_tx_bytes_total)
+            add_known(pcie_rx, series, gpu.pcie_rx_bytes_total)
+            if gpu.clock_event_reasons is not None:
+                for reason, bit in CLOCK_EVENT_REASONS:
+                    add(clock_event, {**series, "reason": reason}, flag(gpu.clock_event_reasons & bit))
+            if gpu.remapped_rows is not None:
+                add(remap_pending, series, flag(gpu.remapped_rows.pending))
+        return non_empty(
+            [graphics_clock, power_limit, memory_total, pcie_tx, pcie_rx, clock_event, remap_pending]
+        )

@@ -1,0 +1,114 @@
+"""The one collector in the registry: renders the latest snapshot, each renderer in isolation.
+
+client_python's ``CollectorRegistry.collect()`` lets a collector's exception fail the whole scrape. Here a
+renderer that raises (or yields a sample the encoders could not render) has its families left out of that
+scrape, ``gpuagent_collector_success{collector}`` reads 0, and the error is logged once when it starts failing
+and once when it recovers, not on every scrape (node_exporter's per-collector success and duration).
+
+The snapshot is read once per scrape, so every family of a scrape comes from the same poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client.metrics_core import Metric
+
+from gpuagent.export.families import add, flag, gauge
+from gpuagent.snapshot import NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+
+class Renderer(Protocol):
+    """Turns a snapshot (None before the first poll) into metric families; no I/O, no NVML."""
+
+    name: str
+
+    def render(self, snapshot: NodeSnapshot | None) -> Iterable[Metric]: ...
+
+
+class SnapshotCollector:
+    def __init__(
+        self,
+        latest: Callable[[], NodeSnapshot | None],
+        renderers: Sequence[Renderer],
+        *,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        names = [r.name for r in renderers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"renderer names must be unique: {names}")
+        self._latest = latest
+        self._renderers = tuple(renderers)
+        self._timer = timer
+        self._lock = threading.Lock()  # scrapes may run concurrently
+        self._failing: set[str] = set()
+
+    def describe(self) -> list[Metric]:
+        # Registration calls describe() (or, without it, collect()): nothing is rendered at register() time.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot()
+        success = gauge("gpuagent_collector_success", "1 when the collector succeeded in this scrape.")
+        duration = gauge("gpuagent_collector_duration_seconds", "Time the collector took in this scrape.")
+        seen: set[str] = {success.name, duration.name}
+        for renderer in self._renderers:
+            start = self._timer()
+            try:
+                metrics = list(renderer.render(snapshot))  # all or nothing: a failure halfway yields nothing
+                _check(metrics, seen)
+            except Exception as error:
+                metrics, ok = [], False
+                self._note(renderer.name, error)
+            else:
+                ok = True
+                self._note(renderer.name, None)
+                seen.update(m.name for m in metrics)
+            add(success, {"collector": renderer.name}, flag(ok))
+            add(duration, {"collector": renderer.name}, self._timer() - start)
+            yield from metrics
+        yield success
+        yield duration
+
+    def _snapshot(self) -> NodeSnapshot | None:
+        try:
+            snapshot = self._latest()
+        except Exception as error:
+            self._note("latest", error)
+            return None
+        self._note("latest", None)
+        return snapshot
+
+    def _note(self, name: str, error: Exception | None) -> None:
+        """Log a change of state only: the first failure (with its traceback) and the recovery."""
+        with self._lock:
+            was_failing = name in self._failing
+            if error is not None and not was_failing:
+                self._failing.add(name)
+            elif error is None and was_failing:
+                self._failing.discard(name)
+            else:
+                return
+        if error is not None:
+            log.error("collector %s failed; its metrics are left out until it recovers", name, exc_info=error)
+        else:
+            log.info("collector %s recovered", name)
+
+
+def _check(metrics: Iterable[Metric], seen: set[str]) -> None:
+    """Raise on what would make the encoders fail or the exposition invalid, inside the guarded section."""
+    for metric in metrics:
+        if metric.name in seen:
+            raise ValueError(f"family {metric.name} is rendered twice")
+        for sample in metric.samples:
+            # Plain str only: a str subclass (a str-mixin Enum) may format as "Health.OK".
+            if not all(type(k) is str and type(v) is str for k, v in sample.labels.items()):
+                raise TypeError(f"{sample.name}: label names and values must be strings: {sample.labels!r}")
+            if not isinstance(sample.value, (int, float)):
+                raise TypeError(f"{sample.name}: value must be a number: {sample.value!r}")

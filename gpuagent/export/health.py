@@ -1,0 +1,118 @@
+"""The agent's own health: polls, sources, NVML time and errors, and each GPU's health as the agent sees it.
+
+Unlike the device series, the per-GPU families here (``gpuagent_gpu_health``, ``_stale``, ``_info``,
+``_xid_errors_total``) are emitted for a LOST GPU too: they are what the agent knows about it, not values read
+from it.
+Before the first poll there is no snapshot: only ``gpuagent_up 0`` and the build info.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
+
+from gpuagent import __version__
+from gpuagent.export.families import add, counter, family, flag, gauge, non_empty
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, describe
+from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, PollHistogram
+
+NVML_SOURCE = "nvml"
+
+
+class HealthCollector:
+    """Renders the agent's health families."""
+
+    name = "health"
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.time, hostname_label: str = DEFAULT_HOSTNAME_LABEL
+    ) -> None:
+        self._clock = clock
+        self._hostname_label = hostname_label
+
+    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
+        up = gauge("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.")
+        build = family("gpuagent_build_info", "The agent's version.", "info")
+        add(build, {"version": __version__}, 1)
+        if snapshot is None:
+            add(up, {}, 0)
+            return [up, build]
+        add(up, {}, flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources)))
+        return non_empty([up, build, *self._poll(snapshot), *_nvml(snapshot), *self._gpus(snapshot)])
+
+    def _poll(self, snapshot: NodeSnapshot) -> list[Metric]:
+        age = gauge("gpuagent_snapshot_age_seconds", "Time since the snapshot being served was taken.")
+        add(age, {}, self._clock() - snapshot.taken_at_unix)
+        stale = gauge("gpuagent_snapshot_stale", "1 when a GPU's last read did not finish in time, else 0.")
+        add(stale, {}, flag(snapshot.stale))
+        polls = counter("gpuagent_polls_total", "Polls since the agent started.")
+        add(polls, {}, snapshot.polls_total)
+        interval = gauge("gpuagent_poll_interval_seconds", "Configured time between polls.")
+        add(interval, {}, snapshot.poll_interval_seconds)
+        success = gauge("gpuagent_source_success", "1 when the source's last run succeeded, else 0.")
+        duration = gauge("gpuagent_source_duration_seconds", "Duration of the source's last run.")
+        for source in snapshot.sources:
+            add(success, {"source": source.name}, flag(source.ok))
+            add(duration, {"source": source.name}, source.duration_seconds)
+        return [age, stale, _histogram(snapshot.poll_histogram), polls, interval, success, duration]
+
+    def _gpus(self, snapshot: NodeSnapshot) -> list[Metric]:
+        labels = GpuLabels(snapshot, self._hostname_label)
+        health = gauge(
+            "gpuagent_gpu_health",
+            "1 for the GPU's current health state (ok, lost, unresponsive, error), 0 for the others.",
+        )
+        stale = gauge("gpuagent_gpu_stale", "1 when the GPU's values are from an earlier poll, else 0.")
+        xids = counter("gpuagent_gpu_xid_errors_total", "XID errors seen since the agent started.")
+        info = family("gpuagent_gpu_info", "Static facts of the GPU and its driver.", "info")
+        for gpu in snapshot.gpus:
+            series = labels.gpu(gpu)
+            for state in Health:
+                add(health, {**series, "state": state.value}, flag(gpu.health is state))
+            add(stale, series, flag(gpu.stale))
+            for code, count in sorted(gpu.xid.totals.items()):
+                add(xids, {**series, "xid": str(code)}, count)
+            add(info, {**series, **_gpu_facts(snapshot, gpu)}, 1)
+        return [health, stale, xids, info]
+
+
+def _nvml(snapshot: NodeSnapshot) -> list[Metric]:
+    calls = family("gpuagent_nvml_call_duration_seconds", "Time spent in each NVML function.", "summary")
+    for stats in snapshot.nvml_calls:
+        add(calls, {"function": stats.function}, stats.calls_total, suffix="_count")
+        add(calls, {"function": stats.function}, stats.seconds_total, suffix="_sum")
+    errors = counter("gpuagent_nvml_errors_total", "NVML calls that failed, by function and error.")
+    for error in snapshot.nvml_errors:
+        add(errors, {"function": error.function, "code": error.code}, error.count)
+    return [calls, errors]
+
+
+def _histogram(histogram: PollHistogram) -> Metric:
+    metric = family("gpuagent_poll_duration_seconds", "Duration of the agent's polls.", "histogram")
+    for bound, count in zip(histogram.upper_bounds, histogram.cumulative_counts, strict=True):
+        if not math.isinf(bound):  # +Inf is the total count, added below
+            add(metric, {"le": floatToGoString(bound)}, count, suffix="_bucket")
+    add(metric, {"le": "+Inf"}, histogram.count, suffix="_bucket")
+    add(metric, {}, histogram.count, suffix="_count")
+    add(metric, {}, histogram.sum_seconds, suffix="_sum")
+    return metric
+
+
+def _gpu_facts(snapshot: NodeSnapshot, gpu: GpuSample) -> dict[str, str]:
+    """The info labels of a GPU: dcgm-exporter's descriptive ones, then what is known of the rest."""
+    info = gpu.info
+    facts: dict[str, str | None] = {
+        **describe(gpu),
+        "driver_version": snapshot.driver_version,
+        "cuda_driver_version": snapshot.cuda_driver_version,
+        "nvml_version": snapshot.nvml_version,
+        "serial": info.serial,
+        "minor_number": None if info.minor_number is None else str(info.minor_number),
+        "mig_mode": "enabled" if info.mig_enabled else "disabled",
+        "gpm_supported": "true" if info.gpm_supported else "false",
+    }
+    return {k: v for k, v in facts.items() if v}

@@ -1,0 +1,71 @@
+"""The label sets of every per-GPU series, in dcgm-exporter's fixed order.
+
+dcgm-exporter's families: ``gpu, UUID, pci_bus_id, device, modelName, [GPU_I_PROFILE, GPU_I_ID], <host>,
+DCGM_FI_DRIVER_VERSION``. Our ``gpuagent_*`` per-GPU families keep its join keys only (``gpu, UUID,
+[GPU_I_PROFILE, GPU_I_ID], <host>``), so ``on(gpu, UUID, Hostname)`` joins them with dcgm's series; the
+descriptive labels (``pci_bus_id``, ``device``, ``modelName``) are on ``gpuagent_gpu_info`` alone.
+
+Label dicts keep that insertion order, but client_python's encoders print label names sorted, so the order on
+the wire is alphabetical (Prometheus does not care). A label is left out when its value is unknown, except the
+five that dcgm-exporter always has.
+"""
+
+from __future__ import annotations
+
+from gpuagent.snapshot import GpuSample, MigSample, NodeSnapshot
+
+DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
+DEFAULT_HOSTNAME_LABEL = "Hostname"  # dcgm-exporter <= 4.5.3-4.8.2; 4.6.0-4.8.3 and later use "hostname"
+
+
+class GpuLabels:
+    """Label dicts for the GPUs of one snapshot."""
+
+    __slots__ = ("_driver", "_host")
+
+    def __init__(self, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        # An empty hostname_label drops the host label, like dcgm-exporter's --no-hostname.
+        self._host = {hostname_label: snapshot.hostname} if hostname_label and snapshot.hostname else {}
+        self._driver = {DRIVER_VERSION: snapshot.driver_version} if snapshot.driver_version else {}
+
+    def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
+        """dcgm-exporter's labels of a GPU or of one of its MIG instances."""
+        labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, **describe(gpu)}
+        if mig is not None:
+            labels.update(_mig(mig.profile, mig.gpu_instance_id))
+        return {**labels, **self._host, **self._driver}
+
+    def gpu(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
+        """The join keys of a GPU or of one of its MIG instances, for ``gpuagent_*`` series."""
+        labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid}
+        if mig is not None:
+            labels.update(_mig(mig.profile, mig.gpu_instance_id))
+        return {**labels, **self._host}
+
+    def instance(self, gpu: GpuSample, gpu_instance_id: int | None) -> dict[str, str]:
+        """The join keys of what runs in ``gpu_instance_id`` (None: the whole GPU)."""
+        if gpu_instance_id is None:
+            return self.gpu(gpu)
+        mig = find_mig(gpu, gpu_instance_id)
+        if mig is not None:
+            return self.gpu(gpu, mig)
+        # An instance the snapshot does not list: keep its id, there is no profile to name.
+        labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, "GPU_I_ID": str(gpu_instance_id)}
+        return {**labels, **self._host}
+
+
+def describe(gpu: GpuSample) -> dict[str, str]:
+    """dcgm-exporter's descriptive labels of a GPU."""
+    info = gpu.info
+    return {"pci_bus_id": info.pci_bus_id, "device": f"nvidia{info.index}", "modelName": info.name}
+
+
+def _mig(profile: str, gpu_instance_id: int) -> dict[str, str]:
+    return {"GPU_I_PROFILE": profile, "GPU_I_ID": str(gpu_instance_id)}
+
+
+def find_mig(gpu: GpuSample, gpu_instance_id: int) -> MigSample | None:
+    for mig in gpu.migs:
+        if mig.gpu_instance_id == gpu_instance_id:
+            return mig
+    return None

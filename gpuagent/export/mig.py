@@ -1,0 +1,42 @@
+"""The MIG layout of each MIG-enabled GPU: ``gpuagent_mig_*``.
+
+Labels are dcgm-exporter's MIG series labels (the parent GPU's, plus ``GPU_I_PROFILE`` and ``GPU_I_ID``), so
+``DCGM_FI_DEV_FB_USED{GPU_I_ID=...}`` and ``DCGM_FI_PROF_*`` of an instance join with its slice and UUID here.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.metrics_core import Metric
+
+from gpuagent.export.families import add, add_known, family, gauge, non_empty
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.snapshot import Health, NodeSnapshot
+
+
+class MigCollector:
+    """Renders the MIG instances of each GPU."""
+
+    name = "mig"
+
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        self._hostname_label = hostname_label
+
+    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
+        if snapshot is None:
+            return []
+        labels = GpuLabels(snapshot, self._hostname_label)
+        info = family("gpuagent_mig_info", "A MIG GPU instance: its UUID and compute instance.", "info")
+        slices = gauge("gpuagent_mig_slice_ratio", "Share of the GPU's compute slices (0-1).")
+        memory_total = gauge("gpuagent_mig_memory_total_bytes", "Memory of the instance.")
+        for gpu in snapshot.gpus:
+            if gpu.health is Health.LOST:
+                continue
+            for mig in gpu.migs:
+                series = labels.gpu(gpu, mig)
+                details = {"mig_uuid": mig.uuid}
+                if mig.compute_instance_id is not None:
+                    details["compute_instance_id"] = str(mig.compute_instance_id)
+                add(info, {**series, **details}, 1)
+                add(slices, series, mig.slice_fraction)
+                add_known(memory_total, series, mig.memory_total_bytes)
+        return non_empty([info, slices, memory_total])

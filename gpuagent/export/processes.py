@@ -1,0 +1,76 @@
+"""Per-process GPU use: ``gpuagent_process_*`` and the process count of each GPU.
+
+A process series carries the GPU's join keys (``gpu, UUID, Hostname``, as on dcgm-exporter's series), the MIG
+instance it runs in (``GPU_I_PROFILE``/``GPU_I_ID``), ``pid``, ``comm`` (left
+out when the process exited before its name was read) and ``kind``: a process with both a compute and a
+graphics context is listed twice by NVML, and ``kind`` keeps its two series apart. Utilization ratios exist
+only where NVML reports them (never on MIG); ``None`` gives no series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.metrics_core import Metric
+
+from gpuagent.export.families import add, add_known, gauge, non_empty
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
+
+
+class ProcessCollector:
+    """Renders the processes of a snapshot."""
+
+    name = "processes"
+
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        self._hostname_label = hostname_label
+
+    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
+        if snapshot is None:
+            return []
+        labels = GpuLabels(snapshot, self._hostname_label)
+        memory = gauge("gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.")
+        sm = gauge(
+            "gpuagent_process_sm_utilization_ratio",
+            "Share of the last NVML sample period in which the process ran kernels on the SMs (0-1).",
+        )
+        mem_util = gauge(
+            "gpuagent_process_memory_utilization_ratio",
+            "Share of the last NVML sample period in which the process read or wrote GPU memory (0-1).",
+        )
+        count = gauge("gpuagent_gpu_processes", "Number of processes using the GPU.")
+        for gpu in snapshot.gpus:
+            if gpu.health is Health.LOST:
+                continue
+            processes = _unique(gpu)
+            for process in processes:
+                series = {**labels.instance(gpu, process.gpu_instance_id), **_identity(process)}
+                add_known(memory, series, process.used_memory_bytes)
+                add_known(sm, series, _ratio(process.sm_util_percent))
+                add_known(mem_util, series, _ratio(process.memory_util_percent))
+            add(count, labels.gpu(gpu), len({p.pid for p in processes}))
+        return non_empty([memory, sm, mem_util, count])
+
+
+def _unique(gpu: GpuSample) -> list[ProcessSample]:
+    """The GPU's processes, one per series: a repeated (pid, kind, instance) would be a duplicate series."""
+    seen: set[tuple[int, str, int | None]] = set()
+    unique = []
+    for process in gpu.processes:  # every process of the GPU, MIG instances included
+        key = (process.pid, process.kind, process.gpu_instance_id)
+        if key not in seen:
+            seen.add(key)
+            unique.append(process)
+    return unique
+
+
+def _identity(process: ProcessSample) -> dict[str, str]:
+    labels = {"pid": str(process.pid)}
+    if process.comm:
+        labels["comm"] = process.comm
+    labels["kind"] = process.kind
+    return labels
+
+
+def _ratio(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100
+
