@@ -79,7 +79,8 @@ def test_missing_function_is_absent(caplog):
 
 def test_expected_empty_code_is_not_an_error():
     guard = NvmlGuard(fake_nvml(nvmlDeviceGetProcessUtilization=raising(pynvml.NVML_ERROR_NOT_FOUND)))
-    assert guard.call("nvmlDeviceGetProcessUtilization", None, 0, absent_on=(pynvml.NVML_ERROR_NOT_FOUND,)) is None
+    absent = (pynvml.NVML_ERROR_NOT_FOUND,)
+    assert guard.call("nvmlDeviceGetProcessUtilization", None, 0, absent_on=absent) is None
     assert guard.error_counts() == ()
 
 

@@ -1,0 +1,717 @@
+"""Scenario files of the simulated NVML: YAML in, frozen dataclasses out.
+
+Validation runs in two passes, JSON Schema (``schema.json``, ``additionalProperties: false`` everywhere,
+so a typo is an error, not a silently ignored key) and then the semantic checks a schema cannot express
+(GPU indices, MIG profiles of the GPU's model, PID uniqueness, curve ranges). Every message names the
+path inside the file: ``demo.yaml: processes[3].gpu: GPU index 9 does not exist (scenario has 8 GPUs)``.
+All errors found are reported, one per line; :attr:`ScenarioError.errors` holds them as (path, message).
+
+The format, in brief (``examples/scenarios/`` has complete files)::
+
+    hostname: gpu-node-1               # optional, the node's name (a sim-only extension)
+    driver: {version: "550.90.07", cuda_version: 12040}
+    gpus:
+      - model: H100-SXM5-80GB          # models.py: H100-SXM5-80GB, A100-SXM4-40GB, A100-SXM4-80GB, L4, T4,
+        count: 2                       #   RTX-4090-Laptop; count expands to identical GPUs
+      - model: A100-SXM4-40GB
+        mig: {instances: [{profile: 3g.20gb, id: 1}, {profile: 1g.5gb}]}   # id: the GPU-instance ID
+    processes:
+      - name: train                    # pid omitted: a fake PID >= 4200000; given: a real PID
+        gpu: 0
+        memory: 20Gi                   # bytes, "512Mi", "80GB", or a curve of those
+        sm_util: {sine: {min: 20, max: 90, period: 60}}
+      - {name: infer, gpu: 2, mig_instance: 1, sm_util: 40, start: 10, stop: 100}
+    faults:
+      - xid: {gpu: 0, at: 30, code: 79}
+      - gpu_lost: {gpu: 0, at: 31}
+
+Defaults when a GPU curve is omitted: utilization = min(100, sum of its processes' ``sm_util``); power
+between the model's idle power and its limit by utilization; temperature from power; memory utilization
+from the processes' ``mem_util`` (default half their ``sm_util``). A process's ``memory`` defaults to
+300 MiB (a CUDA context), ``sm_util`` to 0, ``type`` to compute. ``mig_instance`` names the GPU-instance
+ID (as ``nvidia-smi`` shows "GI ID"); instances without an ``id`` get the profile's first free placement.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pynvml
+import yaml
+
+from gpuagent.devices.sim.curves import Constant, Curve, FollowCpu, Points, Sine, UtilCurve
+from gpuagent.devices.sim.models import MIB, MODELS, GpuModel, MigProfile
+
+SCHEMA_PATH = Path(__file__).with_name("schema.json")
+FAKE_PID_BASE = 4_200_000  # above Linux's largest pid_max (4194304): never a real process
+DEFAULT_PROCESS_MEMORY = 300 * MIB
+DEFAULT_DRIVER_VERSION = "550.90.07"
+DEFAULT_CUDA_VERSION = 12040
+
+
+class ScenarioError(ValueError):
+    """A scenario that does not load; the message names the file and the path inside it."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]):
+        self.source = source
+        self.errors = tuple(errors)
+        super().__init__("\n".join(f"{source}: {p}: {m}" if p else f"{source}: {m}" for p, m in errors))
+
+
+# -- the model --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    version: str = DEFAULT_DRIVER_VERSION
+    nvml_version: str = "12." + DEFAULT_DRIVER_VERSION
+    cuda_version: int = DEFAULT_CUDA_VERSION
+    latency_ms: Mapping[str, float] = field(default_factory=dict)  # function name or "default" -> ms
+
+
+@dataclass(frozen=True)
+class MigInstanceSpec:
+    id: int  # GPU-instance ID
+    profile: MigProfile
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    index: int
+    model: GpuModel
+    name: str
+    serial: str | None
+    memory_bytes: int
+    reserved_bytes: int
+    power_limit_w: float
+    pci_bus_id: str | None
+    utilization: Curve | None
+    memory_util: Curve | None
+    encoder_util: Curve | None
+    decoder_util: Curve | None
+    power_w: Curve | None
+    temperature: Curve | None
+    mig_enabled: bool
+    mig_instances: tuple[MigInstanceSpec, ...]
+    not_supported: frozenset[str]
+    nvlink_down: frozenset[int]
+    where: str  # "gpus[1]": the entry this GPU came from
+
+    def instance(self, gi: int) -> MigInstanceSpec | None:
+        for inst in self.mig_instances:
+            if inst.id == gi:
+                return inst
+        return None
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    index: int
+    pid: int
+    real: bool  # a real PID: listed only while it runs
+    name: str
+    gpu: int
+    mig_instance: int | None
+    type: str  # compute | graphics | both
+    memory: Curve
+    sm_util: UtilCurve
+    mem_util: Curve | None
+    start: float
+    stop: float | None
+
+
+@dataclass(frozen=True)
+class GpuLost:
+    gpu: int
+    at: float
+
+
+@dataclass(frozen=True)
+class XidFault:
+    gpu: int
+    at: float
+    code: int
+    gpu_instance: int | None = None
+    count: int = 1
+    interval: float = 0.0
+
+
+@dataclass(frozen=True)
+class EccFault:
+    gpu: int
+    at: float
+    count: int
+    double_bit: bool
+
+
+@dataclass(frozen=True)
+class PcieReplayFault:
+    gpu: int
+    at: float
+    count: int
+
+
+@dataclass(frozen=True)
+class HangFault:
+    function: str | None  # None: any function
+    gpu: int | None  # None: any GPU (and calls without a GPU)
+    at: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class InitFailure:
+    until: float
+    error: int  # NVML_ERROR_* code
+
+
+Fault = GpuLost | XidFault | EccFault | PcieReplayFault | HangFault | InitFailure
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    hostname: str
+    seed: str
+    driver: DriverSpec
+    gpus: tuple[GpuSpec, ...]
+    processes: tuple[ProcessSpec, ...]
+    faults: tuple[Fault, ...]
+    source: str = "<scenario>"
+    description: str = ""
+
+    @property
+    def init_failure(self) -> InitFailure | None:
+        for f in self.faults:
+            if isinstance(f, InitFailure):
+                return f
+        return None
+
+
+# -- loading ----------------------------------------------------------------------------------------
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read, validate and build the scenario in ``path``; :class:`ScenarioError` names what is wrong."""
+    p = Path(path)
+    source = str(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(source, [("", f"cannot read: {exc.strerror or exc}")]) from exc
+    return parse_scenario(text, source=source, name=p.stem)
+
+
+def parse_scenario(
+    data: Mapping[str, Any] | str, *, source: str = "<scenario>", name: str | None = None
+) -> Scenario:
+    """Validate and build a scenario from a mapping (as YAML loads it) or from YAML text."""
+    if isinstance(data, str):
+        try:
+            data = yaml.safe_load(data)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ScenarioError(source, [(where, f"not valid YAML: {problem}")]) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ScenarioError(source, [("", f"expected a mapping at the top level, got {_show(data)}")])
+    schema_errors = _schema_errors(data)
+    if schema_errors:
+        raise ScenarioError(source, schema_errors)
+    builder = _Builder(data, source, name)
+    scenario = builder.build()
+    if builder.errors:
+        raise ScenarioError(source, builder.errors)
+    return scenario
+
+
+_validator: jsonschema.protocols.Validator | None = None
+
+
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _schema_errors(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    global _validator
+    if _validator is None:
+        _validator = jsonschema.Draft202012Validator(schema())
+    out = [_explain(e) for e in _validator.iter_errors(data)]
+    return sorted(set(out), key=lambda pm: _path_sort_key(pm[0]))
+
+
+def _path_sort_key(path: str) -> list[Any]:
+    return [int(x) if x.isdigit() else x for x in re.split(r"[.\[\]]+", path) if x]
+
+
+# -- schema error messages --------------------------------------------------------------------------
+
+
+def format_path(parts: Any) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out
+
+
+_TYPE_WORDS = {
+    "number": "a number", "integer": "an integer", "string": "a string", "array": "a list",
+    "object": "a mapping", "boolean": "true or false", "null": "nothing",
+}
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _explain(err: jsonschema.ValidationError) -> tuple[str, str]:
+    """(path, message) for a schema error, descending into the matching branch of a oneOf."""
+    if err.validator in ("oneOf", "anyOf") and err.context:
+        branches: dict[int, list[jsonschema.ValidationError]] = {}
+        for sub in err.context:
+            branches.setdefault(int(sub.relative_schema_path[0]), []).append(sub)
+        fitting = [
+            errs for errs in branches.values()
+            if not any(e.validator == "type" and not e.relative_path for e in errs)
+        ]
+        if fitting:
+            best = max(fitting[0], key=lambda e: len(e.absolute_path))
+            return _explain(best)
+        titles = [s.get("title") for s in err.validator_value if isinstance(s, dict) and s.get("title")]
+        what = " or ".join(titles) if titles else err.schema.get("title", "another type")
+        return format_path(err.absolute_path), f"expected {what}, got {_show(err.instance)}"
+    path = list(err.absolute_path)
+    v, value, inst = err.validator, err.validator_value, err.instance
+    if v == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extras = [k for k in inst if k not in err.schema.get("properties", {})]
+        key = str(extras[0]) if extras else "?"
+        hint = difflib.get_close_matches(key, allowed, n=1)
+        if hint:
+            msg = f"unknown key (did you mean '{hint[0]}'?)"
+        else:
+            msg = f"unknown key; allowed: {', '.join(allowed)}"
+        return format_path([*path, key]), msg
+    if v == "required":
+        missing = [k for k in value if k not in inst]
+        return format_path(path), f"missing required key '{missing[0] if missing else value[0]}'"
+    if v == "enum":
+        noun = path[-1] if path and isinstance(path[-1], str) else "value"
+        return format_path(path), f"unknown {noun} {_show(inst)}; known: {', '.join(map(str, value))}"
+    if v == "const":
+        return format_path(path), f"must be {value!r}, got {_show(inst)}"
+    if v == "type":
+        title = err.schema.get("title")
+        types = [value] if isinstance(value, str) else value
+        what = title or " or ".join(_TYPE_WORDS.get(t, t) for t in types)
+        return format_path(path), f"expected {what}, got {_show(inst)}"
+    bounds = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
+    if v in bounds:
+        return format_path(path), f"must be {bounds[v]} {value}, got {_show(inst)}"
+    if v == "minItems":
+        return format_path(path), f"needs at least {value} item{'s' if value != 1 else ''}"
+    if v == "maxItems":
+        return format_path(path), f"takes at most {value} item{'s' if value != 1 else ''}"
+    if v == "minLength":
+        return format_path(path), "must not be empty"
+    if v == "maxLength":
+        return format_path(path), f"is longer than {value} characters"
+    if v == "pattern":
+        return format_path(path), f"{_show(inst)} is not {err.schema.get('title', 'valid here')}"
+    if v == "uniqueItems":
+        return format_path(path), "has duplicate items"
+    if v in ("minProperties", "maxProperties") and "fault" in format_path(path):
+        kinds = ", ".join(err.schema.get("properties", {}))
+        return format_path(path), f"a fault is a mapping with exactly one key, one of: {kinds}"
+    if v == "minProperties":
+        return format_path(path), "must not be empty"
+    return format_path(path), err.message
+
+
+# -- semantic checks and building --------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]i?B?|B)?\s*$")
+_UNITS = {"": 1, "B": 1}
+for _i, _p in enumerate("KMGTP", start=1):
+    _UNITS[_p] = _UNITS[_p + "B"] = 1000**_i
+    _UNITS[_p + "i"] = _UNITS[_p + "iB"] = 1024**_i
+
+
+def parse_size(value: int | float | str) -> int:
+    """Bytes from ``4096``, ``"4Gi"``, ``"512Mi"``, ``"80GB"`` (binary with ``i``, decimal without)."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = _SIZE.match(value)
+    if m is None:
+        raise ValueError(f"not a size: {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+def _pynvml_function_names() -> frozenset[str]:
+    return frozenset(
+        n for n, v in vars(pynvml).items() if n.startswith("nvml") and inspect.isfunction(v)
+    )
+
+
+def _field_names() -> frozenset[str]:
+    return frozenset(n for n in vars(pynvml) if n.startswith("NVML_FI_"))
+
+
+class _Builder:
+    def __init__(self, data: Mapping[str, Any], source: str, name: str | None):
+        self.data = data
+        self.source = source
+        self.name = name
+        self.errors: list[tuple[str, str]] = []
+        self.functions = _pynvml_function_names()
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append((path, message))
+
+    def build(self) -> Scenario:
+        d = self.data
+        name = d.get("name") or self.name or "scenario"
+        driver = self._driver(d.get("driver") or {})
+        gpus = self._gpus(d.get("gpus") or [])
+        processes = self._processes(d.get("processes") or [], gpus)
+        faults = self._faults(d.get("faults") or [], gpus)
+        return Scenario(
+            name=name,
+            hostname=d.get("hostname", "sim-node"),
+            seed=str(d.get("seed", name)),
+            driver=driver,
+            gpus=tuple(gpus),
+            processes=tuple(processes),
+            faults=tuple(faults),
+            source=self.source,
+            description=d.get("description", ""),
+        )
+
+    # driver
+
+    def _driver(self, d: Mapping[str, Any]) -> DriverSpec:
+        version = d.get("version", DEFAULT_DRIVER_VERSION)
+        cuda = d.get("cuda_version", DEFAULT_CUDA_VERSION)
+        if isinstance(cuda, str):
+            major, minor = cuda.split(".")
+            cuda = int(major) * 1000 + int(minor) * 10
+        latency = dict(d.get("latency_ms") or {})
+        for fn in latency:
+            if fn != "default" and fn not in self.functions:
+                self.error(f"driver.latency_ms.{fn}", "not a pynvml function (or 'default')")
+        return DriverSpec(
+            version=version, nvml_version=d.get("nvml_version", f"12.{version}"), cuda_version=cuda,
+            latency_ms=latency,
+        )
+
+    # curves
+
+    def curve(self, node: Any, path: str, *, size: bool = False, lo: float | None = None,
+              hi: float | None = None, follow: bool = False) -> Any:
+        if isinstance(node, (int, float, str)):
+            c: Any = Constant(float(parse_size(node)) if size else float(node))
+        else:
+            kinds = [k for k in ("sine", "points", "steps", "follow_cpu") if k in node]
+            if len(kinds) != 1:
+                what = "give exactly one of sine, points, steps" + (", follow_cpu" if follow else "")
+                self.error(path, f"{what}; got {', '.join(kinds) if kinds else 'none'}")
+                return None
+            kind = kinds[0]
+            if ("repeat" in node or "period" in node) and kind not in ("points", "steps"):
+                self.error(path, f"repeat and period go with points or steps, not {kind}")
+                return None
+            if kind == "follow_cpu":
+                f = node["follow_cpu"] or {}
+                return FollowCpu(
+                    scale=float(f.get("scale", 1.0)), queue_seconds=float(f.get("queue_seconds", 0.2))
+                )
+            if kind == "sine":
+                s = node["sine"]
+                conv = parse_size if size else float
+                c = Sine(
+                    float(conv(s["min"])), float(conv(s["max"])), float(s["period"]), float(s.get("phase", 0))
+                )
+                if c.min > c.max:
+                    self.error(f"{path}.sine", f"min ({s['min']}) is above max ({s['max']})")
+                    return None
+            else:
+                pts = tuple(
+                    (float(t), float(parse_size(v)) if size else float(v)) for t, v in node[kind]
+                )
+                for i in range(1, len(pts)):
+                    if pts[i][0] <= pts[i - 1][0]:
+                        self.error(f"{path}.{kind}[{i}]",
+                                   f"times must increase: {pts[i][0]:g} after {pts[i - 1][0]:g}")
+                        return None
+                repeat = bool(node.get("repeat", False))
+                period = node.get("period")
+                if repeat and period is None and pts[-1][0] <= 0:
+                    self.error(path, "repeat needs a period, or a last point after time 0")
+                    return None
+                c = Points(pts, steps=kind == "steps", repeat=repeat,
+                           period=float(period) if period is not None else None)
+        low, high = c.bounds()
+        if (lo is not None and low < lo) or (hi is not None and high > hi):
+            unit = " bytes" if size else ""
+            rng = f"{lo:g}..{hi:g}" if lo is not None and hi is not None else (
+                f">= {lo:g}" if lo is not None else f"<= {hi:g}")
+            self.error(path, f"values must lie in {rng}{unit}, got {low:g}..{high:g}")
+            return None
+        return c
+
+    # GPUs
+
+    def _gpus(self, entries: list[Mapping[str, Any]]) -> list[GpuSpec]:
+        gpus: list[GpuSpec] = []
+        fields = _field_names()
+        for i, g in enumerate(entries):
+            where = f"gpus[{i}]"
+            model = MODELS[g["model"]]
+            count = g.get("count", 1)
+            for key in ("serial", "pci_bus_id"):
+                if key in g and count > 1:
+                    self.error(f"{where}.{key}", "cannot be given together with count > 1")
+            memory = parse_size(g["memory"]) if "memory" in g else model.memory_bytes
+            reserved = parse_size(g["memory_reserved"]) if "memory_reserved" in g else model.reserved_bytes
+            if memory <= 0:
+                self.error(f"{where}.memory", "must be more than 0 bytes")
+            if reserved >= memory:
+                self.error(f"{where}.memory_reserved", f"{reserved} bytes is not less than memory ({memory})")
+            not_supported = []
+            for j, n in enumerate(g.get("not_supported") or []):
+                if n not in self.functions and n not in fields:
+                    hint = difflib.get_close_matches(n, sorted(self.functions | fields), n=1)
+                    more = f"; did you mean '{hint[0]}'?" if hint else ""
+                    self.error(f"{where}.not_supported[{j}]",
+                               f"{n!r} is neither a pynvml function nor an NVML_FI_* field{more}")
+                not_supported.append(n)
+            for j, link in enumerate(g.get("nvlink_down") or []):
+                if link >= model.nvlink_links:
+                    self.error(f"{where}.nvlink_down[{j}]",
+                               f"link {link} does not exist "
+                               f"({model.key} has {model.nvlink_links} NVLink links)")
+            mig_enabled, instances = self._mig(g.get("mig"), model, f"{where}.mig")
+            pct = {"lo": 0.0, "hi": 100.0}
+            curves = {
+                "utilization": self.curve(g["utilization"], f"{where}.utilization", **pct)
+                if "utilization" in g else None,
+                "memory_util": self.curve(g["memory_util"], f"{where}.memory_util", **pct)
+                if "memory_util" in g else None,
+                "encoder_util": self.curve(g["encoder_util"], f"{where}.encoder_util", **pct)
+                if "encoder_util" in g else None,
+                "decoder_util": self.curve(g["decoder_util"], f"{where}.decoder_util", **pct)
+                if "decoder_util" in g else None,
+                "power_w": self.curve(g["power_w"], f"{where}.power_w", lo=0.0, hi=5000.0)
+                if "power_w" in g else None,
+                "temperature": self.curve(g["temperature"], f"{where}.temperature", lo=-40.0, hi=150.0)
+                if "temperature" in g else None,
+            }
+            for _ in range(count):
+                gpus.append(GpuSpec(
+                    index=len(gpus), model=model, name=g.get("name", model.name), serial=g.get("serial"),
+                    memory_bytes=memory, reserved_bytes=reserved,
+                    power_limit_w=float(g.get("power_limit_w", model.power_limit_w)),
+                    pci_bus_id=g.get("pci_bus_id"), mig_enabled=mig_enabled, mig_instances=instances,
+                    not_supported=frozenset(not_supported), nvlink_down=frozenset(g.get("nvlink_down") or ()),
+                    where=where, **curves,
+                ))
+        return gpus
+
+    def _mig(self, mig: Mapping[str, Any] | None, model: GpuModel,
+             where: str) -> tuple[bool, tuple[MigInstanceSpec, ...]]:
+        if mig is None:
+            return False, ()
+        if not model.mig:
+            self.error(where, f"model {model.key} does not support MIG")
+            return False, ()
+        enabled = bool(mig.get("enabled", True))
+        entries = mig.get("instances") or []
+        if entries and not enabled:
+            self.error(f"{where}.instances", "MIG instances need MIG enabled (enabled: true)")
+            return False, ()
+        known = ", ".join(p.name for p in model.mig_profiles)
+        chosen: list[tuple[int, MigProfile, int | None]] = []
+        for j, inst in enumerate(entries):
+            profile = model.profile(inst["profile"])
+            if profile is None:
+                self.error(f"{where}.instances[{j}].profile",
+                           f"unknown profile {inst['profile']!r} for {model.key}; known: {known}")
+                continue
+            gi = inst.get("id")
+            if gi is not None and gi not in profile.placements:
+                places = ", ".join(map(str, profile.placements))
+                self.error(f"{where}.instances[{j}].id",
+                           f"GPU instance ID {gi} is not a placement of {profile.name} (one of {places})")
+                continue
+            chosen.append((j, profile, gi))
+        used = {gi for _, _, gi in chosen if gi is not None}
+        if len(used) != len([1 for _, _, gi in chosen if gi is not None]):
+            self.error(f"{where}.instances", "GPU instance IDs must be unique")
+        out: list[MigInstanceSpec] = []
+        for j, profile, gi in chosen:
+            if gi is None:
+                free = [p for p in profile.placements if p not in used]
+                if not free:
+                    self.error(f"{where}.instances[{j}]", f"no free placement left for {profile.name}")
+                    continue
+                gi = free[0]
+                used.add(gi)
+            out.append(MigInstanceSpec(gi, profile))
+        slices = sum(i.profile.slices for i in out)
+        memory_slices = sum(i.profile.memory_slices for i in out)
+        if slices > model.mig_slices:
+            self.error(f"{where}.instances",
+                       f"the instances need {slices} compute slices; {model.key} has {model.mig_slices}")
+        elif memory_slices > model.mig_memory_slices:
+            self.error(f"{where}.instances", f"the instances need {memory_slices} memory slices; "
+                       f"{model.key} has {model.mig_memory_slices}")
+        return enabled, tuple(sorted(out, key=lambda i: i.id))
+
+    # processes
+
+    def _processes(self, entries: list[Mapping[str, Any]], gpus: list[GpuSpec]) -> list[ProcessSpec]:
+        out: list[ProcessSpec] = []
+        pids: dict[int, int] = {}
+        for i, p in enumerate(entries):
+            where = f"processes[{i}]"
+            gi_index = p["gpu"]
+            if gi_index >= len(gpus):
+                self.error(f"{where}.gpu",
+                           f"GPU index {gi_index} does not exist (scenario has {len(gpus)} GPUs)")
+                continue
+            gpu = gpus[gi_index]
+            mig_instance = p.get("mig_instance")
+            capacity = gpu.memory_bytes - gpu.reserved_bytes
+            if gpu.mig_enabled:
+                if mig_instance is None:
+                    ids = ", ".join(str(x.id) for x in gpu.mig_instances) or "none"
+                    self.error(where,
+                               f"GPU {gi_index} is in MIG mode: give mig_instance (GPU instance IDs: {ids})")
+                    continue
+                inst = gpu.instance(mig_instance)
+                if inst is None:
+                    ids = ", ".join(str(x.id) for x in gpu.mig_instances) or "none"
+                    self.error(f"{where}.mig_instance",
+                               f"GPU {gi_index} has no GPU instance {mig_instance} (it has: {ids})")
+                    continue
+                capacity = inst.profile.memory_bytes
+            elif mig_instance is not None:
+                self.error(f"{where}.mig_instance", f"GPU {gi_index} is not in MIG mode")
+                continue
+            pid = p.get("pid")
+            real = pid is not None
+            if pid is None:
+                pid = FAKE_PID_BASE + i
+            elif pid in pids:
+                self.error(f"{where}.pid", f"PID {pid} is already used by processes[{pids[pid]}]")
+            pids[pid] = i
+            start = float(p.get("start", 0.0))
+            stop = p.get("stop")
+            if stop is not None and stop <= start:
+                self.error(f"{where}.stop", f"must be after start ({start:g}), got {stop:g}")
+            memory = self.curve(p.get("memory", DEFAULT_PROCESS_MEMORY), f"{where}.memory", size=True, lo=0.0)
+            if memory is not None and memory.bounds()[1] > capacity:
+                holder = f"GPU {gi_index}"
+                if gpu.mig_enabled:
+                    holder = f"GPU instance {mig_instance} of {holder}"
+                self.error(f"{where}.memory", f"up to {_gib(memory.bounds()[1])}, more than the "
+                           f"{_gib(capacity)} {holder} can hold")
+            sm = self.curve(p.get("sm_util", 0), f"{where}.sm_util", lo=0.0, hi=100.0, follow=True)
+            if isinstance(sm, FollowCpu) and not real:
+                self.error(f"{where}.sm_util.follow_cpu", "needs a real 'pid' on the process")
+            mem_util = (self.curve(p["mem_util"], f"{where}.mem_util", lo=0.0, hi=100.0)
+                        if "mem_util" in p else None)
+            out.append(ProcessSpec(
+                index=i, pid=pid, real=real, name=p.get("name", f"process-{i}"), gpu=gi_index,
+                mig_instance=mig_instance, type=p.get("type", "compute"), memory=memory, sm_util=sm,
+                mem_util=mem_util, start=start, stop=float(stop) if stop is not None else None,
+            ))
+        return out
+
+    # faults
+
+    def _faults(self, entries: list[Mapping[str, Any]], gpus: list[GpuSpec]) -> list[Fault]:
+        out: list[Fault] = []
+        for i, entry in enumerate(entries):
+            ((kind, f),) = entry.items()
+            where = f"faults[{i}].{kind}"
+            gpu = f.get("gpu")
+            if gpu is not None and gpu >= len(gpus):
+                self.error(f"{where}.gpu", f"GPU index {gpu} does not exist (scenario has {len(gpus)} GPUs)")
+                continue
+            at = float(f.get("at", 0.0))
+            gi = f.get("gpu_instance")
+            if gi is not None:
+                spec = gpus[gpu]
+                if not spec.mig_enabled:
+                    self.error(f"{where}.gpu_instance", f"GPU {gpu} is not in MIG mode")
+                    continue
+                if spec.instance(gi) is None:
+                    ids = ", ".join(str(x.id) for x in spec.mig_instances) or "none"
+                    self.error(f"{where}.gpu_instance", f"GPU {gpu} has no GPU instance {gi} (it has: {ids})")
+                    continue
+            if kind == "gpu_lost":
+                out.append(GpuLost(gpu, at))
+            elif kind == "xid":
+                out.append(XidFault(gpu, at, f["code"], gi))
+            elif kind == "xid_storm":
+                out.append(XidFault(gpu, at, f["code"], gi, f["count"], float(f.get("interval", 0.0))))
+            elif kind in ("ecc_dbe", "ecc_sbe"):
+                if not gpus[gpu].model.ecc:
+                    self.error(where, f"GPU {gpu} ({gpus[gpu].model.key}) has no ECC memory")
+                    continue
+                out.append(EccFault(gpu, at, f.get("count", 1), double_bit=kind == "ecc_dbe"))
+            elif kind == "pcie_replay":
+                out.append(PcieReplayFault(gpu, at, f.get("count", 1)))
+            elif kind == "hang":
+                fn = f.get("function", "any")
+                if fn != "any" and fn not in self.functions:
+                    hint = difflib.get_close_matches(fn, sorted(self.functions), n=1)
+                    more = f"; did you mean '{hint[0]}'?" if hint else ""
+                    self.error(f"{where}.function", f"{fn!r} is not a pynvml function (or 'any'){more}")
+                    continue
+                out.append(HangFault(None if fn == "any" else fn, gpu, at, float(f["seconds"])))
+            elif kind == "init_failure":
+                name = f.get("error", "DRIVER_NOT_LOADED")
+                code = getattr(pynvml, name if name.startswith("NVML_ERROR_") else f"NVML_ERROR_{name}", None)
+                if not isinstance(code, int):
+                    self.error(f"{where}.error", f"unknown NVML error {name!r} (e.g. DRIVER_NOT_LOADED)")
+                    continue
+                if any(isinstance(x, InitFailure) for x in out):
+                    self.error(where, "only one init_failure per scenario")
+                    continue
+                out.append(InitFailure(float(f["until"]), code))
+        return out
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1024**3:.1f} GiB"
+
+
+def stable_digest(*parts: object) -> bytes:
+    """A deterministic digest of ``parts`` (UUIDs, serials)."""
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
