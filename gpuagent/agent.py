@@ -94,6 +94,7 @@ class Agent:
             reading = await self.devices.poll()
             ok, error, gpus = reading.ok, reading.error, reading.gpus
             versions = (reading.driver_version, reading.nvml_version, reading.cuda_driver_version)
+            xid_error = reading.xid_error
         except Exception as exc:  # a bug must not stop the agent serving: report it as the source's failure
             if repr(exc) != self._poll_failure:
                 log.exception("device poll failed")
@@ -101,6 +102,7 @@ class Agent:
             ok, error = False, f"poll failed: {exc!r}"
             gpus = self.latest.gpus if self.latest else ()
             versions = (None, None, None)
+            xid_error = ""
         duration = self._monotonic() - started
         self._durations.observe(duration)
         self._polls += 1
@@ -114,7 +116,10 @@ class Agent:
             nvml_version=versions[1],
             cuda_driver_version=versions[2],
             gpus=gpus,
-            sources=(SourceStatus(name="nvml", ok=ok, duration_seconds=duration, error=error),),
+            sources=(
+                SourceStatus(name="nvml", ok=ok, duration_seconds=duration, error=error),
+                SourceStatus(name="xid_events", ok=not xid_error, duration_seconds=0.0, error=xid_error),
+            ),
             nvml_calls=self.devices.guard.call_stats(),
             nvml_errors=self.devices.guard.error_counts(),
             polls_total=self._polls,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from simclock import FakeClock
 
 from gpuagent.devices.sim import (
     Scenario,
@@ -31,28 +32,6 @@ from gpuagent.devices.sim.scenario import SCHEMA_PATH
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "scenarios").glob("*.yaml"))
 ALL_SCENARIOS = [*EXAMPLES, default_scenario_path()]
-
-
-class FakeClock:
-    """A clock tests move by hand; ``sleep`` advances it (inject it as the simulator's sleep).
-
-    It reads 0 when the simulator is built (``t0``) and ``start`` right after, so ``t`` is scenario time.
-    """
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.t = 0.0
-        self.start = start
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
-
-    def sleep(self, dt: float) -> None:
-        self.slept.append(dt)
-        self.t += dt
 
 
 def make(source: str | Path | Scenario, clock: FakeClock | None = None, *, init: bool = True,

@@ -35,6 +35,7 @@ class DeviceReading:
     driver_version: str | None = None
     nvml_version: str | None = None
     cuda_driver_version: str | None = None
+    xid_error: str = ""  # why the XID event watcher is not running, "" while it is (or NVML is down)
 
 
 @dataclass(slots=True)
@@ -70,6 +71,7 @@ class DevicePoller:
         self._workers: dict[int, DaemonWorker] = {}
         self._watcher: XidWatcher | None = None
         self._open = False
+        self._initialised = False  # nvmlInit succeeded and nvmlShutdown is owed (node worker only)
         self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
         self._last_slow = float("-inf")
         self._failure = ""
@@ -78,10 +80,14 @@ class DevicePoller:
 
     def _open_nvml(self) -> list[tuple[int, Any]]:
         nvml, g = self.nvml, self.guard
+        if self._initialised:  # NVML failed as a whole after a successful init: start over cleanly
+            self._initialised = False
+            g.call("nvmlShutdown", scope="node")
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
             raise NvmlUnavailableError(f"nvmlInit: NVML_ERROR_{error_code_name(exc.value)} ({exc})") from exc
+        self._initialised = True
         cuda = g.call("nvmlSystemGetCudaDriverVersion", scope="node")
         self._versions = (
             _opt_text(g.call("nvmlSystemGetDriverVersion", scope="node")),
@@ -103,6 +109,8 @@ class DevicePoller:
     async def _ensure_open(self) -> None:
         if self._open:
             return
+        if self._node.busy:
+            raise NvmlUnavailableError("nvmlInit has not returned (hung in the driver?)")
         handles = await asyncio.wait_for(self._node.run(self._open_nvml), self.timeout)
         self.guard.forget_all()
         gpus: dict[int, _Gpu] = {}
@@ -116,9 +124,7 @@ class DevicePoller:
                 last=previous.last if previous else None,
             )
         self._gpus = gpus
-        watched = [(i, h) for i, h in handles if h is not None]
-        self._watcher = XidWatcher(self.guard, watched, self.xids)
-        self._watcher.start()
+        self._start_watcher()
         self._open = True
         self._last_slow = float("-inf")
         if self._failure:
@@ -126,6 +132,18 @@ class DevicePoller:
         else:
             log.info("NVML initialised: %d GPUs, driver %s", len(gpus), self._versions[0])
         self._failure = ""
+
+    def _start_watcher(self) -> None:
+        handles = [(i, g.reader.handle) for i, g in self._gpus.items() if g.reader.handle is not None]
+        self._watcher = XidWatcher(self.guard, handles, self.xids)
+        self._watcher.start()
+
+    def _restart_dead_watcher(self) -> None:
+        """An XID watcher that died of an error (not of "unsupported") is restarted on the slow cadence."""
+        watcher = self._watcher
+        if watcher is not None and not watcher.alive and watcher.failed and not watcher.unsupported:
+            log.warning("restarting the XID watcher (it stopped: %s)", watcher.failed)
+            self._start_watcher()
 
     def _mark_closed(self, reason: str) -> None:
         """Forget NVML state after it failed as a whole; the next poll re-initialises."""
@@ -136,8 +154,6 @@ class DevicePoller:
         for gpu in self._gpus.values():
             if not gpu.worker.busy:
                 gpu.worker.submit(gpu.reader.close)
-        if not self._node.busy:
-            self._node.submit(lambda: self.guard.call("nvmlShutdown", scope="node"))
         if reason != self._failure:
             log.error("NVML unavailable: %s; serving the last samples as stale, retrying every poll", reason)
             self._failure = reason
@@ -147,7 +163,7 @@ class DevicePoller:
     async def poll(self) -> DeviceReading:
         try:
             await self._ensure_open()
-        except (NvmlUnavailableError, TimeoutError, asyncio.TimeoutError, RuntimeError) as exc:
+        except (NvmlUnavailableError, TimeoutError, asyncio.TimeoutError) as exc:
             reason = str(exc) or "nvmlInit did not return in time"
             self._mark_closed(reason)
             return self._reading(ok=False, error=reason, gpus=self._all_stale(reason))
@@ -155,6 +171,7 @@ class DevicePoller:
         slow_due = self._monotonic() - self._last_slow >= self.slow_interval
         if slow_due:
             self._last_slow = self._monotonic()
+            self._restart_dead_watcher()
         futures: dict[int, asyncio.Future[GpuSample]] = {}
         for index, gpu in self._gpus.items():
             if gpu.worker.busy:
@@ -196,9 +213,12 @@ class DevicePoller:
 
     def _reading(self, *, ok: bool, error: str, gpus: tuple[GpuSample, ...]) -> DeviceReading:
         driver, nvml_version, cuda = self._versions
+        watcher = self._watcher
+        dead = ok and watcher is not None and not watcher.alive and not watcher.unsupported
+        xid_error = watcher.failed if dead and watcher is not None else ""
         return DeviceReading(
             ok=ok, error=error, gpus=gpus, driver_version=driver, nvml_version=nvml_version,
-            cuda_driver_version=cuda,
+            cuda_driver_version=cuda, xid_error=xid_error,
         )
 
     def _lost(self, gpu: _Gpu, detail: str, now: float, xid: XidRecord) -> GpuSample:
@@ -218,7 +238,7 @@ class DevicePoller:
         )
 
     def _log_state(self, index: int, gpu: _Gpu, sample: GpuSample) -> None:
-        state = "stale" if sample.stale else sample.health.value
+        state = "stale" if sample.stale and sample.health is Health.OK else sample.health.value
         if state == gpu.state:
             return
         if state == "ok":
@@ -231,11 +251,14 @@ class DevicePoller:
         """Stop the XID watcher, free GPM buffers and shut NVML down, without waiting on a stuck call."""
         if self._watcher is not None:
             self._watcher.stop()
+            deadline = self._monotonic() + 2.0  # its wait ends within wait_ms, then it frees its set
+            while self._watcher.alive and self._monotonic() < deadline:
+                await asyncio.sleep(0.02)
         jobs = [asyncio.wrap_future(g.worker.submit(g.reader.close)) for g in self._gpus.values()
                 if not g.worker.busy]
         if jobs:
             await asyncio.wait(jobs, timeout=self.timeout)
-        if self._open and not self._node.busy:
+        if self._initialised and not self._node.busy:
             shutdown = self._node.submit(lambda: self.guard.call("nvmlShutdown", scope="node"))
             await asyncio.wait([asyncio.wrap_future(shutdown)], timeout=self.timeout)
         self._open = False

@@ -99,6 +99,7 @@ class XidWatcher:
         self.registered: list[int] = []
         self._logged: dict[tuple[int, int], float] = {}
         self.failed: str = ""
+        self.unsupported = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="nvml-xid", daemon=True)
@@ -107,16 +108,17 @@ class XidWatcher:
     def stop(self) -> None:
         self._stop.set()
 
-    def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
         g, nvml = self._guard, self._guard.nvml
         try:
             event_set = g.call("nvmlEventSetCreate", scope="xid")
             if event_set is None:
-                self.failed = "nvmlEventSetCreate not supported"
+                self.failed = "NVML events are not supported here (nvmlEventSetCreate)"
+                self.unsupported = True
                 return
             for index, handle in self._handles:
                 failed = object()
