@@ -416,15 +416,21 @@ class _Half:
         raise RuntimeError("halfway")
 
 
-def test_guard_catches_unrenderable_and_partial_output():
+def test_guard_catches_unrenderable_and_partial_output(caplog):
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: None, [_BadLabels(), _Half()]))
-    exposition = text(registry)
-    assert "bad_metric" not in exposition and "half_metric{" not in exposition
-    assert 'gpuagent_collector_success{collector="bad"} 0.0' in exposition
-    assert 'gpuagent_collector_success{collector="half"} 0.0' in exposition
+    with caplog.at_level(logging.ERROR):
+        for render in (text, openmetrics, text):
+            exposition = render(registry)
+            # The renderer that raised halfway: none of its families, and its success reads 0.
+            assert "half_metric{" not in exposition
+            assert 'gpuagent_collector_success{collector="half"} 0.0' in exposition
+            # The family the encoder cannot encode: left out alone, the rest of the scrape is served.
+            assert "bad_metric" not in exposition
+            assert 'gpuagent_collector_success{collector="bad"}' in exposition
+    assert sum("bad_metric cannot be encoded" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_latest_that_raises_reads_as_no_snapshot():

@@ -10,11 +10,16 @@ rendered: exemplars and native histograms (the agent emits neither), UTF-8 metri
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Mapping
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -26,37 +31,62 @@ _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # moved to gauges of their
 
 def generate_text(registry: Collector) -> bytes:
     """Prometheus text format 0.0.4."""
-    out: list[str] = []
-    for metric in registry.collect():
-        name = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
-        out.append(f"# HELP {name} {_escape_help_text(metric.documentation)}\n")
-        out.append(f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n")
-        moved: dict[str, list[str]] = {}
-        for sample in metric.samples:
-            suffix = next((s for s in _OPENMETRICS_ONLY if sample.name == metric.name + s), None)
-            line = _sample_line(sample, _text_timestamp)
-            if suffix is None:
-                out.append(line)
-            else:
-                moved.setdefault(suffix, []).append(line)
-        for suffix, lines in sorted(moved.items()):
-            out.append(f"# HELP {metric.name}{suffix} {_escape_help_text(metric.documentation)}\n")
-            out.append(f"# TYPE {metric.name}{suffix} gauge\n")
-            out.extend(lines)
-    return "".join(out).encode("utf-8")
+    fmt = _Lines()
+    return "".join([_family_or_nothing(_text_family, m, fmt) for m in registry.collect()]).encode("utf-8")
 
 
 def generate_openmetrics(registry: Collector) -> bytes:
     """OpenMetrics text format 1.0."""
-    out: list[str] = []
-    for metric in registry.collect():
-        out.append(f"# HELP {metric.name} {_escape(metric.documentation)}\n")
-        out.append(f"# TYPE {metric.name} {metric.type}\n")
-        if metric.unit:
-            out.append(f"# UNIT {metric.name} {metric.unit}\n")
-        out.extend(_sample_line(sample, _openmetrics_timestamp) for sample in metric.samples)
+    fmt = _Lines()
+    out = [_family_or_nothing(_openmetrics_family, m, fmt) for m in registry.collect()]
     out.append("# EOF\n")
     return "".join(out).encode("utf-8")
+
+
+def _family_or_nothing(encode: Callable[[Metric, _Lines], str], metric: Metric, fmt: _Lines) -> str:
+    """One family's text, or nothing when it cannot be encoded (a label value that is not a string, a
+    value that is not a number): a renderer's bug costs that family, never the whole scrape."""
+    try:
+        return encode(metric, fmt)
+    except Exception as error:
+        if metric.name not in _UNENCODABLE:
+            _UNENCODABLE.add(metric.name)
+            log.error("family %s cannot be encoded and is left out: %r", metric.name, error)
+        return ""
+
+
+_UNENCODABLE: set[str] = set()  # families already logged as unencodable: one line each, not one per scrape
+
+
+def _text_family(metric: Metric, fmt: _Lines) -> str:
+    name = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
+    out = [
+        f"# HELP {name} {_escape_help_text(metric.documentation)}\n",
+        f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n",
+    ]
+    moved: dict[str, list[str]] = {}
+    for sample in metric.samples:
+        suffix = None
+        if sample.name.endswith(_OPENMETRICS_ONLY):  # rare: only then find which one
+            suffix = next((s for s in _OPENMETRICS_ONLY if sample.name == metric.name + s), None)
+        line = fmt.line(sample, _text_timestamp)
+        if suffix is None:
+            out.append(line)
+        else:
+            moved.setdefault(suffix, []).append(line)
+    for suffix, lines in sorted(moved.items()):
+        out.append(f"# HELP {metric.name}{suffix} {_escape_help_text(metric.documentation)}\n")
+        out.append(f"# TYPE {metric.name}{suffix} gauge\n")
+        out.extend(lines)
+    return "".join(out)
+
+
+def _openmetrics_family(metric: Metric, fmt: _Lines) -> str:
+    out = [f"# HELP {metric.name} {_escape(metric.documentation)}\n", f"# TYPE {metric.name} {metric.type}\n"]
+    if metric.unit:
+        out.append(f"# UNIT {metric.name} {metric.unit}\n")
+    out.extend(fmt.line(sample, _openmetrics_timestamp) for sample in metric.samples)
+    return "".join(out)
 
 
 def choose_encoder(accept_header: str | None) -> tuple[Callable[[Collector], bytes], str]:
@@ -67,15 +97,45 @@ def choose_encoder(accept_header: str | None) -> tuple[Callable[[Collector], byt
     return generate_text, CONTENT_TYPE_TEXT
 
 
-def _sample_line(sample: Sample, timestamp: Callable[[float], str]) -> str:
-    stamp = "" if sample.timestamp is None else " " + timestamp(float(sample.timestamp))
-    return f"{sample.name}{_label_set(sample.labels)} {floatToGoString(sample.value)}{stamp}\n"
+class _Lines:
+    """Sample lines of one scrape. Each distinct label dict and value is formatted once: a GPU's dozens of
+    series share one label dict, and most values repeat (0, 1).
+
+    Label dicts are keyed by identity, which is safe because every sample (and so its dict) lives until the
+    scrape ends; ``_keep`` holds them to make that explicit.
+    """
+
+    __slots__ = ("_keep", "_labels", "_values")
+
+    def __init__(self) -> None:
+        self._labels: dict[int, str] = {}
+        self._keep: list[Mapping[str, str]] = []
+        self._values: dict[float, str] = {}
+
+    def line(self, sample: Sample, timestamp: Callable[[float], str]) -> str:
+        labels = sample.labels
+        text = self._labels.get(id(labels))
+        if text is None:
+            text = self._labels[id(labels)] = _label_set(tuple(labels.items()))
+            self._keep.append(labels)
+        value = self._values.get(sample.value)
+        if value is None:
+            value = self._values[sample.value] = floatToGoString(sample.value)
+        if sample.timestamp is None:
+            return f"{sample.name}{text} {value}\n"
+        return f"{sample.name}{text} {value} {timestamp(float(sample.timestamp))}\n"
 
 
-def _label_set(labels: Mapping[str, str]) -> str:
+@functools.lru_cache(maxsize=16384)
+def _label_set(labels: tuple[tuple[str, str], ...]) -> str:
+    """Label sets barely change between scrapes (only values do): remember the last few thousand."""
     if not labels:
         return ""
-    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in labels.items()) + "}"
+    for name, value in labels:
+        # Plain str only: a str subclass (a str-mixin Enum) may format as "Health.OK".
+        if type(name) is not str or type(value) is not str:
+            raise TypeError(f"label names and values must be strings: {dict(labels)!r}")
+    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in labels) + "}"
 
 
 def _escape(value: str) -> str:

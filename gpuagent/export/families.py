@@ -33,9 +33,12 @@ def counter(name: str, documentation: str) -> Metric:
 
 
 def add(metric: Metric, labels: Mapping[str, str], value: float, *, suffix: str = "") -> None:
-    """One sample; ``suffix`` is for the parts of summaries and histograms (``_sum``, ``_count``, ...)."""
+    """One sample; ``suffix`` is for the parts of summaries and histograms (``_sum``, ``_count``, ...).
+
+    ``labels`` is kept, not copied: samples of one GPU share one dict, which the encoder formats once.
+    """
     name = metric.name + (suffix or _SAMPLE_SUFFIX.get(metric.type, ""))
-    metric.samples.append(Sample(name, dict(labels), float(value)))
+    metric.samples.append(Sample(name, labels, float(value)))  # type: ignore[arg-type]
 
 
 def add_known(metric: Metric, labels: Mapping[str, str], value: float | None) -> None:

@@ -5,9 +5,9 @@ DCGM_FI_DRIVER_VERSION``. Our ``gpuagent_*`` per-GPU families keep its join keys
 [GPU_I_PROFILE, GPU_I_ID], <host>``), so ``on(gpu, UUID, Hostname)`` joins them with dcgm's series; the
 descriptive labels (``pci_bus_id``, ``device``, ``modelName``) are on ``gpuagent_gpu_info`` alone.
 
-Label dicts keep that insertion order, but client_python's encoders print label names sorted, so the order on
-the wire is alphabetical (Prometheus does not care). A label is left out when its value is unknown, except the
-five that dcgm-exporter always has.
+Label dicts keep that insertion order, and our encoder (``exposition``) keeps it on the wire. A label is left
+out when its value is unknown, except the five that dcgm-exporter always has. The dicts are memoised per
+snapshot, so a GPU's ~40 series share one dict, which the encoder formats once: never mutate a returned dict.
 """
 
 from __future__ import annotations
@@ -21,15 +21,23 @@ DEFAULT_HOSTNAME_LABEL = "Hostname"  # dcgm-exporter <= 4.5.3-4.8.2; 4.6.0-4.8.3
 class GpuLabels:
     """Label dicts for the GPUs of one snapshot."""
 
-    __slots__ = ("_driver", "_host")
+    __slots__ = ("_cache", "_driver", "_host")
 
     def __init__(self, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         # An empty hostname_label drops the host label, like dcgm-exporter's --no-hostname.
         self._host = {hostname_label: snapshot.hostname} if hostname_label and snapshot.hostname else {}
         self._driver = {DRIVER_VERSION: snapshot.driver_version} if snapshot.driver_version else {}
+        self._cache: dict[tuple[str, int, int | None], dict[str, str]] = {}
 
     def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
         """dcgm-exporter's labels of a GPU or of one of its MIG instances."""
+        key = ("dcgm", gpu.info.index, None if mig is None else mig.gpu_instance_id)
+        labels = self._cache.get(key)
+        if labels is None:
+            labels = self._cache[key] = self._dcgm(gpu, mig)
+        return labels
+
+    def _dcgm(self, gpu: GpuSample, mig: MigSample | None) -> dict[str, str]:
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, **describe(gpu)}
         if mig is not None:
             labels.update(_mig(mig.profile, mig.gpu_instance_id))
@@ -37,6 +45,13 @@ class GpuLabels:
 
     def gpu(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
         """The join keys of a GPU or of one of its MIG instances, for ``gpuagent_*`` series."""
+        key = ("gpu", gpu.info.index, None if mig is None else mig.gpu_instance_id)
+        labels = self._cache.get(key)
+        if labels is None:
+            labels = self._cache[key] = self._gpu(gpu, mig)
+        return labels
+
+    def _gpu(self, gpu: GpuSample, mig: MigSample | None) -> dict[str, str]:
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid}
         if mig is not None:
             labels.update(_mig(mig.profile, mig.gpu_instance_id))
