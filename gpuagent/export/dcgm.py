@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export import xid
 from gpuagent.export.families import add, add_known, family, flag, non_empty
-from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProfilingSample
 
 MIB = 1024 * 1024
@@ -184,7 +184,7 @@ def _dcgm_family(name: str, csv_type: str, documentation: str) -> Metric:
     return family(name, documentation, "unknown" if csv_type == COUNTER else csv_type)
 
 
-class DcgmCollector:
+class DcgmCollector(GpuRenderer):
     """Renders a snapshot as dcgm-exporter's families."""
 
     name = "dcgm"
@@ -192,14 +192,11 @@ class DcgmCollector:
     def __init__(
         self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL, xid_window_seconds: float = 300.0
     ) -> None:
-        self._hostname_label = hostname_label
+        super().__init__(hostname_label=hostname_label)
         # dcgm's window_size_in_ms label; the snapshot's XidRecord.recent is counted over the same window.
         self._window_ms = str(round(xid_window_seconds * 1000))
 
-    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
-        if snapshot is None:
-            return []
-        labels = GpuLabels(snapshot, self._hostname_label)
+    def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         gpus = [g for g in snapshot.gpus if g.health is not Health.LOST]
         metrics = [self._field(f, gpus, labels) for f in FIELDS]
         metrics.insert(_XID_POSITION, self._xid_last(gpus, labels))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, add_known, counter, flag, gauge, non_empty
-from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.export.labels import GpuLabels, GpuRenderer
 from gpuagent.snapshot import Health, NodeSnapshot
 
 # NVML's clocks-event (throttle) reason bits, named as dcgm-exporter's ``clock_event`` label values.
@@ -26,18 +26,12 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
 )
 
 
-class GpuCollector:
+class GpuCollector(GpuRenderer):
     """Renders the ``gpuagent_gpu_*`` extras of each GPU."""
 
     name = "gpu"
 
-    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
-        self._hostname_label = hostname_label
-
-    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
-        if snapshot is None:
-            return []
-        labels = GpuLabels(snapshot, self._hostname_label)
+    def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         graphics_clock = gauge("gpuagent_gpu_graphics_clock_hertz", "Graphics clock frequency.")
         power_limit = gauge("gpuagent_gpu_power_limit_watts", "Power management limit.")
         memory_total = gauge("gpuagent_gpu_memory_total_bytes", "Total framebuffer memory.")

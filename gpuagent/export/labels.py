@@ -12,6 +12,10 @@ snapshot, so a GPU's ~40 series share one dict, which the encoder formats once: 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from prometheus_client.metrics_core import Metric
+
 from gpuagent.snapshot import GpuSample, MigSample, NodeSnapshot
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
@@ -31,10 +35,19 @@ class GpuLabels:
 
     def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
         """dcgm-exporter's labels of a GPU or of one of its MIG instances."""
-        key = ("dcgm", gpu.info.index, None if mig is None else mig.gpu_instance_id)
+        return self._memo("dcgm", gpu, mig, self._dcgm)
+
+    def _memo(
+        self,
+        kind: str,
+        gpu: GpuSample,
+        mig: MigSample | None,
+        build: Callable[[GpuSample, MigSample | None], dict[str, str]],
+    ) -> dict[str, str]:
+        key = (kind, gpu.info.index, None if mig is None else mig.gpu_instance_id)
         labels = self._cache.get(key)
         if labels is None:
-            labels = self._cache[key] = self._dcgm(gpu, mig)
+            labels = self._cache[key] = build(gpu, mig)
         return labels
 
     def _dcgm(self, gpu: GpuSample, mig: MigSample | None) -> dict[str, str]:
@@ -45,11 +58,7 @@ class GpuLabels:
 
     def gpu(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
         """The join keys of a GPU or of one of its MIG instances, for ``gpuagent_*`` series."""
-        key = ("gpu", gpu.info.index, None if mig is None else mig.gpu_instance_id)
-        labels = self._cache.get(key)
-        if labels is None:
-            labels = self._cache[key] = self._gpu(gpu, mig)
-        return labels
+        return self._memo("gpu", gpu, mig, self._gpu)
 
     def _gpu(self, gpu: GpuSample, mig: MigSample | None) -> dict[str, str]:
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid}
@@ -84,3 +93,20 @@ def find_mig(gpu: GpuSample, gpu_instance_id: int) -> MigSample | None:
         if mig.gpu_instance_id == gpu_instance_id:
             return mig
     return None
+
+
+class GpuRenderer:
+    """Base of per-GPU renderers: nothing before the first poll, labels memoised for one scrape."""
+
+    name = ""
+
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        self._hostname_label = hostname_label
+
+    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
+        if snapshot is None:
+            return []
+        return self.families(snapshot, GpuLabels(snapshot, self._hostname_label))
+
+    def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
+        raise NotImplementedError

@@ -9,22 +9,16 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, add_known, family, gauge, non_empty
-from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.export.labels import GpuLabels, GpuRenderer
 from gpuagent.snapshot import Health, NodeSnapshot
 
 
-class MigCollector:
+class MigCollector(GpuRenderer):
     """Renders the MIG instances of each GPU."""
 
     name = "mig"
 
-    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
-        self._hostname_label = hostname_label
-
-    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
-        if snapshot is None:
-            return []
-        labels = GpuLabels(snapshot, self._hostname_label)
+    def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         info = family("gpuagent_mig_info", "A MIG GPU instance: its UUID and compute instance.", "info")
         slices = gauge("gpuagent_mig_slice_ratio", "Share of the GPU's compute slices (0-1).")
         memory_total = gauge("gpuagent_mig_memory_total_bytes", "Memory of the instance.")

@@ -12,22 +12,16 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, add_known, gauge, non_empty
-from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels
+from gpuagent.export.labels import GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
 
 
-class ProcessCollector:
+class ProcessCollector(GpuRenderer):
     """Renders the processes of a snapshot."""
 
     name = "processes"
 
-    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
-        self._hostname_label = hostname_label
-
-    def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
-        if snapshot is None:
-            return []
-        labels = GpuLabels(snapshot, self._hostname_label)
+    def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         memory = gauge("gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.")
         sm = gauge(
             "gpuagent_process_sm_utilization_ratio",
