@@ -1,0 +1,1 @@
+"""Read-only attribution: which workload each GPU process belongs to."""
