@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code for the kubelet pod-resources v1 API (see regenerate.sh)."""
