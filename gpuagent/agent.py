@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -22,7 +23,10 @@ from gpuagent.devices.loader import load_nvml
 from gpuagent.devices.poller import DevicePoller
 from gpuagent.devices.procnames import ProcessNames
 from gpuagent.export import build_registry
-from gpuagent.snapshot import NodeSnapshot, PollHistogram, SourceStatus
+from gpuagent.pods.cgroup import CgroupReader
+from gpuagent.pods.podresources import PodResourcesClient
+from gpuagent.pods.source import PodsSource
+from gpuagent.snapshot import NodeSnapshot, PodUse, PollHistogram, SourceStatus
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +81,16 @@ class Agent:
             timeout=config.nvml_timeout,
             slow_interval=config.slow_poll_interval,
             xid_window=config.xid_window,
-            process_names=ProcessNames(fallback=fallback),
+            process_names=ProcessNames(config.proc_root, fallback=fallback),
             clock=clock,
             monotonic=monotonic,
         )
+        self.pods = pods_source(config)
         self.latest: NodeSnapshot | None = None
         self._durations = PollDurations()
         self._polls = 0
         self._poll_failure = ""
+        self._pods_failure = ""
         self.registry = build_registry(lambda: self.latest, clock=clock, xid_window_seconds=config.xid_window)
 
     async def poll_once(self) -> NodeSnapshot:
@@ -103,6 +109,17 @@ class Agent:
             gpus = self.latest.gpus if self.latest else ()
             versions = (None, None, None)
             xid_error = ""
+        pods: tuple[PodUse, ...] = ()
+        statuses: tuple[SourceStatus, ...] = ()
+        if gpus:
+            try:
+                attributed = await self.pods.attribute(gpus)
+                gpus, pods, statuses = attributed.gpus, attributed.pods, attributed.statuses
+            except Exception as exc:  # attribution failing must not cost the device figures
+                if repr(exc) != self._pods_failure:
+                    log.exception("pod attribution failed")
+                    self._pods_failure = repr(exc)
+                statuses = (SourceStatus("pods", False, 0.0, f"attribution failed: {exc!r}"),)
         duration = self._monotonic() - started
         self._durations.observe(duration)
         self._polls += 1
@@ -119,7 +136,9 @@ class Agent:
             sources=(
                 SourceStatus(name="nvml", ok=ok, duration_seconds=duration, error=error),
                 SourceStatus(name="xid_events", ok=not xid_error, duration_seconds=0.0, error=xid_error),
+                *statuses,
             ),
+            pods=pods,
             nvml_calls=self.devices.guard.call_stats(),
             nvml_errors=self.devices.guard.error_counts(),
             polls_total=self._polls,
@@ -169,7 +188,21 @@ class Agent:
             await asyncio.gather(*tasks, return_exceptions=True)
             await runner.cleanup()
             await self.devices.close()
+            await self.pods.close()
             log.info("stopped")
+
+
+def pods_source(config: Config) -> PodsSource:
+    """Cgroup attribution always; the kubelet's allocations when this is a kubelet node (its pod-resources
+    directory exists) or the socket was configured explicitly."""
+    socket = config.pod_resources_socket
+    explicit = config.sources.get("pod_resources_socket", "default") != "default"
+    client = None
+    if socket and (explicit or os.path.isdir(os.path.dirname(socket))):
+        client = PodResourcesClient(socket, resource_names=config.gpu_resource_names)
+    return PodsSource(
+        cgroups=CgroupReader(config.proc_root), podresources=client, interval=config.pod_resources_interval
+    )
 
 
 def run(config: Config) -> int:
@@ -202,5 +235,6 @@ def poll_once(config: Config) -> NodeSnapshot:
             return await agent.poll_once()
         finally:
             await agent.devices.close()
+            await agent.pods.close()
 
     return asyncio.run(main())

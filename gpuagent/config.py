@@ -166,6 +166,34 @@ def _scenario(value: Any, ctx: _Ctx) -> str | None:
     return path
 
 
+def _optional_path(value: Any, ctx: _Ctx) -> str | None:
+    """A path that may not exist yet (a socket the kubelet creates later); null or "" turns it off."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or "\x00" in value:
+        raise _Invalid("a path, or null to turn it off")
+    path = os.path.expanduser(value)
+    if ctx.base_dir is not None and not os.path.isabs(path):
+        path = os.path.join(ctx.base_dir, path)
+    return path
+
+
+_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def _resource_names(value: Any, ctx: _Ctx) -> tuple[str, ...]:
+    """Kubernetes extended resource names: a YAML list, or comma-separated in env and flags."""
+    expected = "a list of resource names like nvidia.com/gpu (comma-separated in env and flags)"
+    if ctx.text and isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _Invalid(expected)
+    for name in value:
+        if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
+            raise _Invalid(expected, f"{name!r} is not a domain/name resource name")
+    return tuple(value)
+
+
 def _hostname(value: Any, ctx: _Ctx) -> str | None:
     if value is None and not ctx.text:
         return None  # null: resolved from NODE_NAME or gethostname() at load time
@@ -243,6 +271,22 @@ class Config:
         default_doc=f"${NODE_NAME_ENV}, else the host name",
     )
     xid_window: float = _key(300.0, _number(0), "seconds an XID error counts as recent", "SECONDS")
+    pod_resources_socket: str | None = _key(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        _optional_path,
+        "kubelet pod-resources socket (GPU allocations per pod); null turns it off",
+        "PATH",
+    )
+    pod_resources_interval: float = _key(
+        5.0, _number(0, high=300), "seconds between reads of the kubelet's allocations", "SECONDS"
+    )
+    gpu_resource_names: tuple[str, ...] = _key(
+        ("nvidia.com/gpu",),
+        _resource_names,
+        "resource names counted as GPUs besides nvidia.com/mig-* (add e.g. nvidia.com/gpu.shared)",
+        "NAMES",
+    )
+    proc_root: str = _key("/proc", _optional_path, "where /proc is (the host's, mounted elsewhere)", "PATH")
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
 
     config_file: str | None = field(default=None, compare=False)  # the YAML file read, None when none
@@ -443,6 +487,6 @@ def _yaml_scalar(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:g}" if math.isfinite(value) else repr(value)
-    if isinstance(value, str):
-        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
     return repr(value)

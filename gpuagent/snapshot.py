@@ -24,6 +24,27 @@ class Health(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Workload:
+    """Who a process belongs to: a Kubernetes pod's container, or what it is on a plain host.
+
+    ``kind`` is "pod" on a kubelet node; elsewhere "systemd_service", "user_session", "docker", "podman",
+    "slurm_job", "host" or "unknown", with ``name`` the unit, container or job. For a pod, ``name`` is the
+    pod name when known, else its UID, and ``names_from`` says which source supplied the names:
+    "api_server", "pod_resources" (joined through the GPUs it was allocated) or "cgroup" (UID only).
+    """
+
+    kind: str
+    name: str
+    namespace: str | None = None
+    container: str | None = None
+    pod_uid: str | None = None
+    container_id: str | None = None
+    qos: str | None = None
+    cgroup: str = ""
+    names_from: str = "cgroup"
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessSample:
     """One process using a GPU (or a MIG instance of it)."""
 
@@ -34,6 +55,7 @@ class ProcessSample:
     sm_util_percent: float | None  # None on MIG (NVML has no per-process utilization there)
     memory_util_percent: float | None
     gpu_instance_id: int | None = None  # the MIG GPU instance it runs in, None when not MIG
+    workload: Workload | None = None  # set by the pods source; None before attribution, or PID vanished
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +177,39 @@ class GpuSample:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerUse:
+    """One container of a pod: what the kubelet allocated it and what its processes use."""
+
+    name: str
+    allocated_devices: tuple[str, ...] = ()  # device ids as allocated (GPU-…, GPU-…::n replicas, MIG-…)
+    pids: tuple[int, ...] = ()
+    gpu_memory_used_bytes: int = 0
+    sm_util_percent: float | None = None  # sum over its processes; None when NVML reports none (MIG)
+
+
+@dataclass(frozen=True, slots=True)
+class PodUse:
+    """A pod holding or using GPUs on this node: allocation (kubelet) next to use (NVML)."""
+
+    name: str  # the pod name, or its UID when only the cgroup is known
+    namespace: str | None = None
+    uid: str | None = None
+    qos: str | None = None
+    names_from: str = "cgroup"
+    containers: tuple[ContainerUse, ...] = ()
+    allocated_gpus: tuple[str, ...] = ()  # UUIDs of the GPUs allocated (a MIG device counts its parent)
+    used_gpus: tuple[str, ...] = ()  # UUIDs of the GPUs its processes run on
+    gpu_memory_used_bytes: int = 0
+    sm_util_percent: float | None = None
+    process_count: int = 0
+
+    @property
+    def unallocated_use(self) -> tuple[str, ...]:
+        """GPUs used without being allocated: a pod that bypassed the device plugin."""
+        return tuple(g for g in self.used_gpus if g not in self.allocated_gpus)
+
+
+@dataclass(frozen=True, slots=True)
 class SourceStatus:
     """How one source fared in its last run (node_exporter's collector success/duration)."""
 
@@ -206,6 +261,7 @@ class NodeSnapshot:
     sources: tuple[SourceStatus, ...] = ()
     nvml_calls: tuple[NvmlCallStats, ...] = ()
     nvml_errors: tuple[NvmlErrorCount, ...] = ()
+    pods: tuple[PodUse, ...] = ()  # empty off Kubernetes (workloads are then on each ProcessSample)
     polls_total: int = 0
     poll_histogram: PollHistogram = field(default_factory=PollHistogram)
     poll_interval_seconds: float = 1.0

@@ -68,6 +68,10 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "scenario",
         "hostname",
         "xid_window",
+        "pod_resources_socket",
+        "pod_resources_interval",
+        "gpu_resource_names",
+        "proc_root",
         "log_level",
     ]
     assert KEYS_BY_NAME["poll_interval"].env == "GPUAGENT_POLL_INTERVAL"
@@ -439,3 +443,20 @@ def test_any_env_or_override_loads_or_raises_config_error(
 def test_config_built_directly_resolves_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(os.environ, "NODE_NAME", "direct")
     assert Config().hostname == "direct"
+
+
+def test_gpu_resource_names_from_yaml_env_and_flag(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("gpu_resource_names: [nvidia.com/gpu, nvidia.com/gpu.shared]\n")
+    assert load_config(str(path), env={}).gpu_resource_names == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+    env = {"GPUAGENT_GPU_RESOURCE_NAMES": "nvidia.com/a100, nvidia.com/gpu"}
+    assert load_config(None, env=env).gpu_resource_names == ("nvidia.com/a100", "nvidia.com/gpu")
+    with pytest.raises(ConfigError, match=r"--gpu-resource-names: .* not a domain/name"):
+        load_config(None, env={}, overrides={"gpu_resource_names": "gpu"})
+
+
+def test_pod_resources_socket_can_be_turned_off(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("pod_resources_socket: null\n")
+    assert load_config(str(path), env={}).pod_resources_socket is None
+    assert load_config(None, env={}).pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"

@@ -21,6 +21,7 @@ from gpuagent.export.guard import SnapshotCollector
 from gpuagent.export.health import HealthCollector
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL
 from gpuagent.export.mig import MigCollector
+from gpuagent.export.pods import PodCollector
 from gpuagent.export.processes import ProcessCollector
 from gpuagent.snapshot import NodeSnapshot
 
@@ -47,6 +48,7 @@ def build_registry(
         GpuCollector(hostname_label=hostname_label),
         MigCollector(hostname_label=hostname_label),
         ProcessCollector(hostname_label=hostname_label),
+        PodCollector(hostname_label=hostname_label),
         HealthCollector(clock=clock, hostname_label=hostname_label),
     )
     # Without names from describe(), only support_collectors_without_names lets ?name[]= filtering reach it.

@@ -25,13 +25,14 @@ DEFAULT_HOSTNAME_LABEL = "Hostname"  # dcgm-exporter <= 4.5.3-4.8.2; 4.6.0-4.8.3
 class GpuLabels:
     """Label dicts for the GPUs of one snapshot."""
 
-    __slots__ = ("_cache", "_driver", "_host")
+    __slots__ = ("_cache", "_driver", "_host", "_owner")
 
     def __init__(self, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         # An empty hostname_label drops the host label, like dcgm-exporter's --no-hostname.
         self._host = {hostname_label: snapshot.hostname} if hostname_label and snapshot.hostname else {}
         self._driver = {DRIVER_VERSION: snapshot.driver_version} if snapshot.driver_version else {}
         self._cache: dict[tuple[str, int, int | None], dict[str, str]] = {}
+        self._owner = exclusive_owners(snapshot)
 
     def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
         """dcgm-exporter's labels of a GPU or of one of its MIG instances."""
@@ -54,7 +55,8 @@ class GpuLabels:
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, **describe(gpu)}
         if mig is not None:
             labels.update(_mig(mig.profile, mig.gpu_instance_id))
-        return {**labels, **self._host, **self._driver}
+        owner = self._owner.get(mig.uuid if mig is not None else gpu.info.uuid, {})
+        return {**labels, **self._host, **self._driver, **owner}
 
     def gpu(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
         """The join keys of a GPU or of one of its MIG instances, for ``gpuagent_*`` series."""
@@ -76,6 +78,30 @@ class GpuLabels:
         # An instance the snapshot does not list: keep its id, there is no profile to name.
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, "GPU_I_ID": str(gpu_instance_id)}
         return {**labels, **self._host}
+
+
+def exclusive_owners(snapshot: NodeSnapshot) -> dict[str, dict[str, str]]:
+    """Device UUID -> ``container, namespace, pod`` for devices the kubelet gave to exactly one container.
+
+    dcgm-exporter labels a GPU's series with the pod it was allocated to. For a shared GPU (time-slicing or
+    MPS replicas ``GPU-…::n``, or several pods) it picks whichever pod came last; we label none, and the
+    per-pod split is in ``gpuagent_pod_gpu_*``.
+    """
+    holders: dict[str, list[tuple[str, str, str, bool]]] = {}
+    for pod in snapshot.pods:
+        if pod.namespace is None:
+            continue
+        for container in pod.containers:
+            for device_id in container.allocated_devices:
+                base, _, replica = device_id.partition("::")
+                holders.setdefault(base, []).append((container.name, pod.namespace, pod.name, bool(replica)))
+    return {
+        device: {"container": c, "namespace": ns, "pod": name}
+        for device, entries in holders.items()
+        if len(entries) == 1
+        for c, ns, name, replica in entries
+        if not replica
+    }
 
 
 def describe(gpu: GpuSample) -> dict[str, str]:

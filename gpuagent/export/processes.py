@@ -62,7 +62,21 @@ def _identity(process: ProcessSample) -> dict[str, str]:
     if process.comm:
         labels["comm"] = process.comm
     labels["kind"] = process.kind
-    return labels
+    return {**labels, **_owner(process)}
+
+
+def _owner(process: ProcessSample) -> dict[str, str]:
+    """Whose process it is: ``namespace, pod, container`` for a pod, else ``workload_kind, workload``."""
+    w = process.workload
+    if w is None:
+        return {}
+    if w.kind == "pod":
+        labels = {"namespace": w.namespace} if w.namespace else {}
+        labels["pod"] = w.name
+        if w.container:
+            labels["container"] = w.container
+        return labels
+    return {"workload_kind": w.kind, "workload": w.name}
 
 
 def _ratio(percent: float | None) -> float | None:

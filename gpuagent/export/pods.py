@@ -1,0 +1,108 @@
+"""Per-pod and per-container GPU use, allocations, and the tenants of each GPU.
+
+Use is per pod *and GPU* (``gpuagent_pod_gpu_*{namespace, pod, gpu, UUID}``), so every ratio stays 0-1 and
+``sum by (namespace, pod)`` gives a pod's total. Allocation comes from the kubelet; a pod running on a GPU
+it was not allocated is flagged, but only while the kubelet's allocations are known (otherwise every use
+would look unallocated).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from prometheus_client.metrics_core import Metric
+
+from gpuagent.export.families import add, family, gauge, non_empty
+from gpuagent.export.labels import GpuLabels, GpuRenderer
+from gpuagent.snapshot import GpuSample, NodeSnapshot, ProcessSample
+
+
+def _pod_labels(process: ProcessSample) -> dict[str, str] | None:
+    w = process.workload
+    if w is None or w.kind != "pod":
+        return None
+    labels = {"namespace": w.namespace, "pod": w.name} if w.namespace else {"pod": w.name}
+    return labels
+
+
+class PodCollector(GpuRenderer):
+    """Renders the pods of a snapshot (nothing off Kubernetes: workloads are then on the process series)."""
+
+    name = "pods"
+
+    def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
+        pod_memory = gauge("gpuagent_pod_gpu_memory_used_bytes", "GPU memory used by the pod's processes.")
+        pod_sm = gauge("gpuagent_pod_gpu_sm_utilization_ratio",
+                       "Share of the GPU's SM time used by the pod's processes (0-1, sum of NVML samples).")
+        pod_procs = gauge("gpuagent_pod_gpu_processes", "Processes of the pod on the GPU.")
+        ctr_memory = gauge("gpuagent_container_gpu_memory_used_bytes", "GPU memory used by the container.")
+        ctr_sm = gauge("gpuagent_container_gpu_sm_utilization_ratio",
+                       "Share of the GPU's SM time used by the container's processes (0-1).")
+        tenants = gauge("gpuagent_gpu_tenants", "Pods allocated or using the GPU (more than 1: shared).")
+        for gpu in snapshot.gpus:
+            self._use(gpu, labels, pod_memory, pod_sm, pod_procs, ctr_memory, ctr_sm)
+        allocated = gauge("gpuagent_pod_allocated_gpus", "GPUs the kubelet allocated to the pod.")
+        device = gauge("gpuagent_pod_gpu_allocated",
+                       "1 for each device the kubelet allocated to a container (device_id as allocated).")
+        info = family("gpuagent_pod_info", "A pod holding or using GPUs; where its names came from.", "info")
+        unallocated = gauge("gpuagent_pod_gpu_unallocated_use",
+                            "1 when the pod runs on a GPU the kubelet did not allocate to it.")
+        by_uuid = {g.info.uuid: g for g in snapshot.gpus}
+        named: dict[str, int] = defaultdict(int)  # GPU -> pods known by name (allocated, or matched in use)
+        idle_allocated: dict[str, int] = defaultdict(int)  # GPU -> allocated pods with no use matched
+        unnamed: dict[str, int] = defaultdict(int)  # GPU -> pods in use known only by UID
+        allocations_known = any(s.name == "pod_resources" and s.ok for s in snapshot.sources)
+        for pod in snapshot.pods:
+            ident = {"namespace": pod.namespace, "pod": pod.name} if pod.namespace else {"pod": pod.name}
+            add(info, {**ident, "uid": pod.uid or "", "qos": pod.qos or "", "names_from": pod.names_from}, 1)
+            add(allocated, ident, len(pod.allocated_gpus))
+            for container in pod.containers:
+                for device_id in container.allocated_devices:
+                    add(device, {**ident, "container": container.name, "device_id": device_id}, 1)
+            for uuid in {*pod.allocated_gpus, *pod.used_gpus}:
+                if pod.names_from == "cgroup":
+                    unnamed[uuid] += 1
+                else:
+                    named[uuid] += 1
+                    idle_allocated[uuid] += uuid not in pod.used_gpus
+            if allocations_known:
+                for uuid in pod.unallocated_use:
+                    gpu = by_uuid.get(uuid)
+                    if gpu is not None:
+                        add(unallocated, {**ident, **labels.gpu(gpu)}, 1)
+        for gpu in snapshot.gpus:
+            if snapshot.pods:
+                # A pod known only by its UID is most likely one of the allocated pods whose use could not
+                # be matched (shared GPU): count it only beyond those.
+                uuid = gpu.info.uuid
+                add(tenants, labels.gpu(gpu), named[uuid] + max(0, unnamed[uuid] - idle_allocated[uuid]))
+        return non_empty([pod_memory, pod_sm, pod_procs, ctr_memory, ctr_sm, tenants, allocated, device, info,
+                          unallocated])
+
+    @staticmethod
+    def _use(gpu: GpuSample, labels: GpuLabels, *families: Metric) -> None:
+        pod_memory, pod_sm, pod_procs, ctr_memory, ctr_sm = families
+        pods: dict[tuple, list[ProcessSample]] = defaultdict(list)
+        containers: dict[tuple, list[ProcessSample]] = defaultdict(list)
+        for process in gpu.processes:
+            ident = _pod_labels(process)
+            if ident is None:
+                continue
+            where = labels.instance(gpu, process.gpu_instance_id)
+            pods[(tuple(ident.items()), tuple(where.items()))].append(process)
+            container = process.workload.container if process.workload else None
+            if container:
+                containers[(tuple(ident.items()), container, tuple(where.items()))].append(process)
+        for (ident, where), processes in pods.items():
+            series = {**dict(ident), **dict(where)}
+            add(pod_memory, series, sum(p.used_memory_bytes or 0 for p in processes))
+            add(pod_procs, series, len(processes))
+            sm = [p.sm_util_percent for p in processes if p.sm_util_percent is not None]
+            if sm:
+                add(pod_sm, series, min(sum(sm), 100.0) / 100)
+        for (ident, container, where), processes in containers.items():
+            series = {**dict(ident), "container": container, **dict(where)}
+            add(ctr_memory, series, sum(p.used_memory_bytes or 0 for p in processes))
+            sm = [p.sm_util_percent for p in processes if p.sm_util_percent is not None]
+            if sm:
+                add(ctr_sm, series, min(sum(sm), 100.0) / 100)

@@ -1,0 +1,136 @@
+"""The pods source inside the real agent: simulated GPUs, a /proc tree of kubelet-shaped cgroup files, and
+the kubelet's pod-resources API served by a real gRPC server on a unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
+
+from gpuagent.agent import Agent
+from gpuagent.config import load_config
+from gpuagent.devices.sim import SimulatedNvml, load_scenario
+from gpuagent.export.exposition import generate_text
+
+FAKE_PID = 4_200_000  # the simulator numbers processes without a real PID from here, in scenario order
+UID_A = "0f7c5d4e-1a2b-4c3d-8e9f-0123456789ab"
+UID_B = "1f7c5d4e-1a2b-4c3d-8e9f-0123456789ab"
+UID_C = "2f7c5d4e-1a2b-4c3d-8e9f-0123456789ab"
+SCENARIO = {
+    "version": 1,
+    "name": "pods",
+    "gpus": [{"model": "H100-SXM5-80GB", "count": 2}],
+    "processes": [
+        {"name": "trainer", "gpu": 0, "memory": "20Gi", "sm_util": 60},  # pod a, exclusive GPU 0
+        {"name": "infer-b", "gpu": 1, "memory": "4Gi", "sm_util": 20},  # pod b, GPU 1 shared (replica 0)
+        {"name": "infer-c", "gpu": 1, "memory": "6Gi", "sm_util": 30},  # pod c, GPU 1 shared (replica 1)
+        {"name": "node-exporter-ish", "gpu": 1, "memory": "1Gi", "sm_util": 0},  # a systemd service
+    ],
+}
+
+
+def kubepods_line(uid: str, container_id: str, qos: str = "burstable") -> str:
+    slice_uid = uid.replace("-", "_")
+    return (f"0::/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slice_uid}.slice/"
+            f"cri-containerd-{container_id}.scope\n")
+
+
+@pytest.fixture
+def proc_root(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    lines = [
+        kubepods_line(UID_A, "a" * 64),
+        kubepods_line(UID_B, "b" * 64),
+        kubepods_line(UID_C, "c" * 64),
+        "0::/system.slice/gpu-burn.service\n",
+    ]
+    for offset, line in enumerate(lines):
+        (root / str(FAKE_PID + offset)).mkdir(parents=True)
+        (root / str(FAKE_PID + offset) / "cgroup").write_text(line)
+    return root
+
+
+def make_agent(tmp_path: Path, proc_root: Path, socket: Path) -> tuple[Agent, SimulatedNvml]:
+    path = tmp_path / "pods.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    config = load_config(None, env={}, overrides={
+        "backend": "sim", "scenario": str(path), "proc_root": str(proc_root),
+        "pod_resources_socket": str(socket), "pod_resources_interval": 0.01, "poll_interval": 0.05,
+    })
+    nvml = SimulatedNvml(load_scenario(path))
+    return Agent(config, nvml=nvml, backend="sim"), nvml
+
+
+def uuids(nvml: SimulatedNvml) -> list[str]:
+    nvml.nvmlInit()
+    return [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(2)]
+
+
+async def test_attribution_with_the_kubelets_allocations(tmp_path: Path, proc_root: Path) -> None:
+    with short_socket_dir() as directory:
+        socket = directory / "kubelet.sock"
+        agent, nvml = make_agent(tmp_path, proc_root, socket)
+        gpu0, gpu1 = uuids(nvml)
+        pods = [
+            Pod("trainer-0", "ml", [Container("main", [gpus(gpu0)])]),
+            Pod("infer-b", "serving", [Container("server", [gpus(f"{gpu1}::0", resource="nvidia.com/gpu")])]),
+            Pod("infer-c", "serving", [Container("server", [gpus(f"{gpu1}::1", resource="nvidia.com/gpu")])]),
+            Pod("web", "default", [Container("nginx", [])]),
+        ]
+        try:
+            async with PodResourcesServer(socket, pods=pods, allocatable=[gpus(gpu0, f"{gpu1}::0")]) as server:
+                snap = await agent.poll_once()
+                sources = {s.name: s for s in snap.sources}
+                assert sources["pod_resources"].ok and sources["cgroups"].ok
+                by_pid = {p.pid: p.workload for g in snap.gpus for p in g.processes}
+                trainer = by_pid[FAKE_PID]
+                assert (trainer.namespace, trainer.name, trainer.container) == ("ml", "trainer-0", "main")
+                assert trainer.pod_uid == UID_A and trainer.names_from == "pod_resources"
+                assert by_pid[FAKE_PID + 3].kind == "systemd_service"
+                assert by_pid[FAKE_PID + 3].name == "gpu-burn.service"
+                # GPU 1 is time-sliced between b and c, and nothing else tells them apart: UIDs only.
+                assert {by_pid[FAKE_PID + 1].name, by_pid[FAKE_PID + 2].name} == {UID_B, UID_C}
+                allocated = {(p.namespace, p.name): p.allocated_gpus for p in snap.pods if p.allocated_gpus}
+                assert allocated == {("ml", "trainer-0"): (gpu0,), ("serving", "infer-b"): (gpu1,),
+                                     ("serving", "infer-c"): (gpu1,)}
+                body = generate_text(agent.registry).decode()
+                assert 'container="main",namespace="ml",pod="trainer-0"} ' in body
+                assert f'gpuagent_gpu_tenants{{gpu="1",UUID="{gpu1}"' in body
+                assert 'gpuagent_source_success{source="pod_resources"} 1.0' in body
+
+                # The kubelet goes away: attribution keeps the last allocations and says the source failed.
+                await server.stop()
+                await asyncio.sleep(0.02)
+                snap = await agent.poll_once()
+                assert not {s.name: s for s in snap.sources}["pod_resources"].ok
+                assert {p.pid: p.workload for g in snap.gpus for p in g.processes}[FAKE_PID].name == "trainer-0"
+                assert 'gpuagent_source_success{source="pod_resources"} 0.0' in generate_text(agent.registry).decode()
+
+                # It comes back with a changed allocation: picked up on the next read.
+                server.set_pods([Pod("trainer-1", "ml", [Container("main", [gpus(gpu0)])])])
+                await server.start()
+                await asyncio.sleep(0.02)
+                snap = await agent.poll_once()
+                assert {s.name: s for s in snap.sources}["pod_resources"].ok
+                assert {p.pid: p.workload for g in snap.gpus for p in g.processes}[FAKE_PID].name == "trainer-1"
+        finally:
+            await agent.devices.close()
+            await agent.pods.close()
+
+
+async def test_no_kubelet_means_cgroups_only(tmp_path: Path, proc_root: Path) -> None:
+    agent, _ = make_agent(tmp_path, proc_root, tmp_path / "missing" / "kubelet.sock")
+    try:
+        snap = await agent.poll_once()
+    finally:
+        await agent.devices.close()
+        await agent.pods.close()
+    status = {s.name: s for s in snap.sources}["pod_resources"]  # configured explicitly: reported as failing
+    assert not status.ok and "kubelet.sock" in status.error
+    trainer = {p.pid: p.workload for g in snap.gpus for p in g.processes}[FAKE_PID]
+    assert trainer.name == UID_A and trainer.names_from == "cgroup" and trainer.qos == "burstable"
+    body = generate_text(agent.registry).decode()
+    assert f'pod="{UID_A}"' in body and 'gpuagent_source_success{source="pod_resources"} 0.0' in body
