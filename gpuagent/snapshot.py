@@ -202,6 +202,7 @@ class PodUse:
     gpu_memory_used_bytes: int = 0
     sm_util_percent: float | None = None
     process_count: int = 0
+    annotations: Mapping[str, str] = field(default_factory=dict)  # gpuagent.io/* only (the API server's)
 
     @property
     def unallocated_use(self) -> tuple[str, ...]:

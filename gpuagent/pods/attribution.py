@@ -51,6 +51,8 @@ class PodName:
     namespace: str
     name: str
     containers_by_id: Mapping[str, str] = field(default_factory=dict)  # container ID -> container name
+    annotations: Mapping[str, str] = field(default_factory=dict)  # gpuagent.io/* annotations
+    qos: str | None = None
 
 
 def device_key(gpu: GpuSample, process: ProcessSample) -> str:
@@ -158,7 +160,7 @@ def attribute(
         )
         for gpu in gpus
     )
-    return attributed, _pods(attributed, allocations, parent_of)
+    return attributed, _pods(attributed, allocations, parent_of, names_by_uid)
 
 
 @dataclass(slots=True)
@@ -177,7 +179,10 @@ class _PodTotals:
 
 
 def _pods(
-    gpus: Sequence[GpuSample], allocations: Sequence[Allocation], parent_of: Mapping[str, str]
+    gpus: Sequence[GpuSample],
+    allocations: Sequence[Allocation],
+    parent_of: Mapping[str, str],
+    names_by_uid: Mapping[str, PodName],
 ) -> tuple[PodUse, ...]:
     pods: dict[tuple[str | None, str], _PodTotals] = {}
     for allocation in allocations:
@@ -201,10 +206,12 @@ def _pods(
                 totals.sm[container] = totals.sm.get(container, 0.0) + process.sm_util_percent
             if gpu.info.uuid not in totals.used_gpus:
                 totals.used_gpus.append(gpu.info.uuid)
-    return tuple(_pod_use(t) for _, t in sorted(pods.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])))
+    known = {(n.namespace, n.name): (uid, n) for uid, n in names_by_uid.items()}
+    ordered = sorted(pods.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+    return tuple(_pod_use(t, known.get(key)) for key, t in ordered)
 
 
-def _pod_use(t: _PodTotals) -> PodUse:
+def _pod_use(t: _PodTotals, known: tuple[str, PodName] | None = None) -> PodUse:
     names = sorted(set(t.allocated) | set(t.pids))
     containers = tuple(
         ContainerUse(
@@ -217,8 +224,11 @@ def _pod_use(t: _PodTotals) -> PodUse:
         for name in names
     )
     sm_values = [c.sm_util_percent for c in containers if c.sm_util_percent is not None]
+    uid, qos, names_from, annotations = t.uid, t.qos, t.names_from, {}
+    if known is not None:  # the API server knows the pod, idle or not
+        uid, qos, names_from, annotations = known[0], known[1].qos or qos, "api_server", dict(known[1].annotations)
     return PodUse(
-        name=t.name, namespace=t.namespace, uid=t.uid, qos=t.qos, names_from=t.names_from,
+        name=t.name, namespace=t.namespace, uid=uid, qos=qos, names_from=names_from, annotations=annotations,
         containers=containers, allocated_gpus=tuple(t.allocated_gpus), used_gpus=tuple(t.used_gpus),
         gpu_memory_used_bytes=sum(c.gpu_memory_used_bytes for c in containers),
         sm_util_percent=sum(sm_values) if sm_values else None,
