@@ -226,7 +226,8 @@ def _pod_use(t: _PodTotals, known: tuple[str, PodName] | None = None) -> PodUse:
     sm_values = [c.sm_util_percent for c in containers if c.sm_util_percent is not None]
     uid, qos, names_from, annotations = t.uid, t.qos, t.names_from, {}
     if known is not None:  # the API server knows the pod, idle or not
-        uid, qos, names_from, annotations = known[0], known[1].qos or qos, "api_server", dict(known[1].annotations)
+        uid, name = known
+        qos, names_from, annotations = name.qos or qos, "api_server", dict(name.annotations)
     return PodUse(
         name=t.name, namespace=t.namespace, uid=uid, qos=qos, names_from=names_from, annotations=annotations,
         containers=containers, allocated_gpus=tuple(t.allocated_gpus), used_gpus=tuple(t.used_gpus),
