@@ -283,3 +283,38 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     return value
+
+
+def allocation_view(snapshot: NodeSnapshot) -> dict[str, Any]:
+    """Pod -> GPUs and GPU -> pods, allocated (kubelet) next to used (NVML), for ``/v1/state``."""
+    gpus: dict[str, dict[str, Any]] = {
+        g.info.uuid: {
+            "index": g.info.index,
+            "allocated_to": [],
+            "used_by": [],
+            "memory_used_bytes": g.memory_used_bytes,
+            "memory_total_bytes": g.info.memory_total_bytes,
+        }
+        for g in snapshot.gpus
+    }
+    pods: dict[str, dict[str, Any]] = {}
+    for pod in snapshot.pods:
+        key = f"{pod.namespace}/{pod.name}" if pod.namespace else pod.name
+        pods[key] = {
+            "uid": pod.uid,
+            "names_from": pod.names_from,
+            "allocated_gpus": list(pod.allocated_gpus),
+            "used_gpus": list(pod.used_gpus),
+            "unallocated_use": list(pod.unallocated_use),
+            "gpu_memory_used_bytes": pod.gpu_memory_used_bytes,
+            "sm_util_percent": pod.sm_util_percent,
+            "process_count": pod.process_count,
+            "containers": {c.name: list(c.allocated_devices) for c in pod.containers},
+        }
+        for uuid in pod.allocated_gpus:
+            if uuid in gpus:
+                gpus[uuid]["allocated_to"].append(key)
+        for uuid in pod.used_gpus:
+            if uuid in gpus:
+                gpus[uuid]["used_by"].append(key)
+    return {"pods": pods, "gpus": gpus}

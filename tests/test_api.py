@@ -64,6 +64,9 @@ async def test_ready_state_and_metrics(client, holder):
     assert state["gpus"][0]["info"]["uuid"] == "GPU-0000"
     assert state["gpus"][0]["processes"][0]["comm"] == "python"
     assert state["gpus"][0]["health"] == "ok"
+    assert state["allocation"] == {"pods": {}, "gpus": {"GPU-0000": {
+        "index": 0, "allocated_to": [], "used_by": [], "memory_used_bytes": 2**30,
+        "memory_total_bytes": 80 * 2**30}}}
     text = await (await client.get("/metrics")).text()
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0000"' in text
     assert "gpuagent_process_gpu_memory_used_bytes" in text

@@ -14,6 +14,7 @@ from gpuagent.agent import Agent
 from gpuagent.config import load_config
 from gpuagent.devices.sim import SimulatedNvml, load_scenario
 from gpuagent.export.exposition import generate_text
+from gpuagent.snapshot import allocation_view
 
 FAKE_PID = 4_200_000  # the simulator numbers processes without a real PID from here, in scenario order
 UID_A = "0f7c5d4e-1a2b-4c3d-8e9f-0123456789ab"
@@ -96,6 +97,11 @@ async def test_attribution_with_the_kubelets_allocations(tmp_path: Path, proc_ro
                 allocated = {(p.namespace, p.name): p.allocated_gpus for p in snap.pods if p.allocated_gpus}
                 assert allocated == {("ml", "trainer-0"): (gpu0,), ("serving", "infer-b"): (gpu1,),
                                      ("serving", "infer-c"): (gpu1,)}
+                view = allocation_view(snap)
+                assert view["pods"]["ml/trainer-0"]["allocated_gpus"] == [gpu0] == view["pods"]["ml/trainer-0"]["used_gpus"]
+                assert view["gpus"][gpu1]["allocated_to"] == ["serving/infer-b", "serving/infer-c"]
+                assert sorted(view["gpus"][gpu1]["used_by"]) == sorted([UID_B, UID_C])
+                assert view["pods"][UID_B]["unallocated_use"] == [gpu1]  # unnamed: cannot tell it is b
                 body = generate_text(agent.registry).decode()
                 assert 'container="main",namespace="ml",pod="trainer-0"} ' in body
                 assert f'gpuagent_gpu_tenants{{gpu="1",UUID="{gpu1}"' in body

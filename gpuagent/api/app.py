@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuagent.export import choose_encoder
-from gpuagent.snapshot import NodeSnapshot, to_jsonable
+from gpuagent.snapshot import NodeSnapshot, allocation_view, to_jsonable
 
 LatestSnapshot = Callable[[], NodeSnapshot | None]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -84,7 +84,8 @@ async def state(request: web.Request) -> web.Response:
         return json_error(503, "no snapshot yet: the first poll has not finished")
     cache = request.app[_STATE_CACHE]
     if cache.get("snapshot") is not snapshot:  # serialise each snapshot once, however many readers
-        cache["body"] = json.dumps(to_jsonable(snapshot), separators=(",", ":")).encode()
+        body = {**to_jsonable(snapshot), "allocation": allocation_view(snapshot)}
+        cache["body"] = json.dumps(body, separators=(",", ":")).encode()
         cache["snapshot"] = snapshot
     return web.Response(body=cache["body"], content_type="application/json")
 
