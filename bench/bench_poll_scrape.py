@@ -2,7 +2,9 @@
 
 Usage: .venv/bin/python bench/bench_poll_scrape.py [--polls 300] [--scrapes 500] [--soak 60]
 
-- poll: ``Agent.poll_once()`` end to end (NVML reads on the per-GPU threads, snapshot build). On the
+- poll: ``Agent.poll_once()`` end to end, with attribution: NVML reads on the per-GPU threads, every process's
+  cgroup (a /proc tree of kubelet-shaped cgroup files) and the kubelet's allocations (the real gRPC
+  pod-resources server of the tests, one pod per process, time-sliced replicas), snapshot build. On the
   simulator the "NVML" time is the simulator's own Python, so the figure is an upper bound for the
   agent's share; the agent's own overhead (poll minus time inside NVML calls) is reported separately.
 - scrape: the server-side cost of ``/metrics`` (rendering the registry from the latest snapshot),
@@ -42,15 +44,53 @@ def quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def kubelet_node(nvml: object, root: Path) -> tuple[Path, list[object]]:
+    """A /proc tree whose every GPU process sits in its own pod's cgroup, and the pods' allocations."""
+    from podresources_server import Container, Pod, gpus
+
+    nvml.nvmlInit()  # type: ignore[attr-defined]
+    pods = []
+    for index in range(nvml.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
+        uuid = nvml.nvmlDeviceGetUUID(handle)  # type: ignore[attr-defined]
+        for replica, process in enumerate(nvml.nvmlDeviceGetComputeRunningProcesses(handle)):  # type: ignore[attr-defined]
+            uid = f"{process.pid:08x}-0000-4000-8000-{index:012x}"
+            cgroup = root / str(process.pid)
+            cgroup.mkdir(parents=True)
+            (cgroup / "cgroup").write_text(
+                f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}"
+                f".slice/cri-containerd-{process.pid:064x}.scope\n"
+            )
+            pods.append(Pod(f"job-{process.pid}", "bench", [Container("main", [gpus(f"{uuid}::{replica}")])]))
+    return root, pods
+
+
 async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from podresources_server import PodResourcesServer, short_socket_dir
+
     from gpuagent.agent import Agent
     from gpuagent.config import load_config
     from gpuagent.devices.sim import SimulatedNvml, load_scenario
     from gpuagent.export.exposition import generate_text
 
-    config = load_config(None, env={}, overrides={"backend": "sim", "scenario": str(SCENARIO)})
-    agent = Agent(config, nvml=SimulatedNvml(load_scenario(str(SCENARIO))), backend="sim")
-    for _ in range(5):  # warm up: static info, GPM first sample, process names
+    nvml = SimulatedNvml(load_scenario(str(SCENARIO)))
+    with tempfile.TemporaryDirectory() as tmp, short_socket_dir() as sockets:
+        proc_root, pods = kubelet_node(nvml, Path(tmp))
+        socket = sockets / "kubelet.sock"
+        async with PodResourcesServer(socket, pods=pods):
+            config = load_config(None, env={}, overrides={
+                "backend": "sim", "scenario": str(SCENARIO), "proc_root": str(proc_root),
+                "pod_resources_socket": str(socket),
+            })
+            agent = Agent(config, nvml=nvml, backend="sim")
+            return await _measure(agent, polls, scrapes, generate_text)
+
+
+async def _measure(agent, polls: int, scrapes: int, generate_text) -> dict[str, object]:
+    for _ in range(5):  # warm up: static info, GPM first sample, process names, cgroups
         await agent.poll_once()
     poll_times, own_times = [], []
     for _ in range(polls):
@@ -71,9 +111,12 @@ async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
         scrape_times.append(time.perf_counter() - started)
     series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
     await agent.devices.close()
+    await agent.pods.close()
+    named = sum(1 for g in snapshot.gpus for p in g.processes if p.workload and p.workload.namespace)
     return {
         "gpus": len(snapshot.gpus),
         "processes": processes,
+        "processes_attributed_to_named_pods": named,
         "series": series,
         "exposition_bytes": len(body),
         "poll": quantiles(poll_times),

@@ -14,15 +14,7 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, family, gauge, non_empty
 from gpuagent.export.labels import GpuLabels, GpuRenderer
-from gpuagent.snapshot import GpuSample, NodeSnapshot, ProcessSample
-
-
-def _pod_labels(process: ProcessSample) -> dict[str, str] | None:
-    w = process.workload
-    if w is None or w.kind != "pod":
-        return None
-    labels = {"namespace": w.namespace, "pod": w.name} if w.namespace else {"pod": w.name}
-    return labels
+from gpuagent.snapshot import GpuSample, NodeSnapshot
 
 
 class PodCollector(GpuRenderer):
@@ -53,7 +45,7 @@ class PodCollector(GpuRenderer):
         unnamed: dict[str, int] = defaultdict(int)  # GPU -> pods in use known only by UID
         allocations_known = any(s.name == "pod_resources" and s.ok for s in snapshot.sources)
         for pod in snapshot.pods:
-            ident = {"namespace": pod.namespace, "pod": pod.name} if pod.namespace else {"pod": pod.name}
+            ident = _ident(pod.namespace, pod.name)
             add(info, {**ident, "uid": pod.uid or "", "qos": pod.qos or "", "names_from": pod.names_from}, 1)
             add(allocated, ident, len(pod.allocated_gpus))
             for container in pod.containers:
@@ -65,7 +57,8 @@ class PodCollector(GpuRenderer):
                 else:
                     named[uuid] += 1
                     idle_allocated[uuid] += uuid not in pod.used_gpus
-            if allocations_known:
+            # A pod known only by its UID is most likely an allocated pod we could not name: not flagged.
+            if allocations_known and pod.names_from != "cgroup":
                 for uuid in pod.unallocated_use:
                     gpu = by_uuid.get(uuid)
                     if gpu is not None:
@@ -82,27 +75,41 @@ class PodCollector(GpuRenderer):
     @staticmethod
     def _use(gpu: GpuSample, labels: GpuLabels, *families: Metric) -> None:
         pod_memory, pod_sm, pod_procs, ctr_memory, ctr_sm = families
-        pods: dict[tuple, list[ProcessSample]] = defaultdict(list)
-        containers: dict[tuple, list[ProcessSample]] = defaultdict(list)
+        # (namespace, pod, instance) -> [memory, processes, sm or None]; containers keyed with their name too
+        pods: dict[tuple[str | None, str, int | None], list] = {}
+        containers: dict[tuple[str | None, str, str, int | None], list] = {}
         for process in gpu.processes:
-            ident = _pod_labels(process)
-            if ident is None:
+            w = process.workload
+            if w is None or w.kind != "pod":
                 continue
-            where = labels.instance(gpu, process.gpu_instance_id)
-            pods[(tuple(ident.items()), tuple(where.items()))].append(process)
-            container = process.workload.container if process.workload else None
-            if container:
-                containers[(tuple(ident.items()), container, tuple(where.items()))].append(process)
-        for (ident, where), processes in pods.items():
-            series = {**dict(ident), **dict(where)}
-            add(pod_memory, series, sum(p.used_memory_bytes or 0 for p in processes))
-            add(pod_procs, series, len(processes))
-            sm = [p.sm_util_percent for p in processes if p.sm_util_percent is not None]
-            if sm:
-                add(pod_sm, series, min(sum(sm), 100.0) / 100)
-        for (ident, container, where), processes in containers.items():
-            series = {**dict(ident), "container": container, **dict(where)}
-            add(ctr_memory, series, sum(p.used_memory_bytes or 0 for p in processes))
-            sm = [p.sm_util_percent for p in processes if p.sm_util_percent is not None]
-            if sm:
-                add(ctr_sm, series, min(sum(sm), 100.0) / 100)
+            memory, sm = process.used_memory_bytes or 0, process.sm_util_percent
+            instance = process.gpu_instance_id
+            _accumulate(pods, (w.namespace, w.name, instance), memory, sm)
+            if w.container:
+                _accumulate(containers, (w.namespace, w.name, w.container, instance), memory, sm)
+        for (namespace, pod, instance), (memory, count, sm) in pods.items():
+            series = {**_ident(namespace, pod), **labels.instance(gpu, instance)}
+            add(pod_memory, series, memory)
+            add(pod_procs, series, count)
+            if sm is not None:
+                add(pod_sm, series, min(sm, 100.0) / 100)
+        for (namespace, pod, container, instance), (memory, _, sm) in containers.items():
+            series = {**_ident(namespace, pod), "container": container, **labels.instance(gpu, instance)}
+            add(ctr_memory, series, memory)
+            if sm is not None:
+                add(ctr_sm, series, min(sm, 100.0) / 100)
+
+
+def _accumulate(totals: dict, key: tuple, memory: int, sm: float | None) -> None:
+    entry = totals.get(key)
+    if entry is None:
+        totals[key] = [memory, 1, sm]
+        return
+    entry[0] += memory
+    entry[1] += 1
+    if sm is not None:
+        entry[2] = sm if entry[2] is None else entry[2] + sm
+
+
+def _ident(namespace: str | None, pod: str) -> dict[str, str]:
+    return {"namespace": namespace, "pod": pod} if namespace else {"pod": pod}
