@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuagent.api.app import build_app
 from gpuagent.config import Config
@@ -26,6 +26,9 @@ from gpuagent.export import build_registry
 from gpuagent.pods.cgroup import CgroupReader
 from gpuagent.pods.podresources import PodResourcesClient
 from gpuagent.pods.source import PodsSource
+
+if TYPE_CHECKING:
+    from gpuagent.pods.metadata import PodMetadata
 from gpuagent.snapshot import NodeSnapshot, PodUse, PollHistogram, SourceStatus
 
 log = logging.getLogger(__name__)
@@ -177,6 +180,8 @@ class Agent:
                 asyncio.create_task(self.poll_forever(), name="poller"),
                 asyncio.create_task(stop.wait(), name="stop"),
             ]
+            if self.pods.metadata is not None:
+                tasks.append(asyncio.create_task(self.pods.metadata.run(), name="pod-metadata"))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task.get_name() != "stop" and not task.cancelled() and task.exception() is not None:
@@ -201,8 +206,22 @@ def pods_source(config: Config) -> PodsSource:
     if socket and (explicit or os.path.isdir(os.path.dirname(socket))):
         client = PodResourcesClient(socket, resource_names=config.gpu_resource_names)
     return PodsSource(
-        cgroups=CgroupReader(config.proc_root), podresources=client, interval=config.pod_resources_interval
+        cgroups=CgroupReader(config.proc_root), podresources=client, metadata=pod_metadata(config),
+        interval=config.pod_resources_interval,
     )
+
+
+def pod_metadata(config: Config) -> PodMetadata | None:
+    """The API-server watcher of this node's pods: on when asked, or (auto) inside a cluster with a service
+    account or with a kubeconfig configured. Imported only then (lightkube costs about 14 MiB)."""
+    if config.kubernetes_api == "off":
+        return None
+    from gpuagent.pods.metadata import PodMetadata, api_server_available
+
+    if config.kubernetes_api == "auto" and not (config.kubeconfig or api_server_available()):
+        return None
+    log.info("naming pods through the API server (pods of node %s)", config.hostname)
+    return PodMetadata(config.hostname, kubeconfig_path=config.kubeconfig)
 
 
 def run(config: Config) -> int:

@@ -30,6 +30,7 @@ NODE_NAME_ENV = "NODE_NAME"  # the Kubernetes downward-API node name, preferred 
 
 BACKENDS = ("auto", "nvml", "sim")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+KUBERNETES_API_MODES = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -287,6 +288,15 @@ class Config:
         "NAMES",
     )
     proc_root: str = _key("/proc", _optional_path, "where /proc is (the host's, mounted elsewhere)", "PATH")
+    kubernetes_api: str = _key(
+        "auto",
+        _choice(*KUBERNETES_API_MODES),
+        "name pods through the API server: auto (in a cluster, with a service account), on, or off",
+        "{" + ",".join(KUBERNETES_API_MODES) + "}",
+    )
+    kubeconfig: str | None = _key(
+        None, _optional_path, "kubeconfig for the API server (default: in-cluster, then $KUBECONFIG)", "PATH"
+    )
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
 
     config_file: str | None = field(default=None, compare=False)  # the YAML file read, None when none

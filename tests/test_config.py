@@ -72,6 +72,8 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "pod_resources_interval",
         "gpu_resource_names",
         "proc_root",
+        "kubernetes_api",
+        "kubeconfig",
         "log_level",
     ]
     assert KEYS_BY_NAME["poll_interval"].env == "GPUAGENT_POLL_INTERVAL"

@@ -140,3 +140,60 @@ async def test_no_kubelet_means_cgroups_only(tmp_path: Path, proc_root: Path) ->
     assert trainer.name == UID_A and trainer.names_from == "cgroup" and trainer.qos == "burstable"
     body = generate_text(agent.registry).decode()
     assert f'pod="{UID_A}"' in body and 'gpuagent_source_success{source="pod_resources"} 0.0' in body
+
+
+async def test_the_api_server_names_pods_the_kubelet_alone_cannot(tmp_path: Path) -> None:
+    """Two pods time-sharing GPU 1 are told apart by the API server (UID -> name, container ID -> name),
+    and their gpuagent.io annotations reach the snapshot for the enforcement policy."""
+    from fake_apiserver import NODE, FakeApiServer, container_id, make_pod
+
+    b = make_pod("infer-b", namespace="serving", uid=UID_B, containers=("server",),
+                 annotations={"gpuagent.io/gpu-share": "30", "team": "search"})
+    c = make_pod("infer-c", namespace="serving", uid=UID_C, containers=("server",))
+    root = tmp_path / "proc"
+    for offset, (uid, container) in enumerate([(UID_A, "a" * 64), (UID_B, container_id(UID_B, "server")),
+                                               (UID_C, container_id(UID_C, "server"))]):
+        (root / str(FAKE_PID + offset)).mkdir(parents=True)
+        (root / str(FAKE_PID + offset) / "cgroup").write_text(kubepods_line(uid, container))
+    async with FakeApiServer() as api:
+        api.add_pod(b)
+        api.add_pod(c)
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+            "users": [{"name": "agent", "user": {"token": api.token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "agent"}}],
+        }))
+        path = tmp_path / "pods.yaml"
+        path.write_text(yaml.safe_dump(SCENARIO))
+        config = load_config(None, env={}, overrides={
+            "backend": "sim", "scenario": str(path), "proc_root": str(root), "pod_resources_socket": None,
+            "kubernetes_api": "on", "kubeconfig": str(kubeconfig), "hostname": NODE,
+        })
+        agent = Agent(config, nvml=SimulatedNvml(load_scenario(path)), backend="sim")
+        metadata = agent.pods.metadata
+        assert metadata is not None
+        watcher = asyncio.create_task(metadata.run())
+        try:
+            for _ in range(200):
+                if metadata.synced:
+                    break
+                await asyncio.sleep(0.02)
+            snap = await agent.poll_once()
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            await agent.devices.close()
+            await agent.pods.close()
+    assert {s.name: s.ok for s in snap.sources}["api_server"]
+    by_pid = {p.pid: p.workload for g in snap.gpus for p in g.processes}
+    for pid, name in ((FAKE_PID + 1, "infer-b"), (FAKE_PID + 2, "infer-c")):
+        workload = by_pid[pid]
+        assert (workload.namespace, workload.name, workload.container, workload.names_from) == (
+            "serving", name, "server", "api_server")
+    assert by_pid[FAKE_PID].name == UID_A  # not on this node's API view: its UID, as before
+    infer_b = next(p for p in snap.pods if p.name == "infer-b")
+    assert infer_b.annotations == {"gpuagent.io/gpu-share": "30"} and infer_b.uid == UID_B
+    body = generate_text(agent.registry).decode()
+    assert 'gpuagent_pod_gpu_memory_used_bytes{namespace="serving",pod="infer-c",gpu="1"' in body

@@ -13,12 +13,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuagent.pods.attribution import attribute
 from gpuagent.pods.cgroup import CgroupIdentity, CgroupParseError, CgroupReader
 from gpuagent.pods.podresources import PodResourcesClient, PodResourcesUnavailable
 from gpuagent.snapshot import GpuSample, PodUse, SourceStatus
+
+if TYPE_CHECKING:
+    from gpuagent.pods.metadata import PodMetadata
+
+METADATA_SOURCE = "api_server"  # gpuagent_source_success{source=...}
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +41,14 @@ class PodsSource:
         *,
         cgroups: CgroupReader,
         podresources: PodResourcesClient | None = None,
+        metadata: PodMetadata | None = None,
         interval: float = 5.0,
         identity_ttl: float = 30.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cgroups = cgroups
         self._client = podresources
+        self._metadata = metadata
         self._interval = interval
         self._ttl = identity_ttl
         self._monotonic = monotonic
@@ -64,7 +71,12 @@ class PodsSource:
             statuses.append(SourceStatus("cgroups", False, self._monotonic() - started, repr(exc)))
         if self._client is not None:
             statuses.append(await self._refresh_allocations())
-        attributed, pods = attribute(gpus, identities, self._allocations)
+        names = None
+        if self._metadata is not None:
+            ok, error = self._metadata.status
+            statuses.append(SourceStatus(METADATA_SOURCE, ok, 0.0, error))
+            names = self._metadata.names_by_uid() if self._metadata.synced else None
+        attributed, pods = attribute(gpus, identities, self._allocations, names)
         return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses))
 
     async def _identify(self, pids: set[int]) -> dict[int, CgroupIdentity | None]:
@@ -112,6 +124,10 @@ class PodsSource:
                 self._failure = ""
         self._podresources_status = status
         return status
+
+    @property
+    def metadata(self) -> PodMetadata | None:
+        return self._metadata
 
     async def close(self) -> None:
         if self._client is not None:

@@ -1,0 +1,424 @@
+"""A fake Kubernetes API server for tests: real aiohttp on 127.0.0.1, the API server's JSON for pods.
+
+It serves ``GET /api/v1/pods`` as a list (a ``PodList`` with ``metadata.resourceVersion``) and, with
+``watch=true``, as a watch: a chunked stream of newline-delimited ``{"type", "object"}`` events, replayed
+from the requested ``resourceVersion`` and then live. It honours ``fieldSelector=spec.nodeName=<node>``
+(a pod that starts or stops matching is ADDED or DELETED for that watch, as the real watch cache does),
+``timeoutSeconds`` (the stream ends cleanly) and ``allowWatchBookmarks``; it needs the bearer token::
+
+    async with FakeApiServer() as api:
+        api.add_pod(make_pod("job-0", node="gpu-1"))  # ADDED (or MODIFIED if its UID is known)
+        api.delete_pod(uid)                            # DELETED (notify=False: watches miss it)
+        api.expire_watch()                             # open watches get ERROR 410; older versions are gone
+        api.drop_connections()                         # open watches are cut (no chunked terminator)
+        api.fail_next(status=403, times=2)             # the next two requests get a Status error
+        api.send_bookmark()                            # BOOKMARK to watches that asked for them
+        api.send_raw(b"{}")                            # any bytes, as they are, to open watches
+        await api.stop(); await api.start()            # the server is away, then back on the same port
+        config = api.kubeconfig()                      # a lightkube KubeConfig pointing here
+        api.requests, api.lists, api.watches           # requests seen: path, query, token, time
+
+Pods are plain dicts in the API's JSON; :func:`make_pod` builds realistic ones (spec, status, managed
+fields, a large last-applied annotation), and :func:`container_id` gives the bare ID of a container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+NODE = "gpu-node-1"
+TOKEN = "test-token"
+RUNTIME_PREFIX = {"containerd": "containerd://", "cri-o": "cri-o://", "docker": "docker://"}
+_DROP, _END = object(), object()
+
+
+# -- pods ------------------------------------------------------------------------------------------------
+def container_id(pod_uid: str, container: str) -> str:
+    """The bare 64-hex ID :func:`make_pod` gives a container (what its cgroup path carries)."""
+    return hashlib.sha256(f"{pod_uid}/{container}".encode()).hexdigest()
+
+
+def make_pod(
+    name: str,
+    *,
+    namespace: str = "default",
+    node: str | None = NODE,
+    uid: str | None = None,
+    containers: Sequence[str] = ("main",),
+    init_containers: Sequence[str] = (),
+    ephemeral_containers: Sequence[str] = (),
+    runtime: str = "containerd",
+    annotations: Mapping[str, str] | None = None,
+    qos: str = "Burstable",
+    phase: str = "Running",
+    started: bool = True,
+    gpus: int = 1,
+    mirror_of: str | None = None,
+) -> dict[str, Any]:
+    """A pod as the API server returns it. ``started=False``: containers still waiting (no IDs yet);
+    ``mirror_of``: the mirror of a static pod whose kubelet-side UID (config hash) is this."""
+    uid = uid or str(uuid.uuid4())
+    prefix = RUNTIME_PREFIX[runtime]
+    annotations = dict(annotations or {})
+    annotations.setdefault(
+        "kubectl.kubernetes.io/last-applied-configuration",
+        json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"containers": [{"name": c, "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                                             "command": ["python", "-m", "train", "--epochs", "100"] * 20}
+                                            for c in containers]}}),
+    )
+    owner = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs", "uid": str(uuid.uuid4()),
+              "controller": True, "blockOwnerDeletion": True}]
+    if mirror_of:
+        annotations.update({"kubernetes.io/config.mirror": mirror_of, "kubernetes.io/config.hash": mirror_of,
+                            "kubernetes.io/config.source": "file"})
+        owner = [{"apiVersion": "v1", "kind": "Node", "name": node or NODE, "uid": str(uuid.uuid4()),
+                  "controller": True}]
+    resources = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"},
+                 "requests": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"}} if gpus else {}
+
+    def spec_of(c: str) -> dict[str, Any]:
+        return {"name": c, "image": "nvcr.io/nvidia/pytorch:24.05-py3", "imagePullPolicy": "IfNotPresent",
+                "command": ["python", "-m", "train"], "resources": resources,
+                "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+                "volumeMounts": [{"name": "kube-api-access-x7k2p", "readOnly": True,
+                                  "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}
+
+    def status_of(c: str) -> dict[str, Any]:
+        s: dict[str, Any] = {"name": c, "image": "nvcr.io/nvidia/pytorch:24.05-py3", "imageID": "",
+                             "ready": started, "restartCount": 0, "started": started}
+        if started:
+            s.update(containerID=prefix + container_id(uid, c),
+                     imageID="nvcr.io/nvidia/pytorch@sha256:" + "ab" * 32,
+                     state={"running": {"startedAt": "2026-08-07T10:20:11Z"}})
+        else:
+            s["state"] = {"waiting": {"reason": "ContainerCreating"}}
+        return s
+
+    spec: dict[str, Any] = {
+        "containers": [spec_of(c) for c in containers],
+        "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+        "serviceAccountName": "default", "schedulerName": "default-scheduler", "priority": 0,
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "volumes": [{"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}],
+    }
+    if node:
+        spec["nodeName"] = node
+    if init_containers:
+        spec["initContainers"] = [spec_of(c) for c in init_containers]
+    if ephemeral_containers:
+        spec["ephemeralContainers"] = [{"name": c, "image": "busybox:1.36", "targetContainerName": containers[0]}
+                                       for c in ephemeral_containers]
+    status: dict[str, Any] = {
+        "phase": phase, "qosClass": qos, "hostIP": "10.0.3.17", "podIP": "10.244.3.41",
+        "podIPs": [{"ip": "10.244.3.41"}], "startTime": "2026-08-07T10:20:05Z",
+        "conditions": [{"type": t, "status": "True", "lastProbeTime": None,
+                        "lastTransitionTime": "2026-08-07T10:20:11Z"}
+                       for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+                                 "PodScheduled")],
+        "containerStatuses": [status_of(c) for c in containers],
+    }
+    if init_containers:
+        status["initContainerStatuses"] = [status_of(c) for c in init_containers]
+    if ephemeral_containers:
+        status["ephemeralContainerStatuses"] = [status_of(c) for c in ephemeral_containers]
+    return {
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {
+            "name": name, "namespace": namespace, "uid": uid, "resourceVersion": "0",
+            "creationTimestamp": "2026-08-07T10:20:05Z", "labels": {"app": name, "pod-template-hash": "7d9c6b8f5d"},
+            "annotations": annotations, "ownerReferences": owner,
+            "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+                               "time": "2026-08-07T10:20:11Z", "fieldsType": "FieldsV1", "subresource": "status",
+                               "fieldsV1": {"f:status": {f"f:{k}": {} for k in status}}}],
+        },
+        "spec": spec,
+        "status": status,
+    }
+
+
+# -- the server ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeenRequest:
+    method: str
+    path: str
+    query: Mapping[str, str]
+    authorization: str | None
+    at: float  # time.monotonic() when it arrived
+
+    @property
+    def watch(self) -> bool:
+        return self.query.get("watch") in ("true", "1")
+
+
+@dataclass(eq=False)
+class _Watcher:
+    node: str | None
+    bookmarks: bool
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+def _node_of(selector: str | None) -> str | None:
+    """``spec.nodeName=<node>`` (or ``==``) -> node; no selector -> None (all pods)."""
+    if not selector:
+        return None
+    key, _, value = selector.partition("=")
+    if key != "spec.nodeName" or not value or "," in value:
+        raise ValueError(f"unsupported field selector {selector!r} (this fake knows spec.nodeName=<node>)")
+    return value.removeprefix("=")
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+_REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 410: "Expired", 429: "TooManyRequests",
+            500: "InternalError", 503: "ServiceUnavailable"}
+
+
+class FakeApiServer:
+    def __init__(self, *, token: str | None = TOKEN, port: int = 0) -> None:
+        self.token = token
+        self.port = port
+        self.requests: list[SeenRequest] = []
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> pod
+        self._rv = 1000
+        self._oldest = self._rv  # a watch from a version older than this gets 410
+        self._history: list[tuple[int, dict | None, dict | None]] = []  # (rv, before, after)
+        self._watchers: set[_Watcher] = set()
+        self._failures: list[tuple[int, str | None]] = []
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._handlers: set[asyncio.Task] = set()
+
+    # lifecycle
+    async def __aenter__(self) -> FakeApiServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", self._pods)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await self._site.start()
+        server = self._site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening and cut every open connection (the API server went away)."""
+        self.drop_connections()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = self._site = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, token: str | None = None) -> Any:
+        """A lightkube KubeConfig for this server (plain HTTP, bearer token)."""
+        from lightkube import KubeConfig
+        from lightkube.config.models import Cluster, User
+
+        return KubeConfig.from_one(cluster=Cluster(server=self.url), user=User(token=token or self.token or "x"))
+
+    # what the cluster does
+    @property
+    def resource_version(self) -> str:
+        return str(self._rv)
+
+    def add_pod(self, pod: Mapping[str, Any], *, notify: bool = True) -> dict[str, Any]:
+        """Creates the pod or, when its UID is known, replaces it (MODIFIED). Returns the stored copy.
+        ``notify=False``: open watches miss it (as when its event is compacted away before delivery)."""
+        after = copy.deepcopy(dict(pod))
+        uid = after["metadata"]["uid"]
+        self._rv += 1
+        after["metadata"]["resourceVersion"] = str(self._rv)
+        before = self.pods.get(uid)
+        self.pods[uid] = after
+        self._record(before, after, notify)
+        return after
+
+    def update_pod(self, uid: str, change: Any) -> dict[str, Any]:
+        """Applies ``change(pod)`` (in place) to a copy of the stored pod and stores it (MODIFIED)."""
+        pod = copy.deepcopy(self.pods[uid])
+        change(pod)
+        return self.add_pod(pod)
+
+    def delete_pod(self, uid: str, *, notify: bool = True) -> None:
+        before = self.pods.pop(uid)
+        self._rv += 1
+        self._record(before, None, notify)
+
+    def expire_watch(self) -> None:
+        """Compaction: every open watch gets ERROR 410 and ends; a watch from any older version gets 410."""
+        self._rv += 1
+        self._oldest = self._rv
+        self._history.clear()
+        event = {"type": "ERROR", "object": _status(410, "Expired", "too old resource version: 1 (1001)")}
+        for w in self._watchers:
+            w.queue.put_nowait(event)
+            w.queue.put_nowait(_END)
+
+    def send_bookmark(self) -> None:
+        for w in self._watchers:
+            if w.bookmarks:
+                w.queue.put_nowait(self._bookmark())
+
+    def send_raw(self, line: bytes) -> None:
+        """Writes this line, as is, to every open watch (a broken or unknown event)."""
+        for w in self._watchers:
+            w.queue.put_nowait(line)
+
+    def drop_connections(self) -> None:
+        """Cuts every open watch mid-stream, as a dying server or a load balancer does."""
+        for w in self._watchers:
+            w.queue.put_nowait(_DROP)
+
+    def fail_next(self, status: int = 500, *, times: int = 1, message: str | None = None) -> None:
+        """The next ``times`` requests (lists or watches) get an error Status with this HTTP code."""
+        self._failures.extend([(status, message)] * times)
+
+    def clear_failures(self) -> None:
+        self._failures.clear()
+
+    # what tests look at
+    @property
+    def lists(self) -> list[SeenRequest]:
+        return [r for r in self.requests if not r.watch]
+
+    @property
+    def watches(self) -> list[SeenRequest]:
+        return [r for r in self.requests if r.watch]
+
+    @property
+    def open_watches(self) -> int:
+        return len(self._watchers)
+
+    # internals
+    def _bookmark(self) -> dict[str, Any]:
+        return {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {
+            "resourceVersion": str(self._rv), "annotations": {"k8s.io/initial-events-end": "true"}}}}
+
+    def _record(self, before: dict | None, after: dict | None, notify: bool) -> None:
+        self._history.append((self._rv, before, after))
+        for w in self._watchers if notify else ():
+            event = self._event_for(w.node, self._rv, before, after)
+            if event is not None:
+                w.queue.put_nowait(event)
+
+    @staticmethod
+    def _matches(node: str | None, pod: dict | None) -> bool:
+        return pod is not None and (node is None or pod.get("spec", {}).get("nodeName") == node)
+
+    def _event_for(self, node: str | None, rv: int, before: dict | None, after: dict | None) -> dict | None:
+        was, now = self._matches(node, before), self._matches(node, after)
+        if now:
+            return {"type": "MODIFIED" if was else "ADDED", "object": after}
+        if not was:
+            return None
+        if after is None:  # deleted: the last state, at the deletion's version
+            assert before is not None
+            after = copy.deepcopy(before)
+            after["metadata"]["resourceVersion"] = str(rv)
+        return {"type": "DELETED", "object": after}
+
+    def _check(self, request: web.Request, watch: bool) -> web.Response | None:
+        verb = "watch" if watch else "list"
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+        if self._failures:
+            code, message = self._failures.pop(0)
+            if message is None:
+                message = (f'pods is forbidden: User "system:serviceaccount:gpu-system:gpuagent" cannot {verb} '
+                           f'resource "pods" in API group "" at the cluster scope') if code == 403 else \
+                    f"the server reports HTTP {code}"
+            return web.json_response(_status(code, _REASONS.get(code, "Unknown"), message), status=code)
+        return None
+
+    async def _pods(self, request: web.Request) -> web.StreamResponse:
+        query = dict(request.query)
+        watch = query.get("watch") in ("true", "1")
+        self.requests.append(SeenRequest(request.method, request.path, query,
+                                         request.headers.get("Authorization"), time.monotonic()))
+        refused = self._check(request, watch)
+        if refused is not None:
+            return refused
+        try:
+            node = _node_of(query.get("fieldSelector"))
+        except ValueError as exc:
+            return web.json_response(_status(400, "BadRequest", str(exc)), status=400)
+        if not watch:
+            items = [p for p in self.pods.values() if self._matches(node, p)]
+            return web.json_response({"kind": "PodList", "apiVersion": "v1",
+                                      "metadata": {"resourceVersion": str(self._rv)}, "items": items})
+        return await self._watch(request, query, node)
+
+    async def _watch(self, request: web.Request, query: Mapping[str, str], node: str | None) -> web.StreamResponse:
+        w = _Watcher(node, query.get("allowWatchBookmarks") == "true")
+        since = query.get("resourceVersion", "")
+        if since in ("", "0"):  # "any": the current state as ADDED events, then what follows
+            for pod in list(self.pods.values()):
+                if self._matches(node, pod):
+                    w.queue.put_nowait({"type": "ADDED", "object": pod})
+        elif int(since) < self._oldest:
+            w.queue.put_nowait({"type": "ERROR", "object": _status(
+                410, "Expired", f"too old resource version: {since} ({self._oldest})")})
+            w.queue.put_nowait(_END)
+        else:
+            for rv, before, after in self._history:
+                if rv > int(since):
+                    event = self._event_for(node, rv, before, after)
+                    if event is not None:
+                        w.queue.put_nowait(event)
+        timeout = float(query.get("timeoutSeconds", "1800"))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        self._watchers.add(w)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(w.queue.get(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    break  # timeoutSeconds: the stream ends cleanly
+                if item is _END:
+                    break
+                if item is _DROP:
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return response
+                await response.write(item if isinstance(item, bytes) else json.dumps(item).encode() + b"\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away
+        finally:
+            self._watchers.discard(w)
+        return response
+
+
+def pod_list(pods: Iterable[Mapping[str, Any]], resource_version: str = "1000") -> dict[str, Any]:
+    """A PodList body of these pods."""
+    return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": resource_version},
+            "items": list(pods)}
