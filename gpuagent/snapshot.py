@@ -42,6 +42,11 @@ class Workload:
     qos: str | None = None
     cgroup: str = ""
     names_from: str = "cgroup"
+    # Where the process's cgroup can be frozen: its v2 path and its v1 freezer path, as /proc/PID/cgroup
+    # names them (either may be None). On some hybrid hosts the v2 line names the runtime's own service:
+    # the enforcer only acts on a path that passes its safety rules.
+    cgroup_v2: str | None = None
+    cgroup_freezer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ class Ident:
     workload_kind: str = "pod"
     unit: str | None = None
     path: str = "/kubepods.slice/x"
+    unified_path: str | None = "/kubepods.slice/x"
+    freezer_path: str | None = None
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,9 @@ async def test_real_cgroups_become_pod_labels(cgroup_sandbox: CgroupSandbox, tmp
         assert (workload.namespace, workload.name, workload.container) == (namespace, pod, container)
         assert workload.pod_uid == uid and workload.container_id == cid
         assert workload.qos == LAYOUTS[index][1]
+        # where the enforcer would freeze it: the container's own cgroup in v2 and in the v1 freezer
+        assert workload.cgroup_v2 is not None and workload.cgroup_v2.endswith((cid, f"{cid}.scope"))
+        assert workload.cgroup_freezer == workload.cgroup_v2
         # dcgm-exporter's labels on the GPU's own series, for a GPU allocated to one container
         assert (f'DCGM_FI_DEV_FB_USED{{gpu="{index}",UUID="{gpu_ids[index]}"' in body)
         line = next(x for x in body.splitlines() if x.startswith(f'DCGM_FI_DEV_FB_USED{{gpu="{index}",'))

@@ -31,6 +31,8 @@ class Identity(Protocol):
     workload_kind: str
     unit: str | None
     path: str
+    unified_path: str | None
+    freezer_path: str | None
 
 
 class Allocation(Protocol):
@@ -133,10 +135,12 @@ def attribute(
         if not (identity.is_k8s and identity.pod_uid):
             name = identity.unit or (identity.container_id or "")[:12] or identity.workload_kind
             return Workload(kind=identity.workload_kind, name=name, container_id=identity.container_id,
-                            cgroup=identity.path)
+                            cgroup=identity.path, cgroup_v2=identity.unified_path,
+                            cgroup_freezer=identity.freezer_path)
         uid = identity.pod_uid
         base = Workload(kind="pod", name=uid, pod_uid=uid, container_id=identity.container_id,
-                        qos=identity.qos, cgroup=identity.path)
+                        qos=identity.qos, cgroup=identity.path, cgroup_v2=identity.unified_path,
+                        cgroup_freezer=identity.freezer_path)
         known = names_by_uid.get(uid)
         if known is not None:
             container = known.containers_by_id.get(identity.container_id or "")

@@ -128,6 +128,8 @@ class CgroupIdentity:
     unit: str | None
     path: str  # the identifying cgroup path, as read (relative to the reader's cgroup namespace)
     deleted: bool = False  # a line's path ended in " (deleted)": the cgroup is gone, the process dying
+    unified_path: str | None = None  # the v2 ("0::") line's path: what cgroup.freeze acts on
+    freezer_path: str | None = None  # the v1 freezer hierarchy's path: what freezer.state acts on
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +235,8 @@ def identify_lines(lines: Sequence[CgroupLine]) -> CgroupIdentity:
         unit=reading.unit,
         path=best_line.path,
         deleted=any(line.deleted for line in lines),
+        unified_path=unified[0].path if unified else None,
+        freezer_path=next((line.path for line in legacy if "freezer" in line.controllers), None),
     )
 
 
