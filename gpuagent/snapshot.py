@@ -216,6 +216,56 @@ class PodUse:
 
 
 @dataclass(frozen=True, slots=True)
+class ShareState:
+    """One pod's time-slice share on one GPU, as the enforcer last decided it. Ratios are 0-1."""
+
+    pod: str
+    namespace: str | None
+    gpu_uuid: str
+    gpu_index: int
+    limit_ratio: float | None  # the pod's share of the GPU's SM time; None: no limit
+    achieved_ratio: float  # its measured SM use over the controller's window
+    frozen_ratio: float  # the part of each period its cgroups are frozen (0: not throttled)
+    throttled_seconds_total: float  # time spent frozen since the agent started
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryState:
+    """One pod's GPU memory against its limit, and where it stands on the escalation ladder."""
+
+    pod: str
+    namespace: str | None
+    limit_bytes: int | None
+    used_bytes: int
+    stage: str  # "ok" | "warned" | "terminating" | "killed" | "evicted"
+    over_since_unix: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyProblem:
+    """An annotation that could not be used: the pod falls back to the node default, and we say so."""
+
+    pod: str
+    namespace: str | None
+    annotation: str
+    value: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EnforcementState:
+    """What the enforcer decided at the last poll; in audit mode, what it would have done."""
+
+    mode: str  # "off" | "audit" | "enforce"
+    shares: tuple[ShareState, ...] = ()
+    memory: tuple[MemoryState, ...] = ()
+    actions_total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (action, outcome) -> count
+    problems: tuple[PolicyProblem, ...] = ()
+    frozen_cgroups: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SourceStatus:
     """How one source fared in its last run (node_exporter's collector success/duration)."""
 
@@ -268,6 +318,7 @@ class NodeSnapshot:
     nvml_calls: tuple[NvmlCallStats, ...] = ()
     nvml_errors: tuple[NvmlErrorCount, ...] = ()
     pods: tuple[PodUse, ...] = ()  # empty off Kubernetes (workloads are then on each ProcessSample)
+    enforcement: EnforcementState | None = None  # None when enforcement is off
     polls_total: int = 0
     poll_histogram: PollHistogram = field(default_factory=PollHistogram)
     poll_interval_seconds: float = 1.0
