@@ -31,6 +31,8 @@ NODE_NAME_ENV = "NODE_NAME"  # the Kubernetes downward-API node name, preferred 
 BACKENDS = ("auto", "nvml", "sim")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBERNETES_API_MODES = ("auto", "on", "off")
+MODES = ("off", "audit", "enforce")
+MEMORY_ACTIONS = ("warn", "kill", "evict")
 
 
 class ConfigError(ValueError):
@@ -195,6 +197,60 @@ def _resource_names(value: Any, ctx: _Ctx) -> tuple[str, ...]:
     return tuple(value)
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _bool(value: Any, ctx: _Ctx) -> bool:
+    if isinstance(value, bool):
+        return value
+    if ctx.text and isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _Invalid("true or false")
+
+
+def _percent_or_null(value: Any, ctx: _Ctx) -> float | None:
+    """A share of a GPU in percent (0, 100], or null for none."""
+    if value is None or (ctx.text and value in ("", "null", "none")):
+        return None
+    return _number(0, high=100)(value, ctx)
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+
+
+def _quantity_or_null(value: Any, ctx: _Ctx) -> str | None:
+    """A Kubernetes memory quantity ("8Gi", "512Mi", plain bytes), or null for none."""
+    if value is None or (ctx.text and value in ("", "null", "none")):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)
+    if not isinstance(value, str) or not _QUANTITY.match(value.strip()) or float(
+        re.sub(r"[A-Za-z]+$", "", value.strip())
+    ) <= 0:
+        raise _Invalid("a memory quantity like 8Gi, 512Mi or plain bytes, or null")
+    return value.strip()
+
+
+def _globs(value: Any, ctx: _Ctx) -> tuple[str, ...]:
+    """Cgroup path globs: a YAML list, or comma-separated in env and flags; [] for none."""
+    if ctx.text and isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v[:1] == "/" for v in value):
+        raise _Invalid("a list of cgroup path globs starting with '/'")
+    return tuple(value)
+
+
+def _rules(value: Any, ctx: _Ctx) -> tuple[Mapping[str, Any], ...]:
+    """The raw ``policies`` list; each item's keys and values are checked by the enforcer's policy parser."""
+    if ctx.text:
+        raise _Invalid("a list of rules, which only the config file can give")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise _Invalid("a list of mappings (match_* keys and the limits they set)")
+    return tuple(value)
+
+
 def _hostname(value: Any, ctx: _Ctx) -> str | None:
     if value is None and not ctx.text:
         return None  # null: resolved from NODE_NAME or gethostname() at load time
@@ -296,6 +352,45 @@ class Config:
     )
     kubeconfig: str | None = _key(
         None, _optional_path, "kubeconfig for the API server (default: in-cluster, then $KUBECONFIG)", "PATH"
+    )
+    mode: str = _key(
+        "off", _choice(*MODES), "enforcement: off, audit (decide and export, act on nothing) or enforce",
+        "{" + ",".join(MODES) + "}",
+    )
+    share_period: float = _key(
+        0.1, _number(0.01, high=10), "seconds of one freeze/thaw duty cycle of a throttled pod", "SECONDS"
+    )
+    work_conserving: bool = _key(
+        True, _bool, "let a pod use what idle tenants leave (throttle only when another tenant is active)",
+        "BOOL",
+    )
+    default_gpu_share: float | None = _key(
+        None, _percent_or_null, "GPU share (percent) of pods without a gpuagent.io/gpu-share annotation",
+        "PERCENT",
+    )
+    default_gpu_memory: str | None = _key(
+        None, _quantity_or_null, "GPU memory limit of pods without a gpuagent.io/gpu-memory annotation",
+        "QUANTITY",
+    )
+    memory_action: str = _key(
+        "kill", _choice(*MEMORY_ACTIONS), "over the GPU memory limit: warn, kill (TERM, then KILL) or evict",
+        "{" + ",".join(MEMORY_ACTIONS) + "}",
+    )
+    memory_term_after: float = _key(
+        10.0, _number(0), "seconds over the memory limit before SIGTERM (or the eviction)", "SECONDS"
+    )
+    memory_kill_grace: float = _key(30.0, _number(0), "seconds after SIGTERM before SIGKILL", "SECONDS")
+    journal_path: str = _key(
+        "/var/lib/gpuagent/freeze-journal.json", _optional_path,
+        "file naming every cgroup the agent may have frozen, so a restart thaws them", "PATH",
+    )
+    cgroup_root: str = _key("/sys/fs/cgroup", _optional_path, "where cgroupfs is mounted", "PATH")
+    freezable_outside_kubepods: tuple[str, ...] = _key(
+        (), _globs, "cgroup path globs outside kubepods the enforcer may act on (off Kubernetes)", "GLOBS"
+    )
+    policies: tuple[Mapping[str, Any], ...] = _key(
+        (), _rules, "limits for workloads matched by namespace, pod, kind, name or cgroup (config file only)",
+        "RULES",
     )
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
 

@@ -74,6 +74,18 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "proc_root",
         "kubernetes_api",
         "kubeconfig",
+        "mode",
+        "share_period",
+        "work_conserving",
+        "default_gpu_share",
+        "default_gpu_memory",
+        "memory_action",
+        "memory_term_after",
+        "memory_kill_grace",
+        "journal_path",
+        "cgroup_root",
+        "freezable_outside_kubepods",
+        "policies",
         "log_level",
     ]
     assert KEYS_BY_NAME["poll_interval"].env == "GPUAGENT_POLL_INTERVAL"
@@ -462,3 +474,29 @@ def test_pod_resources_socket_can_be_turned_off(tmp_path) -> None:
     path.write_text("pod_resources_socket: null\n")
     assert load_config(str(path), env={}).pod_resources_socket is None
     assert load_config(None, env={}).pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def test_enforcement_keys(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "mode: audit\nwork_conserving: false\ndefault_gpu_share: 25\ndefault_gpu_memory: 8Gi\n"
+        "freezable_outside_kubepods: [/system.slice/ollama.service]\n"
+        "policies:\n  - {match_namespace: research-*, gpu_share: 20}\n"
+    )
+    config = load_config(str(path), env={"GPUAGENT_WORK_CONSERVING": "true"}, overrides={"mode": "enforce"})
+    assert (config.mode, config.work_conserving, config.default_gpu_share) == ("enforce", True, 25)
+    assert config.default_gpu_memory == "8Gi" and config.policies == ({"match_namespace": "research-*",
+                                                                       "gpu_share": 20},)
+    for key, bad, fragment in [
+        ("mode", "strict", "one of off, audit, enforce"),
+        ("default_gpu_share", 130, "<= 100"),
+        ("default_gpu_memory", "lots", "memory quantity"),
+        ("work_conserving", "maybe", "true or false"),
+        ("freezable_outside_kubepods", ["system.slice"], "starting with '/'"),
+    ]:
+        path.write_text(yaml.safe_dump({key: bad}))
+        with pytest.raises(ConfigError, match=key) as info:
+            load_config(str(path), env={})
+        assert fragment in str(info.value)
+    with pytest.raises(ConfigError, match="only the config file can give"):
+        load_config(None, env={"GPUAGENT_POLICIES": "x"})
