@@ -15,6 +15,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from gpuagent.export.dcgm import DcgmCollector
+from gpuagent.export.enforcement import EnforcementCollector
 from gpuagent.export.exposition import choose_encoder
 from gpuagent.export.gpu import GpuCollector
 from gpuagent.export.guard import SnapshotCollector
@@ -49,6 +50,7 @@ def build_registry(
         MigCollector(hostname_label=hostname_label),
         ProcessCollector(hostname_label=hostname_label),
         PodCollector(hostname_label=hostname_label),
+        EnforcementCollector(hostname_label=hostname_label),
         HealthCollector(clock=clock, hostname_label=hostname_label),
     )
     # Without names from describe(), only support_collectors_without_names lets ?name[]= filtering reach it.
