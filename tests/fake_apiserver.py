@@ -17,9 +17,16 @@ from the requested ``resourceVersion`` and then live. It honours ``fieldSelector
         await api.stop(); await api.start()            # the server is away, then back on the same port
         config = api.kubeconfig()                      # a lightkube KubeConfig pointing here
         api.requests, api.lists, api.watches           # requests seen: path, query, token, time
+        api.pdb_blocks("ml-team", "job-0")             # its Evictions get 429 (a PodDisruptionBudget)
+        api.evictions                                  # Evictions seen (POST .../pods/<name>/eviction)
 
 Pods are plain dicts in the API's JSON; :func:`make_pod` builds realistic ones (spec, status, managed
 fields, a large last-applied annotation), and :func:`container_id` gives the bare ID of a container.
+
+``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the shared
+fixture's ``Status`` body, or 429 with the PodDisruptionBudget fixture's after ``pdb_blocks(ns, name)``;
+400 when the body is not an Eviction of that pod. Evictions are recorded in ``api.evictions`` (not in
+``api.requests``), and ``fail_next`` applies to them too.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -40,6 +48,7 @@ NODE = "gpu-node-1"
 TOKEN = "test-token"
 RUNTIME_PREFIX = {"containerd": "containerd://", "cri-o": "cri-o://", "docker": "docker://"}
 _DROP, _END = object(), object()
+_K8S_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kubernetes"
 
 
 # -- pods ------------------------------------------------------------------------------------------------
@@ -203,6 +212,8 @@ class FakeApiServer:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._handlers: set[asyncio.Task] = set()
+        self.evictions: list[SeenEviction] = []
+        self._pdb_blocked: set[tuple[str, str]] = set()
 
     # lifecycle
     async def __aenter__(self) -> FakeApiServer:
@@ -215,6 +226,7 @@ class FakeApiServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -300,6 +312,14 @@ class FakeApiServer:
 
     def clear_failures(self) -> None:
         self._failures.clear()
+
+    def pdb_blocks(self, namespace: str, name: str, blocked: bool = True) -> None:
+        """Evictions of this pod get 429: a PodDisruptionBudget allows no disruption (``blocked=False``
+        lifts it)."""
+        if blocked:
+            self._pdb_blocked.add((namespace, name))
+        else:
+            self._pdb_blocked.discard((namespace, name))
 
     # what tests look at
     @property
@@ -416,6 +436,67 @@ class FakeApiServer:
         finally:
             self._watchers.discard(w)
         return response
+
+    async def _evict(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            body = None
+
+        def answer(status: int, reply: Mapping[str, Any]) -> web.Response:
+            self.evictions.append(SeenEviction(namespace, name, body, request.headers.get("Authorization"),
+                                               status, time.monotonic()))
+            return web.json_response(reply, status=status)
+
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return answer(401, _status(401, "Unauthorized", "Unauthorized"))
+        if self._failures:
+            code, message = self._failures.pop(0)
+            if message is None:
+                message = (f'pods "{name}" is forbidden: User "system:serviceaccount:gpu-system:gpuagent" '
+                           f'cannot create resource "pods/eviction" in API group "" in the namespace '
+                           f'"{namespace}"') if code == 403 else f"the server reports HTTP {code}"
+            return answer(code, _status(code, _REASONS.get(code, "Unknown"), message))
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or body.get("kind") != "Eviction" or not isinstance(meta, dict):
+            return answer(400, _status(400, "BadRequest", "the body is not an Eviction"))
+        if meta.get("name") != name:
+            return answer(400, _status(400, "BadRequest", "name in URL does not match name in Eviction object"))
+        if meta.get("namespace") not in (None, namespace):
+            return answer(400, _status(400, "BadRequest", "the namespace of the object does not match the "
+                                       "namespace on the request"))
+        if (namespace, name) in self._pdb_blocked:
+            return answer(429, EVICTION_PDB)
+        return answer(201, EVICTION_SUCCESS)
+
+
+@dataclass(frozen=True)
+class SeenEviction:
+    namespace: str
+    name: str
+    body: Any  # the decoded JSON body (None when it was not JSON)
+    authorization: str | None
+    status: int  # what the fake answered
+    at: float
+
+
+def _eviction_fixture(name: str, fallback: dict[str, Any]) -> dict[str, Any]:
+    """A shared fixture body (``shared/fixtures/kubernetes``), or the same body where shared/ is absent."""
+    try:
+        return json.loads((_K8S_FIXTURES / name).read_text())
+    except (OSError, ValueError):
+        return fallback
+
+
+EVICTION_SUCCESS = _eviction_fixture(
+    "eviction-response-success.json",
+    {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+EVICTION_PDB = _eviction_fixture("eviction-response-429-pdb.json", {
+    **_status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."),
+    "details": {"causes": [{"reason": "DisruptionBudget",
+                            "message": "The disruption budget llm-train-pdb needs 2 healthy pods and has 2 currently"}]},
+})
 
 
 def pod_list(pods: Iterable[Mapping[str, Any]], resource_version: str = "1000") -> dict[str, Any]:
