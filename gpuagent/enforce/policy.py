@@ -1,0 +1,496 @@
+"""Limits of a workload: its pod's ``gpuagent.io/*`` annotations, the config's ``policies``, node defaults.
+
+Precedence, per field: annotation > the first matching rule that sets the field > the node default. A rule
+matches when every ``match_*`` selector it has matches (globs, ``fnmatch`` style, case-sensitive; ``*``
+also crosses ``/`` in cgroup paths). Rules serve pods and non-Kubernetes workloads alike; annotations only
+pods.
+
+Bad values are reported, never guessed: an annotation that does not parse becomes a ``PolicyProblem`` and
+its field falls back to the rule or default; an unknown ``gpuagent.io/*`` key is a problem too, with a
+"did you mean" hint. A bad ``policies`` item is a config error (``PolicyValueError`` naming the item and key).
+
+Value rules (the annotation text and the YAML values alike):
+
+- ``gpu-share``: percent of a GPU's SM time in (0, 100], ``30``, ``30%`` or ``30.5%``. A bare number below 1
+  (``0.5``) is refused as ambiguous (half a percent, or half a GPU?): write ``50`` or ``0.5%``.
+- ``gpu-memory``: a Kubernetes quantity: a plain or decimal number with one suffix, binary ``Ki Mi Gi Ti Pi
+  Ei``, decimal ``k M G T P E``, or a decimal exponent ``e3``/``E3`` alone, > 0 and within a signed 64-bit
+  count. ``1e3Gi`` is refused, as Kubernetes refuses it (an exponent takes no suffix); ``512m`` is refused
+  (``m`` is milli, thousandths of a byte: a classic slip for ``Mi``); a fraction of a byte above one byte
+  rounds up, as Kubernetes' ``Quantity.Value()`` does (``0.1Ki`` = 103 bytes).
+- ``priority``: an integer in [-1000, 1000], or ``high`` (100), ``normal`` (0), ``low`` (-100).
+- ``exempt``: ``true``/``false``, ``yes``/``no``, ``on``/``off``, ``1``/``0``, any case.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from gpuagent.snapshot import PodUse, PolicyProblem, Workload
+
+ANNOTATION_PREFIX = "gpuagent.io/"
+ANNOTATION_SHARE = "gpuagent.io/gpu-share"
+ANNOTATION_MEMORY = "gpuagent.io/gpu-memory"
+ANNOTATION_PRIORITY = "gpuagent.io/priority"
+ANNOTATION_EXEMPT = "gpuagent.io/exempt"
+ANNOTATIONS = (ANNOTATION_SHARE, ANNOTATION_MEMORY, ANNOTATION_PRIORITY, ANNOTATION_EXEMPT)
+
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+PRIORITY_WORDS = {"high": 100, "normal": 0, "low": -100}
+MEMORY_MAX_BYTES = 2**63 - 1  # a Kubernetes quantity's int64
+
+# The kinds a Workload has (snapshot.Workload); a match_kind outside these, and no glob, is a typo.
+WORKLOAD_KINDS = (
+    "pod", "systemd_service", "user_session", "docker", "podman", "slurm_job", "host", "unknown",
+)
+
+SOURCES = ("annotation", "config", "default")
+
+_MAX_TEXT = 64  # longer values are refused before any arithmetic
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+_NUMBER = r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+"
+_SHARE_RE = re.compile(rf"({_NUMBER})(%?)", re.ASCII)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY_RE = re.compile(
+    rf"([+-]?)({_NUMBER})(?:(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)|[eE]([+-]?[0-9]+))?", re.ASCII
+)
+_NUMBER_AND_UNIT_RE = re.compile(rf"[+-]?(?:{_NUMBER})\s*([A-Za-z]+)", re.ASCII)
+_EXPONENT_AND_UNIT_RE = re.compile(rf"[+-]?(?:{_NUMBER})[eE][+-]?[0-9]+\s*[A-Za-z]+", re.ASCII)
+_INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_MEMORY_EXPECTED = "a Kubernetes memory quantity like 8Gi, 512Mi, 8G or plain bytes"
+
+
+class PolicyValueError(ValueError):
+    """A value that is not a valid limit: ``message`` says what was expected and what came.
+
+    ``key_path`` names where it was (``policies[2].gpu_share``) for config errors, "" for a bare value.
+    """
+
+    def __init__(self, message: str, key_path: str = "") -> None:
+        super().__init__(message, key_path)
+        self.message = message
+        self.key_path = key_path
+
+    def __str__(self) -> str:
+        return f"{self.key_path}: {self.message}" if self.key_path else self.message
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a workload may use; ``None``: no limit. ``source``: the highest-precedence origin of any field."""
+
+    share_ratio: float | None  # share of a GPU's SM time, (0, 1]
+    memory_bytes: int | None  # > 0
+    priority: int = 0
+    exempt: bool = False
+    source: str = "default"  # "annotation" | "config" | "default"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDefaults:
+    """The node's limits for workloads that no annotation or rule gives one."""
+
+    share_ratio: float | None = None
+    memory_bytes: int | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if self.share_ratio is not None and not 0 < self.share_ratio <= 1:
+            raise PolicyValueError(
+                f"expected a share ratio in (0, 1], got {self.share_ratio!r}", "share_ratio"
+            )
+        if self.memory_bytes is not None and not 0 < self.memory_bytes <= MEMORY_MAX_BYTES:
+            raise PolicyValueError(f"expected a byte count > 0, got {self.memory_bytes!r}", "memory_bytes")
+        if not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+            raise PolicyValueError(
+                f"expected a priority from {PRIORITY_MIN} to {PRIORITY_MAX}, got {self.priority!r}",
+                "priority",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRule:
+    """One item of the config's ``policies``: selectors (every one set must match) and the limits it sets."""
+
+    match_namespace: str | None = None  # glob on the namespace
+    match_pod: str | None = None  # glob on the pod name (only pods match)
+    match_kind: str | None = None  # glob on the workload kind, e.g. "systemd_service"
+    match_name: str | None = None  # glob on the workload name (unit, container, job; a pod's name)
+    match_cgroup: str | None = None  # glob on the workload's cgroup path (pods from the snapshot carry none)
+    share_ratio: float | None = None
+    memory_bytes: int | None = None
+    priority: int | None = None
+    exempt: bool | None = None
+
+
+def node_defaults(
+    gpu_share_percent: float | None = None, gpu_memory: str | None = None, priority: int = 0
+) -> NodeDefaults:
+    """``NodeDefaults`` from the config's ``default_gpu_share`` (percent) and ``default_gpu_memory``."""
+    share = None
+    if gpu_share_percent is not None:
+        share = _share_from_number(gpu_share_percent, str(gpu_share_percent))
+    memory = None if gpu_memory is None else parse_memory(gpu_memory)
+    return NodeDefaults(share_ratio=share, memory_bytes=memory, priority=priority)
+
+
+# --- value parsers ------------------------------------------------------------------------------------------
+
+
+def _shown(value: object) -> str:
+    """A value as messages quote it, cut short when long."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > _MAX_TEXT:
+        text = text[: _MAX_TEXT - 3] + "..."
+    return repr(text)
+
+
+def _share_from_number(number: float | Fraction, shown: str, *, percent_sign: bool = False) -> float:
+    if not (isinstance(number, Fraction) or math.isfinite(number)) or not 0 < number <= 100:
+        raise PolicyValueError(f"expected a percent in (0, 100] like 30 or 30%, got {_shown(shown)}")
+    if number < 1 and not percent_sign:
+        raise PolicyValueError(
+            f"ambiguous share {_shown(shown)}: it reads as {shown} percent; write {_percent_text(number)} "
+            f"for {_percent_text(number)} percent of the GPU, or {shown}% for less than one percent"
+        )
+    return float(Fraction(number) / 100)
+
+
+def _percent_text(fraction_of_one: float | Fraction) -> str:
+    return f"{float(fraction_of_one) * 100:g}"
+
+
+def parse_share(value: str) -> float:
+    """A GPU share: "30" or "30%" (percent of a GPU's SM time, in (0, 100]) as a ratio, 0.30."""
+    text = value.strip() if isinstance(value, str) else value
+    match = _SHARE_RE.fullmatch(text) if isinstance(text, str) and len(text) <= _MAX_TEXT else None
+    if match is None:
+        raise PolicyValueError(f"expected a percent in (0, 100] like 30 or 30%, got {_shown(value)}")
+    return _share_from_number(Fraction(match[1]), text, percent_sign=bool(match[2]))
+
+
+def parse_memory(value: str) -> int:
+    """A Kubernetes memory quantity ("8Gi", "512Mi", "8G", "1.5Gi", "8589934592") in bytes, > 0."""
+    text = value.strip() if isinstance(value, str) else value
+    if not isinstance(text, str) or len(text) > _MAX_TEXT:
+        raise PolicyValueError(f"expected {_MEMORY_EXPECTED}, got {_shown(value)}")
+    match = _QUANTITY_RE.fullmatch(text)
+    if match is None:
+        raise PolicyValueError(f"expected {_MEMORY_EXPECTED}, got {_shown(value)}{_unit_hint(text)}")
+    sign, number, suffix, exponent = match.groups()
+    amount = Fraction(number)
+    if sign == "-" or amount == 0:
+        raise PolicyValueError(f"expected a memory size > 0, got {_shown(value)}")
+    if suffix:
+        amount *= _BINARY.get(suffix) or _DECIMAL[suffix]
+    elif exponent is not None:
+        # |power| <= 200 leaves every 64-character number far outside [1, int64] beyond it: no huge powers
+        power = max(-200, min(200, int(exponent)))
+        amount *= Fraction(10) ** power
+    if amount < 1:
+        raise PolicyValueError(f"expected a memory size of at least one byte, got {_shown(value)}")
+    size = math.ceil(amount)
+    if size > MEMORY_MAX_BYTES:
+        raise PolicyValueError(f"expected at most {MEMORY_MAX_BYTES} bytes, got {_shown(value)}")
+    return size
+
+
+def _unit_hint(text: str) -> str:
+    """Why a number with a unit is not a quantity, when the unit is a near miss of a Kubernetes suffix."""
+    if _EXPONENT_AND_UNIT_RE.fullmatch(text):
+        return " (as in Kubernetes, an exponent takes no suffix: write 1000Gi, not 1e3Gi)"
+    match = _NUMBER_AND_UNIT_RE.fullmatch(text)
+    if match is None:
+        return ""
+    unit = match[1]
+    head = text[: match.start(1)].rstrip()
+    if unit == "m":
+        return f" ('m' is milli, thousandths of a byte: did you mean {head}Mi or {head}M?)"
+    bare = unit[:-1] if len(unit) > 1 and unit[-1] in "bB" else unit  # GB, GiB, gb
+    for binary in _BINARY:
+        if bare.lower() == binary.lower():
+            return f" (did you mean {head}{binary}? suffixes are case-sensitive)"
+    for decimal in _DECIMAL:
+        if bare.lower() == decimal.lower():
+            binary = decimal.upper() + "i" if decimal != "k" else "Ki"
+            return f" (did you mean {head}{decimal} or {head}{binary}? suffixes are case-sensitive)"
+    return ""
+
+
+def parse_priority(value: str) -> int:
+    """A priority: an integer from -1000 to 1000, or high (100), normal (0), low (-100)."""
+    expected = f"expected an integer from {PRIORITY_MIN} to {PRIORITY_MAX} or high, normal, low"
+    text = value.strip() if isinstance(value, str) else value
+    if not isinstance(text, str) or len(text) > _MAX_TEXT:
+        raise PolicyValueError(f"{expected}, got {_shown(value)}")
+    if text.lower() in PRIORITY_WORDS:
+        return PRIORITY_WORDS[text.lower()]
+    if not _INT_RE.fullmatch(text) or not PRIORITY_MIN <= int(text) <= PRIORITY_MAX:
+        raise PolicyValueError(f"{expected}, got {_shown(value)}")
+    return int(text)
+
+
+def parse_bool(value: str) -> bool:
+    """true/false, yes/no, on/off, 1/0, in any case."""
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text not in _TRUE + _FALSE:
+        raise PolicyValueError(f"expected true or false (also yes/no, 1/0), got {_shown(value)}")
+    return text in _TRUE
+
+
+# --- the config's rules -------------------------------------------------------------------------------------
+
+_MATCH_KEYS = ("match_namespace", "match_pod", "match_kind", "match_name", "match_cgroup")
+_LIMIT_KEYS = ("gpu_share", "gpu_memory", "priority", "exempt")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _rule_share(value: object) -> float:
+    if _is_number(value):
+        return _share_from_number(value, str(value))  # type: ignore[arg-type]
+    if isinstance(value, str):
+        return parse_share(value)
+    raise PolicyValueError(f"expected a percent in (0, 100] like 30 or 30%, got {_shown(value)}")
+
+
+def _rule_memory(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 < value <= MEMORY_MAX_BYTES:
+            raise PolicyValueError(f"expected a memory size > 0 and <= {MEMORY_MAX_BYTES}, got {value}")
+        return value
+    if isinstance(value, str):
+        return parse_memory(value)
+    raise PolicyValueError(f"expected {_MEMORY_EXPECTED}, got {_shown(value)}")
+
+
+def _rule_priority(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return parse_priority(str(value))
+    if isinstance(value, str):
+        return parse_priority(value)
+    return parse_priority(repr(value))  # raises, naming what came
+
+
+def _rule_exempt(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return parse_bool(str(value))
+    if isinstance(value, str):
+        return parse_bool(value)
+    return parse_bool(repr(value))  # raises, naming what came
+
+
+def _rule_glob(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise PolicyValueError(f"expected a non-empty string (a glob; quote it in YAML), got {_shown(value)}")
+    if key == "match_kind" and not any(c in value for c in "*?[") and value not in WORKLOAD_KINDS:
+        hint = difflib.get_close_matches(value, WORKLOAD_KINDS, n=1)
+        known = f"did you mean {hint[0]}?" if hint else "one of " + ", ".join(WORKLOAD_KINDS)
+        raise PolicyValueError(f"unknown workload kind {_shown(value)}: {known}")
+    return value
+
+
+_RULE_FIELDS: dict[str, tuple[str, Callable[[object], Any]]] = {
+    "gpu_share": ("share_ratio", _rule_share),
+    "gpu_memory": ("memory_bytes", _rule_memory),
+    "priority": ("priority", _rule_priority),
+    "exempt": ("exempt", _rule_exempt),
+}
+
+
+def parse_rules(raw: object) -> tuple[PolicyRule, ...]:
+    """The config's ``policies`` list as rules, in order; a bad item raises naming ``policies[i].key``.
+
+    Each item is a mapping of ``match_*`` selectors (at least one) and the limits it sets (at least one):
+    ``gpu_share`` (percent, a number or "30%"), ``gpu_memory`` (bytes or a quantity), ``priority``,
+    ``exempt``. A catch-all is spelled out, e.g. ``match_kind: "*"``.
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)):
+        raise PolicyValueError(f"expected a list of rules, got {type(raw).__name__}", "policies")
+    rules = []
+    for index, item in enumerate(raw):
+        where = f"policies[{index}]"
+        if not isinstance(item, Mapping):
+            raise PolicyValueError(
+                f"expected a mapping of match_* keys and limits, got {type(item).__name__}", where
+            )
+        fields: dict[str, Any] = {}
+        for key, value in item.items():
+            if key in _MATCH_KEYS:
+                try:
+                    fields[key] = _rule_glob(key, value)
+                except PolicyValueError as error:
+                    raise PolicyValueError(error.message, f"{where}.{key}") from None
+            elif key in _RULE_FIELDS:
+                name, parse = _RULE_FIELDS[key]
+                try:
+                    fields[name] = parse(value)
+                except PolicyValueError as error:
+                    raise PolicyValueError(error.message, f"{where}.{key}") from None
+            else:
+                keys = _MATCH_KEYS + _LIMIT_KEYS
+                hint = difflib.get_close_matches(str(key).replace("-", "_"), keys, n=1)
+                known = f"did you mean {hint[0]}?" if hint else "known: " + ", ".join(keys)
+                raise PolicyValueError(f"unknown key; {known}", f"{where}.{key}")
+        if not any(key in fields for key in _MATCH_KEYS):
+            raise PolicyValueError(
+                "expected at least one of " + ", ".join(_MATCH_KEYS) + ' (a catch-all says match_kind: "*")',
+                where,
+            )
+        if not any(name in fields for name, _ in _RULE_FIELDS.values()):
+            raise PolicyValueError("expected at least one limit: " + ", ".join(_LIMIT_KEYS), where)
+        rules.append(PolicyRule(**fields))
+    return tuple(rules)
+
+
+def _glob(pattern: str | None, value: str | None) -> bool:
+    return pattern is None or (value is not None and fnmatch.fnmatchcase(value, pattern))
+
+
+def _matches(
+    rule: PolicyRule, *, kind: str, name: str, namespace: str | None, pod: str | None, cgroups: Sequence[str]
+) -> bool:
+    return (
+        _glob(rule.match_namespace, namespace)
+        and _glob(rule.match_pod, pod)
+        and _glob(rule.match_kind, kind)
+        and _glob(rule.match_name, name)
+        and (rule.match_cgroup is None or any(fnmatch.fnmatchcase(c, rule.match_cgroup) for c in cgroups))
+    )
+
+
+# --- resolution ---------------------------------------------------------------------------------------------
+
+_FIELDS = ("share_ratio", "memory_bytes", "priority", "exempt")
+_ANNOTATION_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    ANNOTATION_SHARE: ("share_ratio", parse_share),
+    ANNOTATION_MEMORY: ("memory_bytes", parse_memory),
+    ANNOTATION_PRIORITY: ("priority", parse_priority),
+    ANNOTATION_EXEMPT: ("exempt", parse_bool),
+}
+
+
+def _resolve(
+    annotated: Mapping[str, Any], matching: Sequence[tuple[int, PolicyRule]], defaults: NodeDefaults
+) -> tuple[Limits, dict[str, str]]:
+    """The limits, and where each field not annotated came from: "policies[i]" or "the node default"."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    sources: set[str] = set()
+    for name in _FIELDS:
+        if name in annotated:
+            values[name] = annotated[name]
+            sources.add("annotation")
+            continue
+        for index, rule in matching:
+            if getattr(rule, name) is not None:
+                values[name] = getattr(rule, name)
+                origin[name] = f"policies[{index}]"
+                sources.add("config")
+                break
+        else:
+            values[name] = getattr(defaults, name, False)  # NodeDefaults has no exempt: False
+            origin[name] = "the node default"
+    source = next((s for s in SOURCES if s in sources), "default")
+    return Limits(**values, source=source), origin
+
+
+def _describe(name: str, value: Any) -> str:
+    if value is None:
+        return "no limit"
+    if name == "share_ratio":
+        return f"{value * 100:g}%"
+    if name == "memory_bytes":
+        return f"{value} bytes"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def limits_for_pod(
+    pod: PodUse, defaults: NodeDefaults, rules: Sequence[PolicyRule] = ()
+) -> tuple[Limits, tuple[PolicyProblem, ...]]:
+    """A pod's limits and the problems with its annotations (each bad field falls back to rule or default).
+
+    Annotations outside ``gpuagent.io/`` are not ours and are ignored. Rules see the pod as kind "pod"
+    with its name as both ``match_pod`` and ``match_name``; a ``match_cgroup`` rule never matches a
+    ``PodUse`` (it carries no cgroup: match its processes' workloads with ``limits_for_workload``).
+    Problems come sorted by annotation key.
+    """
+    annotated: dict[str, Any] = {}
+    failed: list[tuple[str, str, str, str]] = []  # (key, value, message, field)
+    unknown: list[tuple[str, str]] = []
+    for key, value in sorted(pod.annotations.items()):
+        if not key.startswith(ANNOTATION_PREFIX):
+            continue
+        known = _ANNOTATION_FIELDS.get(key)
+        if known is None:
+            unknown.append((key, value))
+            continue
+        name, parse = known
+        try:
+            annotated[name] = parse(value)
+        except PolicyValueError as error:
+            failed.append((key, value, error.message, name))
+    matching = [
+        (i, rule)
+        for i, rule in enumerate(rules)
+        if _matches(rule, kind="pod", name=pod.name, namespace=pod.namespace, pod=pod.name, cgroups=())
+    ]
+    limits, origin = _resolve(annotated, matching, defaults)
+    problems = [
+        PolicyProblem(
+            pod=pod.name, namespace=pod.namespace, annotation=key, value=value,
+            message=f"{message}; using {origin[name]} instead ({_describe(name, getattr(limits, name))})",
+        )
+        for key, value, message, name in failed
+    ]
+    for key, value in unknown:
+        problems.append(
+            PolicyProblem(pod=pod.name, namespace=pod.namespace, annotation=key, value=value,
+                          message=_unknown_annotation(key))
+        )
+    problems.sort(key=lambda p: p.annotation)
+    return limits, tuple(problems)
+
+
+def _unknown_annotation(key: str) -> str:
+    suffix = key[len(ANNOTATION_PREFIX):].lower().replace("_", "-")
+    names = [a[len(ANNOTATION_PREFIX):] for a in ANNOTATIONS]
+    hint = difflib.get_close_matches(suffix, names, n=1, cutoff=0.6)
+    if hint:
+        return f"unknown annotation, ignored: did you mean {ANNOTATION_PREFIX}{hint[0]}?"
+    return "unknown annotation, ignored: known are " + ", ".join(ANNOTATIONS)
+
+
+def limits_for_workload(
+    workload: Workload, defaults: NodeDefaults, rules: Sequence[PolicyRule] = ()
+) -> Limits:
+    """A workload's limits from the rules and node defaults (no annotations: that is ``limits_for_pod``).
+
+    ``match_pod`` matches only workloads of kind "pod" (on their name); ``match_cgroup`` matches any of the
+    workload's cgroup paths (``cgroup``, ``cgroup_v2``, ``cgroup_freezer``).
+    """
+    cgroups = [c for c in (workload.cgroup, workload.cgroup_v2, workload.cgroup_freezer) if c]
+    matching = [
+        (i, rule)
+        for i, rule in enumerate(rules)
+        if _matches(
+            rule, kind=workload.kind, name=workload.name, namespace=workload.namespace,
+            pod=workload.name if workload.kind == "pod" else None, cgroups=cgroups,
+        )
+    ]
+    limits, _ = _resolve({}, matching, defaults)
+    return limits
