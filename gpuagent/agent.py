@@ -15,13 +15,20 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.api.app import build_app
-from gpuagent.config import Config
+from gpuagent.config import Config, ConfigError
 from gpuagent.devices.loader import load_nvml
 from gpuagent.devices.poller import DevicePoller
 from gpuagent.devices.procnames import ProcessNames
+from gpuagent.enforce.actions import Actions, EvictionClient
+from gpuagent.enforce.enforcer import Enforcer
+from gpuagent.enforce.journal import Journal
+from gpuagent.enforce.memory import LadderSettings, MemoryLadder
+from gpuagent.enforce.policy import PolicyValueError, node_defaults, parse_rules
+from gpuagent.enforce.timeslice import DutyCycler, ShareController
 from gpuagent.export import build_registry
 from gpuagent.pods.cgroup import CgroupReader
 from gpuagent.pods.podresources import PodResourcesClient
@@ -29,7 +36,7 @@ from gpuagent.pods.source import PodsSource
 
 if TYPE_CHECKING:
     from gpuagent.pods.metadata import PodMetadata
-from gpuagent.snapshot import NodeSnapshot, PodUse, PollHistogram, SourceStatus
+from gpuagent.snapshot import EnforcementState, NodeSnapshot, PodUse, PollHistogram, SourceStatus
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +96,13 @@ class Agent:
             monotonic=monotonic,
         )
         self.pods = pods_source(config)
+        self.enforcer = build_enforcer(config)
         self.latest: NodeSnapshot | None = None
         self._durations = PollDurations()
         self._polls = 0
         self._poll_failure = ""
         self._pods_failure = ""
+        self._enforce_failure = ""
         self.registry = build_registry(lambda: self.latest, clock=clock, xid_window_seconds=config.xid_window)
 
     async def poll_once(self) -> NodeSnapshot:
@@ -148,8 +157,24 @@ class Agent:
             poll_histogram=self._durations.frozen(),
             poll_interval_seconds=self.config.poll_interval,
         )
+        if self.enforcer is not None:
+            snapshot = replace(snapshot, enforcement=self._enforce(snapshot))
         self.latest = snapshot
         return snapshot
+
+    def _enforce(self, snapshot: NodeSnapshot) -> EnforcementState | None:
+        """The enforcer's decisions on this poll's snapshot; its failure costs enforcement, not the poll."""
+        assert self.enforcer is not None
+        try:
+            state = self.enforcer.update(snapshot)
+        except Exception as exc:
+            if repr(exc) != self._enforce_failure:
+                log.exception("enforcement failed; thawing everything until it works again")
+                self._enforce_failure = repr(exc)
+            self.enforcer.shutdown()
+            return None
+        self._enforce_failure = ""
+        return state
 
     async def poll_forever(self) -> None:
         """Poll at a fixed rate; a poll that overruns skips the ticks it missed instead of bunching up."""
@@ -167,6 +192,10 @@ class Agent:
         """Run the poller and the HTTP server until ``stop`` is set or one of them fails."""
         from aiohttp import web
 
+        recovered = recover_frozen(self.config)
+        if recovered:
+            log.warning("thawed %d cgroups a previous run left frozen (from %s)", recovered,
+                        self.config.journal_path)
         app = build_app(lambda: self.latest, self.registry, clock=self._clock)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -182,12 +211,18 @@ class Agent:
             ]
             if self.pods.metadata is not None:
                 tasks.append(asyncio.create_task(self.pods.metadata.run(), name="pod-metadata"))
+            if self.enforcer is not None:
+                tasks.append(asyncio.create_task(self.enforcer.run(), name="duty-cycle"))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task.get_name() != "stop" and not task.cancelled() and task.exception() is not None:
                     log.error("task %s failed; stopping", task.get_name(), exc_info=task.exception())
                     raise task.exception()  # type: ignore[misc]
         finally:
+            if self.enforcer is not None:  # thaw first, before anything else can fail
+                thawed = self.enforcer.shutdown()
+                if thawed:
+                    log.info("thawed %d cgroups on the way out", thawed)
             for task in tasks:  # only our own tasks, never every task of the loop
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -195,6 +230,45 @@ class Agent:
             await self.devices.close()
             await self.pods.close()
             log.info("stopped")
+
+
+def build_enforcer(config: Config) -> Enforcer | None:
+    """The enforcer for ``mode: audit|enforce``; None when off. Bad policies are config errors."""
+    if config.mode == "off":
+        return None
+    source = config.config_file or "config"
+    try:
+        rules = parse_rules(list(config.policies))
+        defaults = node_defaults(config.default_gpu_share, config.default_gpu_memory)
+    except PolicyValueError as exc:
+        raise ConfigError(exc.key_path or "policies", exc.message, source) from exc
+    eviction = EvictionClient(kubeconfig_path=config.kubeconfig) if config.memory_action == "evict" else None
+    actions = Actions(
+        mode=config.mode, journal=Journal(config.journal_path), cgroup_root=config.cgroup_root,
+        allowed_outside_kubepods=config.freezable_outside_kubepods, protected_pids=(os.getpid(),),
+        eviction_client=eviction,
+    )
+    cycler = DutyCycler(lambda target: actions.freeze(target, reason="over its GPU share"), actions.thaw,
+                        period=config.share_period)
+    ladder = MemoryLadder(LadderSettings(action=config.memory_action, term_after=config.memory_term_after,
+                                         kill_grace=config.memory_kill_grace))
+    log.warning("enforcement is %s: %s", config.mode.upper(),
+                "decisions are exported, nothing is frozen or signalled" if config.mode == "audit"
+                else "over-share pods are frozen in duty cycles, over-memory pods signalled")
+    return Enforcer(
+        mode=config.mode, actions=actions, ladder=ladder, defaults=defaults, rules=rules, cycler=cycler,
+        controller=lambda: ShareController(work_conserving=config.work_conserving),
+    )
+
+
+def recover_frozen(config: Config) -> int:
+    """Thaw what a previous run's journal names (it crashed or was killed while throttling), whatever the
+    mode now: undoing our own freezes is never enforcement."""
+    if not config.journal_path or not os.path.exists(config.journal_path):
+        return 0
+    actions = Actions(mode="off", journal=Journal(config.journal_path), cgroup_root=config.cgroup_root,
+                      allowed_outside_kubepods=config.freezable_outside_kubepods)
+    return actions.recover()
 
 
 def pods_source(config: Config) -> PodsSource:

@@ -1,0 +1,235 @@
+"""The enforcer: turns each snapshot into share and memory decisions, and hands them to the actions gate.
+
+Each poll, per workload (a pod, or a workload a config rule names): its limits (annotations > config rules >
+node defaults), its measured SM use per GPU and its GPU memory. One :class:`ShareController` per GPU decides
+frozen fractions; the :class:`DutyCycler` applies them between polls (enforce mode only); the
+:class:`MemoryLadder` decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit
+mode only counts, every step. MIG instances are hard isolation already: no shares there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpuagent.enforce.actions import Actions, FreezeTarget
+from gpuagent.enforce.memory import MemoryLadder
+from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
+from gpuagent.enforce.timeslice import DutyCycler, ShareController, Tenant
+from gpuagent.snapshot import (
+    EnforcementState,
+    NodeSnapshot,
+    PodUse,
+    PolicyProblem,
+    ShareState,
+    Workload,
+)
+
+log = logging.getLogger(__name__)
+
+
+def owner_key(workload: Workload) -> str:
+    """One key per thing limits apply to: ``ns/pod`` for a pod, ``kind:name`` otherwise."""
+    if workload.kind == "pod":
+        return f"{workload.namespace}/{workload.name}" if workload.namespace else workload.name
+    return f"{workload.kind}:{workload.name}"
+
+
+@dataclass(slots=True)
+class _Owner:
+    """A workload's figures in one snapshot."""
+
+    namespace: str | None
+    name: str
+    limits: Limits
+    util_by_gpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    memory_bytes: int = 0
+    pids: list[int] = field(default_factory=list)
+    targets: set[FreezeTarget] = field(default_factory=set)
+
+
+class Enforcer:
+    def __init__(
+        self,
+        *,
+        mode: str,
+        actions: Actions,
+        ladder: MemoryLadder,
+        defaults: NodeDefaults | None = None,
+        rules: Sequence[PolicyRule] = (),
+        cycler: DutyCycler | None = None,
+        controller: Callable[[], ShareController] = ShareController,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mode = mode
+        self.actions = actions
+        self._ladder = ladder
+        self._defaults = defaults or NodeDefaults()
+        self._rules = tuple(rules)
+        self._cycler = cycler if mode == "enforce" else None
+        self._new_controller = controller
+        self._controllers: dict[str, ShareController] = {}
+        self._clock = clock
+        self._throttling: set[str] = set()
+        self._targets: dict[str, set[FreezeTarget]] = {}  # what the duty cycle holds per workload
+        self._seen: set[str] = set()
+        self._reported: set[tuple[str, str, str]] = set()  # policy problems logged once each
+        self._pending: set[asyncio.Task[object]] = set()
+
+    async def run(self) -> None:
+        """The duty cycle, between polls (enforce mode); returns at once otherwise."""
+        if self._cycler is not None:
+            await self._cycler.run()
+
+    def shutdown(self) -> int:
+        """Thaw everything now: on SIGTERM/SIGINT and before any other cleanup."""
+        if self._cycler is not None:
+            self._cycler.stop_all()
+        for task in self._pending:
+            task.cancel()
+        return self.actions.thaw_all()
+
+    def update(self, snapshot: NodeSnapshot) -> EnforcementState:
+        owners, problems = self._owners(snapshot)
+        shares = self._shares(snapshot, owners)
+        self._memory(owners)
+        return EnforcementState(
+            mode=self.mode,
+            shares=shares,
+            memory=self._ladder.states(),
+            actions_total=dict(self.actions.counts()),
+            problems=problems,
+            frozen_cgroups=len(self.actions.frozen),
+        )
+
+    # -- who, with which limits --------------------------------------------------------------------
+
+    def _owners(self, snapshot: NodeSnapshot) -> tuple[dict[str, _Owner], tuple[PolicyProblem, ...]]:
+        pods = {(p.namespace, p.name): p for p in snapshot.pods}
+        owners: dict[str, _Owner] = {}
+        problems: list[PolicyProblem] = []
+        for gpu in snapshot.gpus:
+            for process in gpu.processes:
+                w = process.workload
+                if w is None:
+                    continue
+                key = owner_key(w)
+                owner = owners.get(key)
+                if owner is None:
+                    limits, found = self._limits(w, pods.get((w.namespace, w.name)))
+                    problems.extend(found)
+                    owner = owners[key] = _Owner(w.namespace, w.name, limits)
+                if process.sm_util_percent is not None and not gpu.info.mig_enabled:
+                    owner.util_by_gpu[gpu.info.uuid] += process.sm_util_percent / 100
+                owner.memory_bytes += process.used_memory_bytes or 0
+                owner.pids.append(process.pid)
+                target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
+                if target is not None:
+                    owner.targets.add(target)
+        return owners, tuple(problems)
+
+    def _limits(self, workload: Workload, pod: PodUse | None) -> tuple[Limits, tuple[PolicyProblem, ...]]:
+        if workload.kind != "pod":
+            return limits_for_workload(workload, self._defaults, self._rules), ()
+        if pod is None:  # a pod only known from its cgroup: no annotations to read
+            pod = PodUse(name=workload.name, namespace=workload.namespace, uid=workload.pod_uid)
+        limits, problems = limits_for_pod(pod, self._defaults, self._rules)
+        for problem in problems:
+            seen = (f"{problem.namespace}/{problem.pod}", problem.annotation, problem.value)
+            if seen not in self._reported:
+                self._reported.add(seen)
+                log.warning("pod %s: annotation %s=%r: %s", seen[0], problem.annotation, problem.value,
+                            problem.message)
+        return limits, problems
+
+    # -- time-slice shares -------------------------------------------------------------------------
+
+    def _shares(self, snapshot: NodeSnapshot, owners: dict[str, _Owner]) -> tuple[ShareState, ...]:
+        now = self._clock()
+        fractions: dict[str, float] = defaultdict(float)
+        decided: list[tuple[str, str, int, float]] = []
+        for gpu in snapshot.gpus:
+            uuid = gpu.info.uuid
+            tenants = [
+                Tenant(key=key, util_ratio=o.util_by_gpu[uuid], share_ratio=o.limits.share_ratio,
+                       priority=o.limits.priority)
+                for key, o in owners.items()
+                if uuid in o.util_by_gpu and not o.limits.exempt
+            ]
+            controller = self._controllers.get(uuid)
+            if not tenants:
+                if controller is not None:
+                    del self._controllers[uuid]
+                continue
+            if controller is None:
+                controller = self._controllers[uuid] = self._new_controller()
+            result = controller.update(now, tenants)
+            for tenant in tenants:
+                fraction = result.get(tenant.key, 0.0)
+                fractions[tenant.key] = max(fractions[tenant.key], fraction)
+                decided.append((tenant.key, uuid, gpu.info.index, fraction))
+        if self._cycler is not None:
+            for key in self._throttling - {k for k, f in fractions.items() if f > 0}:
+                self._release(key)
+            for key, fraction in fractions.items():
+                if fraction > 0:
+                    targets = sorted(owners[key].targets, key=str)
+                    for gone in self._targets.get(key, set()) - set(targets):
+                        self.actions.release(gone)
+                    self._cycler.set(key, targets, fraction)
+                    self._targets[key] = set(targets)
+            self._throttling = {k for k, f in fractions.items() if f > 0}
+            for key in self._seen - owners.keys():  # workloads that left: drop their counters too
+                self._cycler.forget(key)
+        self._seen = set(owners)
+        states = []
+        for key, uuid, index, fraction in decided:
+            owner = owners[key]
+            states.append(ShareState(
+                pod=owner.name, namespace=owner.namespace, gpu_uuid=uuid, gpu_index=index,
+                limit_ratio=owner.limits.share_ratio,
+                achieved_ratio=self._controllers[uuid].achieved(key),
+                frozen_ratio=fraction,
+                throttled_seconds_total=self._cycler.throttled_seconds(key) if self._cycler else 0.0,
+                priority=owner.limits.priority,
+            ))
+        return tuple(states)
+
+    def _release(self, key: str) -> None:
+        """Stop throttling a workload: thaw its cgroups now and take them off the journal."""
+        if self._cycler is not None:
+            self._cycler.set(key, (), 0.0)
+        for target in self._targets.pop(key, set()):
+            self.actions.release(target)
+        self._throttling.discard(key)
+
+    # -- memory limits -----------------------------------------------------------------------------
+
+    def _memory(self, owners: dict[str, _Owner]) -> None:
+        # The ladder keys pods as "ns/name"; a non-pod workload goes in under its owner key ("kind:name"),
+        # so two workloads of different kinds with one name stay apart.
+        items = [
+            (o.name if o.namespace else key, o.namespace, None if o.limits.exempt else o.limits.memory_bytes,
+             o.memory_bytes, tuple(o.pids))
+            for key, o in owners.items()
+        ]
+        for step in self._ladder.update(items):
+            owner = owners.get(step.pod_key)
+            if step.kind == "warn":
+                log.warning("GPU memory limit exceeded: %s (%s)", step.pod_key, step.reason)
+            elif step.kind in ("term", "kill"):
+                # A frozen process cannot run its SIGTERM handler (v2), nor die of SIGKILL (v1): thaw first.
+                self._release(step.pod_key)
+                sig = signal.SIGTERM if step.kind == "term" else signal.SIGKILL
+                for pid in step.pids:
+                    self.actions.signal(pid, sig, reason=step.reason)
+            elif step.kind == "evict" and owner is not None and owner.namespace:
+                eviction = self.actions.evict(owner.namespace, owner.name, reason=step.reason)
+                task = asyncio.ensure_future(eviction)
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
