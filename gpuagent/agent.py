@@ -40,6 +40,7 @@ from gpuagent.snapshot import EnforcementState, NodeSnapshot, PodUse, PollHistog
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_STEP_SECONDS = 10
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -211,13 +212,16 @@ class Agent:
             ]
             if self.pods.metadata is not None:
                 tasks.append(asyncio.create_task(self.pods.metadata.run(), name="pod-metadata"))
-            if self.enforcer is not None:
+            if self.enforcer is not None and self.enforcer.cycling:
                 tasks.append(asyncio.create_task(self.enforcer.run(), name="duty-cycle"))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task.get_name() != "stop" and not task.cancelled() and task.exception() is not None:
+                if task.get_name() == "stop" or task.cancelled():
+                    continue
+                if task.exception() is not None:
                     log.error("task %s failed; stopping", task.get_name(), exc_info=task.exception())
                     raise task.exception()  # type: ignore[misc]
+                log.error("task %s ended on its own; stopping", task.get_name())
         finally:
             if self.enforcer is not None:  # thaw first, before anything else can fail
                 thawed = self.enforcer.shutdown()
@@ -225,10 +229,16 @@ class Agent:
                     log.info("thawed %d cgroups on the way out", thawed)
             for task in tasks:  # only our own tasks, never every task of the loop
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await runner.cleanup()
-            await self.devices.close()
-            await self.pods.close()
+            for step, work in (
+                ("tasks", asyncio.gather(*tasks, return_exceptions=True)),
+                ("http", runner.cleanup()),
+                ("nvml", self.devices.close()),
+                ("pods", self.pods.close()),
+            ):
+                try:  # a stuck step must not hold the exit (everything was thawed above)
+                    await asyncio.wait_for(work, SHUTDOWN_STEP_SECONDS)
+                except (TimeoutError, asyncio.TimeoutError):
+                    log.error("shutdown: %s did not finish in %ds; leaving it", step, SHUTDOWN_STEP_SECONDS)
             log.info("stopped")
 
 

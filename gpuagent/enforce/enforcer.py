@@ -81,6 +81,11 @@ class Enforcer:
         self._reported: set[tuple[str, str, str]] = set()  # policy problems logged once each
         self._pending: set[asyncio.Task[object]] = set()
 
+    @property
+    def cycling(self) -> bool:
+        """Whether there is a duty cycle to run (enforce mode)."""
+        return self._cycler is not None
+
     async def run(self) -> None:
         """The duty cycle, between polls (enforce mode); returns at once otherwise."""
         if self._cycler is not None:
