@@ -2,9 +2,8 @@
 
 - Kubernetes manifests are validated offline against the Kubernetes OpenAPI schemas with
   ``kubernetes-validate`` (strict: an unknown field is an error) for the oldest and newest versions we
-  support; the two that are not API server objects of core Kubernetes (the Prometheus Operator's
-  ServiceMonitor, kube-scheduler's KubeSchedulerConfiguration) and the Kustomization are checked with
-  our own minimal JSON schemas. Then the cross-references no schema sees: names, labels, ports, probe
+  support; the Prometheus Operator's ServiceMonitor (not core Kubernetes) and the Kustomization are
+  checked with our own minimal JSON schemas. Then the cross-references no schema sees: names, labels, ports, probe
   paths, env names and values against ``gpuagent.config``, RBAC verbs, mounts against the config keys.
 - The systemd unit is checked with ``systemd-analyze verify`` (on a temporary copy whose ExecStart
   names this venv's ``gpuagent``: verify requires the binary to exist) and ``systemd-analyze security``,
@@ -41,7 +40,6 @@ DEPLOY = ROOT / "deploy"
 UNIT = ROOT / "systemd" / "gpuagent.service"
 ENV_FILE = ROOT / "systemd" / "gpuagent.env"
 DOCKERFILE = ROOT / "Dockerfile"
-SCHEDULER_FIXTURE = ROOT.parent / "shared" / "fixtures" / "kubernetes" / "kube-scheduler-config-extender.yaml"
 
 
 
@@ -60,7 +58,6 @@ VERSION = PYPROJECT["version"]
 NAMESPACE = "gpuagent"
 DEFAULT = Config(hostname="test-node")
 AGENT_PORT = DEFAULT.listen_port  # 9402
-EXTENDER_PORT = 8888
 KEY_ENVS = {key.env for key in KEYS}
 # The agent's shutdown after SIGTERM: thaw (immediate), then 4 steps (tasks, http, nvml, pods) of at
 # most SHUTDOWN_STEP_SECONDS each; the grace periods must cover that with room to spare.
@@ -75,7 +72,7 @@ AGENT_RBAC = {
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
 }
-NOT_CORE = {"ServiceMonitor", "KubeSchedulerConfiguration", "Kustomization"}
+NOT_CORE = {"ServiceMonitor", "Kustomization"}
 
 
 # --- loading ------------------------------------------------------------------------------------------------
@@ -132,21 +129,15 @@ def agent_container(daemonset: dict[str, Any]) -> dict[str, Any]:
     return _container(daemonset, "gpuagent")
 
 
-@pytest.fixture
-def extender() -> dict[str, Any]:
-    return _one("Deployment", "gpuagent-extender")
-
-
 # --- schemas ------------------------------------------------------------------------------------------------
 
 
 def test_the_manifests_are_there_and_every_document_names_its_kind() -> None:
     names = {path.name for path in MANIFESTS}
-    assert {"namespace.yaml", "rbac.yaml", "daemonset.yaml", "service.yaml", "servicemonitor.yaml",
-            "extender.yaml", "kube-scheduler-config.yaml"} <= names
+    assert {"namespace.yaml", "rbac.yaml", "daemonset.yaml", "service.yaml", "servicemonitor.yaml"} <= names
     for name, doc in _all_docs():
         assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), name
-        if doc["kind"] not in {"KubeSchedulerConfiguration", "Kustomization"}:
+        if doc["kind"] != "Kustomization":
             assert doc["metadata"]["name"], name
             if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
                 assert doc["metadata"].get("namespace") == NAMESPACE, f"{name}: {doc['kind']} outside {NAMESPACE}"
@@ -250,42 +241,6 @@ SERVICEMONITOR_SCHEMA = {
     },
 }
 
-_EXTENDER_ENTRY = {
-    "type": "object",
-    "required": ["urlPrefix"],
-    "additionalProperties": False,
-    # The json tags of k8s.io/kube-scheduler/config/v1 Extender.
-    "properties": {
-        "urlPrefix": {"type": "string", "pattern": "^https?://"},
-        "filterVerb": {"type": "string"},
-        "preemptVerb": {"type": "string"},
-        "prioritizeVerb": {"type": "string"},
-        "bindVerb": {"type": "string"},
-        "weight": {"type": "integer", "minimum": 0},
-        "enableHTTPS": {"type": "boolean"},
-        "tlsConfig": {"type": "object", "additionalProperties": False, "properties": {
-            name: {"type": "boolean" if name == "insecure" else "string"}
-            for name in ("insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData")
-        }},
-        "httpTimeout": {"type": "string", "pattern": _DURATION},
-        "nodeCacheCapable": {"type": "boolean"},
-        "managedResources": {"type": "array", "items": {
-            "type": "object", "required": ["name"], "additionalProperties": False,
-            "properties": {"name": {"type": "string"}, "ignoredByScheduler": {"type": "boolean"}},
-        }},
-        "ignorable": {"type": "boolean"},
-    },
-}
-SCHEDULER_CONFIG_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "extenders"],
-    "properties": {
-        "apiVersion": {"const": "kubescheduler.config.k8s.io/v1"},
-        "kind": {"const": "KubeSchedulerConfiguration"},
-        "clientConnection": {"type": "object"},
-        "extenders": {"type": "array", "minItems": 1, "items": _EXTENDER_ENTRY},
-    },
-}
 KUSTOMIZATION_SCHEMA = {
     "type": "object",
     "required": ["apiVersion", "kind", "resources"],
@@ -300,7 +255,6 @@ KUSTOMIZATION_SCHEMA = {
 
 @pytest.mark.parametrize(("kind", "schema"), [
     ("ServiceMonitor", SERVICEMONITOR_SCHEMA),
-    ("KubeSchedulerConfiguration", SCHEDULER_CONFIG_SCHEMA),
     ("Kustomization", KUSTOMIZATION_SCHEMA),
 ])
 def test_documents_outside_core_kubernetes_match_their_minimal_schema(kind: str, schema: dict) -> None:
@@ -345,8 +299,8 @@ def test_daemonset_service_account_exists_and_is_bound_to_the_least_privilege_ro
     assert [doc["metadata"]["name"] for _, doc in _all_docs() if doc["kind"] in {"ClusterRoleBinding", "RoleBinding"}] == ["gpuagent"]
 
 
-def test_workload_selectors_match_their_pod_labels(daemonset: dict, extender: dict) -> None:
-    for workload in (daemonset, extender):
+def test_workload_selectors_match_their_pod_labels(daemonset: dict) -> None:
+    for workload in (daemonset,):
         labels = workload["spec"]["template"]["metadata"]["labels"]
         assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
@@ -355,16 +309,11 @@ def _selects(selector: dict[str, str], workload: dict) -> bool:
     return selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_services_select_exactly_their_workload_and_target_named_container_ports(daemonset: dict, extender: dict) -> None:
-    for service_name, workload, container_name, port in (
-        ("gpuagent", daemonset, "gpuagent", AGENT_PORT),
-        ("gpuagent-extender", extender, "extender", EXTENDER_PORT),
-    ):
+def test_services_select_exactly_their_workload_and_target_named_container_ports(daemonset: dict) -> None:
+    for service_name, workload, container_name, port in (("gpuagent", daemonset, "gpuagent", AGENT_PORT),):
         service = _one("Service", service_name)
         selector = service["spec"]["selector"]
         assert _selects(selector, workload)
-        others = [w for w in (daemonset, extender) if w is not workload]
-        assert not any(_selects(selector, other) for other in others), f"{service_name} selects both"
         ports = {p["name"]: p["containerPort"] for p in _container(workload, container_name)["ports"]}
         (service_port,) = service["spec"]["ports"]
         assert service_port["port"] == port
@@ -487,55 +436,6 @@ def test_daemonset_security_context_is_the_minimum(agent_container: dict) -> Non
     assert context["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
 
 
-# --- the extender -------------------------------------------------------------------------------------------
-
-
-def test_extender_runs_the_documented_command_against_the_agents_port(extender: dict, daemonset: dict) -> None:
-    container = _container(extender, "extender")
-    assert container["image"] == f"gpuagent:{VERSION}"
-    assert container["command"] == ["gpuagent"]
-    args = container["args"]
-    assert args[0] == "extender"
-    options = dict(zip(args[1::2], args[2::2], strict=True))
-    assert set(options) == {"--listen", "--agent-url"}
-    assert load_config(env={"GPUAGENT_LISTEN": options["--listen"]}).listen_port == EXTENDER_PORT
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": EXTENDER_PORT}
-    agent_port = _container(daemonset, "gpuagent")["ports"][0]["hostPort"]
-    assert options["--agent-url"] == f"http://{{node}}:{agent_port}"
-    pod = extender["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False  # it asks the API server nothing
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == _dockerfile_user()[0]
-    assert _one("ServiceAccount", pod["serviceAccountName"])
-
-
-def test_scheduler_config_wires_the_extender_service() -> None:
-    config = _one("KubeSchedulerConfiguration")
-    (entry,) = config["extenders"]
-    service = _one("Service", "gpuagent-extender")
-    port = service["spec"]["ports"][0]["port"]
-    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
-    assert re.fullmatch(rf"http://{re.escape(host)}(\.cluster\.local)?:{port}/?", entry["urlPrefix"])
-    assert entry["filterVerb"] == "filter" and entry["prioritizeVerb"] == "prioritize"
-    assert entry["weight"] > 0  # kube-scheduler rejects a prioritizeVerb without a positive weight
-    assert "bindVerb" not in entry and "preemptVerb" not in entry
-    assert entry["nodeCacheCapable"] is False
-    assert entry["ignorable"] is True
-    assert entry["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
-    assert entry["httpTimeout"] == "5s"
-
-
-def test_scheduler_config_uses_the_field_names_of_the_reference_fixture() -> None:
-    if not SCHEDULER_FIXTURE.exists():
-        pytest.skip(f"{SCHEDULER_FIXTURE} is not here (shared/ absent)")
-    text = SCHEDULER_FIXTURE.read_text()
-    fixture = yaml.safe_load(text)
-    known = set(fixture["extenders"][0]) | set(re.findall(r"#\s*(\w+):", text))  # with the commented ones
-    (entry,) = _one("KubeSchedulerConfiguration")["extenders"]
-    assert set(entry) <= known
-    assert set(_one("KubeSchedulerConfiguration")) <= set(fixture) | {"extenders"}
-
-
 # --- Prometheus ---------------------------------------------------------------------------------------------
 
 
@@ -565,8 +465,7 @@ def test_kustomization_applies_the_node_agent_only() -> None:
     kustomization = _one("Kustomization")
     for resource in kustomization["resources"]:
         assert (DEPLOY / resource).is_file(), resource
-    # Not the ServiceMonitor (needs CRDs), the extender (needs a configured scheduler) or the scheduler's
-    # own config (not an API object).
+    # Not the ServiceMonitor (it needs the Prometheus operator's CRDs).
     assert set(kustomization["resources"]) == {"namespace.yaml", "rbac.yaml", "daemonset.yaml", "service.yaml"}
 
 
