@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 NODE = "gpu-node-1"
@@ -245,6 +246,16 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig file for this server (plain HTTP, bearer token), for an agent run by its config."""
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "agent", "user": {"token": self.token or "x"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "agent"}}],
+        }))
+        return path
 
     def kubeconfig(self, token: str | None = None) -> Any:
         """A lightkube KubeConfig for this server (plain HTTP, bearer token)."""

@@ -77,13 +77,7 @@ async def run_enforced(
     async with FakeApiServer() as api:
         for pod in pods:
             api.add_pod(pod)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "t",
-            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
-            "users": [{"name": "a", "user": {"token": api.token}}],
-            "contexts": [{"name": "t", "context": {"cluster": "f", "user": "a"}}],
-        }))
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         config = load_config(None, env={}, overrides={
             "backend": "sim", "scenario": str(scenario), "listen": f"127.0.0.1:{free_port()}",
             "poll_interval": 0.5, "mode": mode, "journal_path": str(tmp_path / "journal.json"),

@@ -158,13 +158,7 @@ async def test_the_api_server_names_pods_the_kubelet_alone_cannot(tmp_path: Path
     async with FakeApiServer() as api:
         api.add_pod(b)
         api.add_pod(c)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "agent", "user": {"token": api.token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "agent"}}],
-        }))
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         path = tmp_path / "pods.yaml"
         path.write_text(yaml.safe_dump(SCENARIO))
         config = load_config(None, env={}, overrides={

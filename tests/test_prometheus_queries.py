@@ -230,13 +230,7 @@ def fake_kubernetes(tenants: Sequence[Tenant], uuids: Sequence[str], workdir: Pa
             for tenant in tenants:
                 api.add_pod(make_pod(tenant.pod, namespace=tenant.namespace, uid=tenant.uid,
                                      containers=tuple(tenant.containers), annotations=tenant.annotations))
-            kubeconfig = workdir / "kubeconfig"
-            kubeconfig.write_text(yaml.safe_dump({
-                "apiVersion": "v1", "kind": "Config", "current-context": "test",
-                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-                "users": [{"name": "agent", "user": {"token": api.token}}],
-                "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "agent"}}],
-            }))
+            kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
             try:
                 yield kubeconfig, socket_path
             finally:
