@@ -3,8 +3,9 @@
 Usage: .venv/bin/python bench/bench_poll_scrape.py [--polls 300] [--scrapes 500] [--soak 60]
 
 - poll: ``Agent.poll_once()`` end to end, with attribution: NVML reads on the per-GPU threads, every process's
-  cgroup (a /proc tree of kubelet-shaped cgroup files) and the kubelet's allocations (the real gRPC
-  pod-resources server of the tests, one pod per process, time-sliced replicas), snapshot build. On the
+  cgroup (a /proc tree of kubelet-shaped cgroup files), the kubelet's allocations (the real gRPC
+  pod-resources server of the tests, one pod per process, time-sliced replicas) and the pods' names from the
+  API server (the tests' fake one, watched as in a cluster), snapshot build. On the
   simulator the "NVML" time is the simulator's own Python, so the figure is an upper bound for the
   agent's share; the agent's own overhead (poll minus time inside NVML calls) is reported separately.
 - scrape: the server-side cost of ``/metrics`` (rendering the registry from the latest snapshot),
@@ -44,12 +45,14 @@ def quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def kubelet_node(nvml: object, root: Path) -> tuple[Path, list[object]]:
-    """A /proc tree whose every GPU process sits in its own pod's cgroup, and the pods' allocations."""
+def kubelet_node(nvml: object, root: Path) -> tuple[Path, list[object], list[dict[str, object]]]:
+    """A /proc tree whose every GPU process sits in its own pod's cgroup, the pods' allocations (kubelet),
+    and the pods as the API server returns them (which is what names pods that time-share a GPU)."""
+    from fake_apiserver import make_pod
     from podresources_server import Container, Pod, gpus
 
     nvml.nvmlInit()  # type: ignore[attr-defined]
-    pods = []
+    pods, api_pods = [], []
     for index in range(nvml.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
         handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
         uuid = nvml.nvmlDeviceGetUUID(handle)  # type: ignore[attr-defined]
@@ -57,18 +60,22 @@ def kubelet_node(nvml: object, root: Path) -> tuple[Path, list[object]]:
             uid = f"{process.pid:08x}-0000-4000-8000-{index:012x}"
             cgroup = root / str(process.pid)
             cgroup.mkdir(parents=True)
+            api_pod = make_pod(f"job-{process.pid}", namespace="bench", uid=uid, containers=("main",))
+            cid = api_pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
             (cgroup / "cgroup").write_text(
                 f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}"
-                f".slice/cri-containerd-{process.pid:064x}.scope\n"
+                f".slice/cri-containerd-{cid}.scope\n"
             )
             pods.append(Pod(f"job-{process.pid}", "bench", [Container("main", [gpus(f"{uuid}::{replica}")])]))
-    return root, pods
+            api_pods.append(api_pod)
+    return root, pods, api_pods
 
 
 async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tests"))
+    from fake_apiserver import NODE, FakeApiServer
     from podresources_server import PodResourcesServer, short_socket_dir
 
     from gpuagent.agent import Agent
@@ -78,15 +85,25 @@ async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
 
     nvml = SimulatedNvml(load_scenario(str(SCENARIO)))
     with tempfile.TemporaryDirectory() as tmp, short_socket_dir() as sockets:
-        proc_root, pods = kubelet_node(nvml, Path(tmp))
+        proc_root, pods, api_pods = kubelet_node(nvml, Path(tmp))
         socket = sockets / "kubelet.sock"
-        async with PodResourcesServer(socket, pods=pods):
+        async with PodResourcesServer(socket, pods=pods), FakeApiServer() as api:
+            for pod in api_pods:
+                api.add_pod(pod)
             config = load_config(None, env={}, overrides={
                 "backend": "sim", "scenario": str(SCENARIO), "proc_root": str(proc_root),
-                "pod_resources_socket": str(socket),
+                "pod_resources_socket": str(socket), "kubernetes_api": "on", "hostname": NODE,
+                "kubeconfig": str(api.write_kubeconfig(Path(tmp) / "kubeconfig")),
             })
             agent = Agent(config, nvml=nvml, backend="sim")
-            return await _measure(agent, polls, scrapes, generate_text)
+            watcher = asyncio.create_task(agent.pods.metadata.run())
+            try:
+                while not agent.pods.metadata.synced:
+                    await asyncio.sleep(0.05)
+                return await _measure(agent, polls, scrapes, generate_text)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
 
 
 async def _measure(agent, polls: int, scrapes: int, generate_text) -> dict[str, object]:

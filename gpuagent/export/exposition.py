@@ -65,15 +65,14 @@ def _text_family(metric: Metric, fmt: _Lines) -> str:
         f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n",
     ]
     moved: dict[str, list[str]] = {}
+    line = fmt.line
     for sample in metric.samples:
-        suffix = None
         if sample.name.endswith(_OPENMETRICS_ONLY):  # rare: only then find which one
             suffix = next((s for s in _OPENMETRICS_ONLY if sample.name == metric.name + s), None)
-        line = fmt.line(sample, _text_timestamp)
-        if suffix is None:
-            out.append(line)
-        else:
-            moved.setdefault(suffix, []).append(line)
+            if suffix is not None:
+                moved.setdefault(suffix, []).append(line(sample, _text_timestamp))
+                continue
+        out.append(line(sample, _text_timestamp))
     for suffix, lines in sorted(moved.items()):
         out.append(f"# HELP {metric.name}{suffix} {_escape_help_text(metric.documentation)}\n")
         out.append(f"# TYPE {metric.name}{suffix} gauge\n")

@@ -61,7 +61,7 @@ class HealthCollector:
         return [age, stale, _histogram(snapshot.poll_histogram), polls, interval, success, duration]
 
     def _gpus(self, snapshot: NodeSnapshot) -> list[Metric]:
-        labels = GpuLabels(snapshot, self._hostname_label)
+        labels = GpuLabels.of(snapshot, self._hostname_label)
         health = gauge(
             "gpuagent_gpu_health",
             "1 for the GPU's current health state (ok, lost, unresponsive, error), 0 for the others.",

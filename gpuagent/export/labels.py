@@ -23,7 +23,11 @@ DEFAULT_HOSTNAME_LABEL = "Hostname"  # dcgm-exporter <= 4.5.3-4.8.2; 4.6.0-4.8.3
 
 
 class GpuLabels:
-    """Label dicts for the GPUs of one snapshot."""
+    """Label dicts for the GPUs of one snapshot.
+
+    :meth:`of` shares one instance among every renderer of a scrape, so a GPU's families all carry the very
+    same dict objects (the encoder formats each once) and the exclusive owners are worked out once.
+    """
 
     __slots__ = ("_cache", "_driver", "_host", "_owner")
 
@@ -33,6 +37,17 @@ class GpuLabels:
         self._driver = {DRIVER_VERSION: snapshot.driver_version} if snapshot.driver_version else {}
         self._cache: dict[tuple[str, int, int | None], dict[str, str]] = {}
         self._owner = exclusive_owners(snapshot)
+
+    _last: tuple[NodeSnapshot, str, GpuLabels] | None = None  # the one most recently built, per process
+
+    @classmethod
+    def of(cls, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> GpuLabels:
+        last = cls._last
+        if last is not None and last[0] is snapshot and last[1] == hostname_label:
+            return last[2]
+        labels = cls(snapshot, hostname_label)
+        cls._last = (snapshot, hostname_label, labels)
+        return labels
 
     def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
         """dcgm-exporter's labels of a GPU or of one of its MIG instances."""
@@ -132,7 +147,7 @@ class GpuRenderer:
     def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
         if snapshot is None:
             return []
-        return self.families(snapshot, GpuLabels(snapshot, self._hostname_label))
+        return self.families(snapshot, GpuLabels.of(snapshot, self._hostname_label))
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         raise NotImplementedError
