@@ -151,9 +151,8 @@ class DevicePoller:
             self._watcher.stop()
             self._watcher = None
         self._open = False
-        for gpu in self._gpus.values():
-            if not gpu.worker.busy:
-                gpu.worker.submit(gpu.reader.close)
+        # The readers' GPM buffers are not freed here: they died with NVML, and a close queued on a GPU's
+        # worker would make the re-initialised poller find it busy and report the GPU stale.
         if reason != self._failure:
             log.error("NVML unavailable: %s; serving the last samples as stale, retrying every poll", reason)
             self._failure = reason
