@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.api.app import build_app
+from gpuagent.api.tls import load_web_config, server_ssl_context
 from gpuagent.config import Config, ConfigError
 from gpuagent.devices.loader import load_nvml
 from gpuagent.devices.poller import DevicePoller
@@ -202,10 +203,13 @@ class Agent:
         await runner.setup()
         tasks: list[asyncio.Task[Any]] = []
         try:
-            site = web.TCPSite(runner, self.config.listen_host, self.config.listen_port)
+            web_config = self.config.web_config
+            ssl_context = server_ssl_context(load_web_config(web_config)) if web_config else None
+            host, port = self.config.listen_host, self.config.listen_port
+            site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
             await site.start()
-            log.info("serving on http://%s:%d (backend %s, poll every %gs)", self.config.listen_host,
-                     self.config.listen_port, self.backend, self.config.poll_interval)
+            log.info("serving on %s://%s:%d (backend %s, poll every %gs)", "https" if ssl_context else "http",
+                     host, port, self.backend, self.config.poll_interval)
             tasks = [
                 asyncio.create_task(self.poll_forever(), name="poller"),
                 asyncio.create_task(stop.wait(), name="stop"),

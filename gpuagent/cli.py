@@ -138,6 +138,10 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file)
+    if config.web_config:  # the TLS files too: a bad key or a cert/key mismatch fails here, not at start
+        from gpuagent.api.tls import load_web_config, server_ssl_context
+
+        server_ssl_context(load_web_config(config.web_config))
     print(f"ok: {args.file}")
     print(config.describe())
     return 0

@@ -154,19 +154,28 @@ def _listen(value: Any, ctx: _Ctx) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _scenario(value: Any, ctx: _Ctx) -> str | None:
-    expected = "a path to an existing scenario file, or null"
-    if value is None and not ctx.text:
-        return None
-    if not isinstance(value, str) or not value:
-        raise _Invalid(expected)
-    path = os.path.expanduser(value)
-    if ctx.base_dir is not None and not os.path.isabs(path):
-        path = os.path.join(ctx.base_dir, path)
-    if not os.path.isfile(path):  # isfile() is False (never raises) for NUL bytes, overlong names, ...
-        hint = "a directory" if os.path.isdir(path) else "no such file"
-        raise _Invalid(expected, f"{path}: {hint}" if path != value else hint)
-    return path
+def _existing_file(what: str) -> Parser:
+    """A path to a file that must exist (relative paths in a config file are resolved from its directory);
+    null (in the file) for none."""
+    expected = f"a path to an existing {what} file, or null"
+
+    def parse(value: Any, ctx: _Ctx) -> str | None:
+        if value is None and not ctx.text:
+            return None
+        if not isinstance(value, str) or not value:
+            raise _Invalid(expected)
+        path = os.path.expanduser(value)
+        if ctx.base_dir is not None and not os.path.isabs(path):
+            path = os.path.join(ctx.base_dir, path)
+        if not os.path.isfile(path):  # isfile() is False (never raises) for NUL bytes, overlong names, ...
+            hint = "a directory" if os.path.isdir(path) else "no such file"
+            raise _Invalid(expected, f"{path}: {hint}" if path != value else hint)
+        return path
+
+    return parse
+
+
+_scenario = _existing_file("scenario")
 
 
 def _optional_path(value: Any, ctx: _Ctx) -> str | None:
@@ -392,6 +401,12 @@ class Config:
         (), _rules, "limits for workloads matched by namespace, pod, kind, name or cgroup (config file only)",
         "RULES",
     )
+    web_config: str | None = _key(
+        None,
+        _existing_file("web config"),
+        "TLS settings for the HTTP listener, as Prometheus exporters' web config (tls_server_config)",
+        "FILE",
+    )
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
 
     config_file: str | None = field(default=None, compare=False)  # the YAML file read, None when none
@@ -456,7 +471,7 @@ def load_config(
         path = env.get(CONFIG_ENV) or None
     if path is not None:
         base_dir = os.path.dirname(os.path.abspath(path))
-        for name, raw in _read_file(path).items():
+        for name, raw in read_yaml_mapping(path).items():
             key = _lookup(name, path)
             values[key.name] = _parse(key, raw, _Ctx(text=False, base_dir=base_dir), path)
             sources[key.name] = path
@@ -482,7 +497,9 @@ def load_config(
     return Config(**values, config_file=path, sources=types.MappingProxyType(sources))
 
 
-def _read_file(path: str) -> dict[Any, Any]:
+def read_yaml_mapping(path: str) -> dict[Any, Any]:
+    """A YAML file that must hold a mapping, read strictly (a key given twice is an error); every problem
+    is a ``ConfigError`` whose source is ``path``."""
     try:
         with open(path, encoding="utf-8") as stream:
             text = stream.read()

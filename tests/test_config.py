@@ -86,6 +86,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "cgroup_root",
         "freezable_outside_kubepods",
         "policies",
+        "web_config",
         "log_level",
     ]
     assert KEYS_BY_NAME["poll_interval"].env == "GPUAGENT_POLL_INTERVAL"
