@@ -109,7 +109,7 @@ class GpuReader:
             index=self.index,
             uuid=uuid,
             name=text(g.call("nvmlDeviceGetName", h, scope=s) or ""),
-            serial=_optional_text(g.call("nvmlDeviceGetSerial", h, scope=s)),
+            serial=optional_text(g.call("nvmlDeviceGetSerial", h, scope=s)),
             pci_bus_id=text(pci.busId) if pci is not None else "",
             minor_number=g.call("nvmlDeviceGetMinorNumber", h, scope=s),
             memory_total_bytes=memory.total if memory is not None else None,
@@ -352,7 +352,8 @@ def _mig_profile(name: str, attrs: Any) -> str:
     return "unknown"
 
 
-def _optional_text(value: Any) -> str | None:
+def optional_text(value: Any) -> str | None:
+    """A string NVML may leave empty: None then."""
     return text(value) if value else None
 
 

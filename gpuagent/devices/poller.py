@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuagent.devices.guard import GpuLostError, NvmlGuard, NvmlUnavailableError, error_code_name
-from gpuagent.devices.nvml import GpuReader, text
+from gpuagent.devices.nvml import GpuReader, optional_text
 from gpuagent.devices.procnames import ProcessNames
 from gpuagent.devices.worker import DaemonWorker
 from gpuagent.devices.xid import XidBook, XidWatcher
@@ -90,8 +90,8 @@ class DevicePoller:
         self._initialised = True
         cuda = g.call("nvmlSystemGetCudaDriverVersion", scope="node")
         self._versions = (
-            _opt_text(g.call("nvmlSystemGetDriverVersion", scope="node")),
-            _opt_text(g.call("nvmlSystemGetNVMLVersion", scope="node")),
+            optional_text(g.call("nvmlSystemGetDriverVersion", scope="node")),
+            optional_text(g.call("nvmlSystemGetNVMLVersion", scope="node")),
             f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
         )
         count = g.call("nvmlDeviceGetCount", scope="node")
@@ -274,10 +274,6 @@ def _placeholder_info(index: int) -> GpuInfo:
         index=index, uuid="", name="", serial=None, pci_bus_id="", minor_number=None,
         memory_total_bytes=None, power_limit_watts=None, mig_enabled=False,
     )
-
-
-def _opt_text(value: Any) -> str | None:
-    return text(value) if value else None
 
 
 def _discard(future: asyncio.Future[Any]) -> None:
