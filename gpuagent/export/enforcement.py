@@ -9,15 +9,11 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, add_known, counter, gauge, non_empty
-from gpuagent.export.labels import GpuLabels, GpuRenderer
+from gpuagent.export.labels import GpuLabels, GpuRenderer, pod_labels
 from gpuagent.snapshot import NodeSnapshot
 
 MODES = ("off", "audit", "enforce")
 STAGES = ("ok", "warned", "terminating", "killed", "evicted")
-
-
-def _pod(namespace: str | None, pod: str) -> dict[str, str]:
-    return {"namespace": namespace, "pod": pod} if namespace else {"pod": pod}
 
 
 class EnforcementCollector(GpuRenderer):
@@ -46,7 +42,7 @@ class EnforcementCollector(GpuRenderer):
             gpu = by_uuid.get(share.gpu_uuid)
             if gpu is None:
                 continue
-            series = {**_pod(share.namespace, share.pod), **labels.gpu(gpu)}
+            series = {**pod_labels(share.namespace, share.pod), **labels.gpu(gpu)}
             add_known(limit, series, share.limit_ratio)
             add(achieved, series, share.achieved_ratio)
             add(duty, series, share.frozen_ratio)
@@ -54,14 +50,14 @@ class EnforcementCollector(GpuRenderer):
         memory_limit = gauge("gpuagent_pod_gpu_memory_limit_bytes", "The pod's GPU memory limit.")
         stage = gauge("gpuagent_pod_gpu_memory_limit_stage", "1 for the pod's stage on the memory ladder.")
         for memory in state.memory:
-            ident = _pod(memory.namespace, memory.pod)
+            ident = pod_labels(memory.namespace, memory.pod)
             add_known(memory_limit, ident, memory.limit_bytes)
             for value in STAGES:
                 add(stage, {**ident, "stage": value}, 1.0 if memory.stage == value else 0.0)
         problems = gauge("gpuagent_pod_policy_problem",
                          "1 for an annotation that could not be used (the pod gets the node default).")
         for problem in state.problems:
-            add(problems, {**_pod(problem.namespace, problem.pod), "annotation": problem.annotation}, 1)
+            add(problems, {**pod_labels(problem.namespace, problem.pod), "annotation": problem.annotation}, 1)
         return non_empty(
             [mode, frozen, actions, limit, achieved, duty, throttled, memory_limit, stage, problems]
         )

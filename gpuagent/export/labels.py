@@ -119,6 +119,11 @@ def exclusive_owners(snapshot: NodeSnapshot) -> dict[str, dict[str, str]]:
     }
 
 
+def pod_labels(namespace: str | None, pod: str) -> dict[str, str]:
+    """``namespace, pod`` of a pod (a pod known only by its UID has no namespace label)."""
+    return {"namespace": namespace, "pod": pod} if namespace else {"pod": pod}
+
+
 def describe(gpu: GpuSample) -> dict[str, str]:
     """dcgm-exporter's descriptive labels of a GPU."""
     info = gpu.info

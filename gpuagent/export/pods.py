@@ -13,7 +13,7 @@ from collections import defaultdict
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, family, gauge, non_empty
-from gpuagent.export.labels import GpuLabels, GpuRenderer
+from gpuagent.export.labels import GpuLabels, GpuRenderer, pod_labels
 from gpuagent.snapshot import GpuSample, NodeSnapshot
 
 
@@ -45,7 +45,7 @@ class PodCollector(GpuRenderer):
         unnamed: dict[str, int] = defaultdict(int)  # GPU -> pods in use known only by UID
         allocations_known = any(s.name == "pod_resources" and s.ok for s in snapshot.sources)
         for pod in snapshot.pods:
-            ident = _ident(pod.namespace, pod.name)
+            ident = pod_labels(pod.namespace, pod.name)
             add(info, {**ident, "uid": pod.uid or "", "qos": pod.qos or "", "names_from": pod.names_from}, 1)
             add(allocated, ident, len(pod.allocated_gpus))
             for container in pod.containers:
@@ -88,13 +88,13 @@ class PodCollector(GpuRenderer):
             if w.container:
                 _accumulate(containers, (w.namespace, w.name, w.container, instance), memory, sm)
         for (namespace, pod, instance), (memory, count, sm) in pods.items():
-            series = {**_ident(namespace, pod), **labels.instance(gpu, instance)}
+            series = {**pod_labels(namespace, pod), **labels.instance(gpu, instance)}
             add(pod_memory, series, memory)
             add(pod_procs, series, count)
             if sm is not None:
                 add(pod_sm, series, min(sm, 100.0) / 100)
         for (namespace, pod, container, instance), (memory, _, sm) in containers.items():
-            series = {**_ident(namespace, pod), "container": container, **labels.instance(gpu, instance)}
+            series = {**pod_labels(namespace, pod), "container": container, **labels.instance(gpu, instance)}
             add(ctr_memory, series, memory)
             if sm is not None:
                 add(ctr_sm, series, min(sm, 100.0) / 100)
@@ -109,7 +109,3 @@ def _accumulate(totals: dict, key: tuple, memory: int, sm: float | None) -> None
     entry[1] += 1
     if sm is not None:
         entry[2] = sm if entry[2] is None else entry[2] + sm
-
-
-def _ident(namespace: str | None, pod: str) -> dict[str, str]:
-    return {"namespace": namespace, "pod": pod} if namespace else {"pod": pod}
