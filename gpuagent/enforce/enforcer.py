@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpuagent.enforce.actions import Actions, FreezeTarget
-from gpuagent.enforce.memory import MemoryLadder
+from gpuagent.enforce.memory import MemoryLadder, pod_key
 from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
 from gpuagent.enforce.timeslice import DutyCycler, ShareController, Tenant
 from gpuagent.snapshot import (
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 def owner_key(workload: Workload) -> str:
     """One key per thing limits apply to: ``ns/pod`` for a pod, ``kind:name`` otherwise."""
     if workload.kind == "pod":
-        return f"{workload.namespace}/{workload.name}" if workload.namespace else workload.name
+        return pod_key(workload.name, workload.namespace)  # the ladder's key: its steps name owners by it
     return f"{workload.kind}:{workload.name}"
 
 
