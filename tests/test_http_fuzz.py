@@ -24,7 +24,8 @@ def request_strategy() -> st.SearchStrategy[tuple[str, str, dict[str, str], byte
     path = st.one_of(
         st.sampled_from(ROUTES),
         st.builds(lambda r, extra: r + extra, st.sampled_from(ROUTES), path_text),
-        path_text.map(lambda p: "/" + p),
+        # Not "//...": aiohttp's test client takes that for an absolute URL and refuses to send it.
+        path_text.map(lambda p: "/" + p.lstrip("/")),
     )
     query = st.dictionaries(path_text, path_text, max_size=4)
     headers = st.dictionaries(
