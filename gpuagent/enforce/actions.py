@@ -45,7 +45,6 @@ and thread-safe. :meth:`Actions.evict` is a coroutine.
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import os
 import posixpath
@@ -60,9 +59,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from gpuagent.enforce.journal import FreezeTarget, Journal, JournalEntry, JournalError
+from gpuagent.kubeapi import ApiConnection
 
 if TYPE_CHECKING:
-    import httpx2
     import lightkube
 
 __all__ = ["ActionRefused", "Actions", "EvictionClient", "FreezeTarget", "Journal", "JournalEntry",
@@ -684,7 +683,8 @@ class EvictionClient:
 
     Where the API server is and how to authenticate come from lightkube, as for the pods watcher: ``config``
     (a lightkube ``KubeConfig`` or ``SingleConfig``), else ``kubeconfig_path``, else ``KubeConfig.from_env()``
-    (the in-cluster service account, ``$KUBECONFIG``, ``~/.kube/config``). Nothing of lightkube is imported
+    (the in-cluster service account, ``$KUBECONFIG``, ``~/.kube/config``); the connection is
+    :class:`gpuagent.kubeapi.ApiConnection`, shared with the Event poster. Nothing of lightkube is imported
     before the first eviction. ``last_message`` is the API server's message of the last answer (a
     PodDisruptionBudget's, an RBAC refusal's). RBAC: ``create`` on ``pods/eviction``.
     """
@@ -697,57 +697,22 @@ class EvictionClient:
         grace_period_seconds: int | None = None,
         request_timeout: float = 10.0,
     ) -> None:
-        self._config = config
-        self._kubeconfig_path = kubeconfig_path
+        self._api = ApiConnection(config=config, kubeconfig_path=kubeconfig_path,
+                                  request_timeout=request_timeout)
         self._grace = grace_period_seconds
-        self._timeout = request_timeout
-        self._http: httpx2.AsyncClient | None = None
         self.last_message = ""
 
     async def evict(self, namespace: str, pod: str) -> int:
-        http = self._open()
         body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
                                 "metadata": {"name": pod, "namespace": namespace}}
         if self._grace is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": self._grace}
         url = f"api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/eviction"
-        response = await http.post(url, json=body)
-        self.last_message = _status_message(response.content)
-        return response.status_code
+        status, self.last_message = await self._api.post_json(url, body)
+        return status
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
-
-    def _open(self) -> httpx2.AsyncClient:
-        if self._http is None:
-            import httpx2
-            from lightkube import KubeConfig
-            from lightkube.config.client_adapter import AsyncClient, ConnectionParams
-
-            config = self._config
-            if config is None:
-                path = self._kubeconfig_path
-                config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
-            single = config.get() if isinstance(config, KubeConfig) else config
-            self._http = AsyncClient(single, ConnectionParams(timeout=httpx2.Timeout(self._timeout)))
-        return self._http
-
-
-def _status_message(body: bytes) -> str:
-    """A Kubernetes Status body's message and causes, e.g. a PodDisruptionBudget's; "" if none."""
-    try:
-        status = json.loads(body[:65536])
-    except ValueError:
-        return ""
-    if not isinstance(status, dict):
-        return ""
-    parts = [str(status.get("message") or "")]
-    details = status.get("details")
-    if isinstance(details, dict) and isinstance(details.get("causes"), list):
-        parts += [str(c["message"]) for c in details["causes"] if isinstance(c, dict) and c.get("message")]
-    return "; ".join(p for p in parts if p)
+        await self._api.aclose()
 
 
 def _parse_cgroups(text: str) -> dict[str, str]:

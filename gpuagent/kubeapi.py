@@ -1,0 +1,78 @@
+"""One lazily opened HTTP connection to the Kubernetes API server, for the few writes the agent makes.
+
+Used by the Eviction client (``enforce.actions``) and the idle-GPU Event poster (``accounting.events``).
+Where the API server is and how to authenticate come from lightkube, as for the pods watcher: ``config``
+(a lightkube ``KubeConfig`` or ``SingleConfig``), else ``kubeconfig_path``, else ``KubeConfig.from_env()``
+(the in-cluster service account, ``$KUBECONFIG``, ``~/.kube/config``). Nothing of lightkube is imported
+before the first request, so an agent that never writes to the API server never pays for it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx2
+    import lightkube
+
+MAX_STATUS_BYTES = 65536
+
+
+class ApiConnection:
+    """``await post_json(path, body)`` -> (HTTP status, the API server's message); ``aclose()`` at the end.
+
+    ``path`` is relative to the server (``api/v1/...``, ``apis/events.k8s.io/v1/...``). Errors reaching the
+    server (DNS, refused, TLS, timeout, a bad kubeconfig) are raised as they are: the caller counts them.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: lightkube.KubeConfig | lightkube.SingleConfig | None = None,
+        kubeconfig_path: str | None = None,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self._config = config
+        self._kubeconfig_path = kubeconfig_path
+        self._timeout = request_timeout
+        self._http: httpx2.AsyncClient | None = None
+
+    async def post_json(self, path: str, body: Any) -> tuple[int, str]:
+        response = await self.open().post(path, json=body)
+        return response.status_code, status_message(response.content)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    def open(self) -> httpx2.AsyncClient:
+        """The HTTP client, built from the configuration on first use."""
+        if self._http is None:
+            import httpx2
+            from lightkube import KubeConfig
+            from lightkube.config.client_adapter import AsyncClient, ConnectionParams
+
+            config = self._config
+            if config is None:
+                path = self._kubeconfig_path
+                config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
+            single = config.get() if isinstance(config, KubeConfig) else config
+            self._http = AsyncClient(single, ConnectionParams(timeout=httpx2.Timeout(self._timeout)))
+        return self._http
+
+
+def status_message(body: bytes) -> str:
+    """A Kubernetes Status body's message and causes, e.g. a PodDisruptionBudget's; "" if none."""
+    try:
+        status = json.loads(body[:MAX_STATUS_BYTES])
+    except ValueError:
+        return ""
+    if not isinstance(status, dict):
+        return ""
+    parts = [str(status.get("message") or "")]
+    details = status.get("details")
+    if isinstance(details, dict) and isinstance(details.get("causes"), list):
+        parts += [str(c["message"]) for c in details["causes"] if isinstance(c, dict) and c.get("message")]
+    return "; ".join(p for p in parts if p)
