@@ -127,6 +127,17 @@ class MigSample:
 
 
 @dataclass(frozen=True, slots=True)
+class MigProfileCapacity:
+    """A GPU-instance profile a MIG-enabled GPU supports and how many more of it can be created now."""
+
+    profile: str  # e.g. "1g.10gb"
+    profile_id: int  # NVML's GPU-instance profile id
+    slice_count: int
+    memory_bytes: int | None
+    remaining_count: int  # nvmlDeviceGetGpuInstanceRemainingCapacity
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     """What does not change between polls (refreshed on a slow cadence)."""
 
@@ -141,6 +152,9 @@ class GpuInfo:
     mig_enabled: bool
     nvlink_peers: tuple[str, ...] = ()  # PCI bus ids of the NVLink peers of active links
     gpm_supported: bool = False
+    numa_node: int | None = None  # the CPU NUMA node it is attached to; None: unknown or not NUMA
+    compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"; None: unsupported
+    mig_profiles: tuple[MigProfileCapacity, ...] = ()  # MIG-enabled GPUs: profiles and remaining capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +179,8 @@ class GpuSample:
     temperature_celsius: float | None = None
     memory_temperature_celsius: float | None = None
     power_watts: float | None = None
-    energy_joules_total: float | None = None
+    energy_joules_total: float | None = None  # read every energy_interval; the last reading in between
+    energy_read_at_unix: float | None = None  # when energy_joules_total was read
     pcie_replay_total: int | None = None
     pcie_tx_bytes_total: int | None = None
     pcie_rx_bytes_total: int | None = None
@@ -302,6 +317,262 @@ class PollHistogram:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkSample:
+    """One network link of the node, as netlink reports it; bytes/s over the source's last window."""
+
+    name: str
+    kind: str  # "physical", "veth", "bond", "bridge", "vlan", "infiniband", "loopback", or the IFLA_INFO_KIND
+    oper_state: str  # lower-case IFLA_OPERSTATE: "up", "down", "unknown", "dormant", ...
+    mtu: int
+    speed_bits_per_second: int | None  # None: unknown (virtual, or down)
+    rx_bytes_total: int
+    tx_bytes_total: int
+    rx_bytes_per_second: float | None  # None on the first poll
+    tx_bytes_per_second: float | None
+    rx_errors_total: int = 0
+    tx_errors_total: int = 0
+    rx_dropped_total: int = 0
+    tx_dropped_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaPort:
+    """One port of an RDMA (InfiniBand / RoCE) device, from /sys/class/infiniband."""
+
+    device: str
+    port: int
+    state: str  # e.g. "active", "down", "init" (the word of the sysfs "4: ACTIVE", lower-case)
+    link_layer: str  # "infiniband" or "ethernet" (RoCE)
+    rate_bits_per_second: int | None
+    netdev: str | None  # the associated network interface, if any
+    rx_bytes_total: int | None  # None: the port exposes no data counters
+    tx_bytes_total: int | None
+    rx_bytes_per_second: float | None
+    tx_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodNetwork:
+    """Traffic of one pod's network namespace (all its interfaces but lo)."""
+
+    pod: str
+    namespace: str | None
+    uid: str | None
+    interfaces: int
+    rx_bytes_total: int
+    tx_bytes_total: int
+    rx_bytes_per_second: float | None
+    tx_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkState:
+    """The network source's last poll: node links, RDMA ports, pods' network namespaces."""
+
+    links: tuple[LinkSample, ...] = ()
+    rdma: tuple[RdmaPort, ...] = ()
+    pods: tuple[PodNetwork, ...] = ()
+    window_seconds: float = 0.0  # the interval the bytes/s figures cover (0: first poll)
+    error: str = ""  # non-empty when the poll failed; the tuples are then empty
+
+
+@dataclass(frozen=True, slots=True)
+class TenantHint:
+    """One tenant of a GPU as hints show it: who it is, what it was promised and what it uses."""
+
+    name: str  # "namespace/pod" for a pod, else the workload's name ("unknown" for unattributed processes)
+    kind: str  # "pod", or a Workload kind ("systemd_service", "slurm_job", ..., "unknown")
+    share_ratio: float | None  # its SM-time share limit (0-1); None: no limit
+    memory_limit_bytes: int | None  # None: no limit
+    memory_used_bytes: int
+    sm_util_ratio: float | None  # measured use now (0-1); None on MIG (NVML has no per-process figure)
+    allocated: bool = False  # the kubelet allocated it this GPU (else it only runs processes on it)
+    replicas: int = 0  # time-slicing replicas (``GPU-…::n``) it holds; 0: the whole GPU or no allocation
+    mig_instance: str | None = None  # the MIG device UUID it holds or runs in, None outside MIG
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstanceHint:
+    """One existing MIG GPU instance and whether it can be given to a new tenant as it is."""
+
+    uuid: str
+    profile: str
+    gpu_instance_id: int
+    slice_ratio: float  # the instance's part of the GPU's compute slices (0-1)
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    tenants: tuple[str, ...] = ()  # TenantHint names holding or using it
+    idle: bool = False  # nobody holds it and no process runs in it
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfileHint:
+    """A MIG profile a GPU can still offer: idle instances of it, or room to create more."""
+
+    profile: str  # e.g. "1g.10gb"
+    slice_count: int
+    memory_bytes: int | None
+    creatable_count: int  # instances NVML says can still be created (GPU-instance remaining capacity)
+    idle_instances: tuple[str, ...] = ()  # UUIDs of existing idle instances of this profile
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHints:
+    """What a scheduler needs to know about one GPU; ratios are 0-1, memory in bytes."""
+
+    uuid: str
+    index: int
+    model: str
+    health: str  # a Health value: "ok", "lost", "unresponsive", "error"
+    pci_bus_id: str
+    numa_node: int | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    memory_allocated_bytes: int  # sum of its tenants' memory limits
+    memory_free_bytes: int  # what a new tenant can count on: neither used nor promised (0 when unhealthy)
+    sm_util_ratio: float | None  # this poll
+    sm_util_short_ratio: float | None  # exponentially weighted, short time constant (NodeHints says which)
+    sm_util_long_ratio: float | None  # exponentially weighted, long time constant
+    schedulable_share_ratio: float  # SM time neither promised to nor taken by tenants (0 when unhealthy)
+    sharing_mode: str  # "none" (no tenant), "exclusive", "time_sliced", "mps" or "mig"
+    compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"; None: unknown
+    mig_enabled: bool = False
+    tenants: tuple[TenantHint, ...] = ()
+    mig_instances: tuple[MigInstanceHint, ...] = ()
+    free_mig_profiles: tuple[MigProfileHint, ...] = ()  # profiles with an idle instance or room for one
+    nvlink_peers: tuple[str, ...] = ()  # UUIDs (PCI bus ids when not on this node) of active NVLink peers
+    stale: bool = False  # its last read did not finish in time
+
+
+@dataclass(frozen=True, slots=True)
+class LinkHint:
+    """One link the network source reports (its ``network_links`` globs choose which)."""
+
+    name: str
+    kind: str
+    oper_state: str
+    speed_bits_per_second: int | None
+    rx_bytes_per_second: float | None
+    tx_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodNetworkHint:
+    """One pod's traffic, read from its network namespace."""
+
+    pod: str
+    namespace: str | None
+    rx_bytes_per_second: float | None
+    tx_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkHints:
+    """The node's network, summarised for placement (None-safe: absent when the source is off)."""
+
+    links_up: int  # physical and InfiniBand links that are up
+    fastest_link_bits_per_second: int | None
+    rx_bytes_per_second: float  # over those links
+    tx_bytes_per_second: float
+    rdma_ports_active: int
+    rdma_rate_bits_per_second: int  # sum over active RDMA ports
+    links: tuple[LinkHint, ...] = ()  # every link reported, node and virtual alike
+    pods: tuple[PodNetworkHint, ...] = ()  # what each pod's network namespace carries
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHints:
+    """Capacity and load of a node's GPUs for schedulers (``/v1/hints``, the extender, metrics)."""
+
+    hostname: str
+    taken_at_unix: float  # the snapshot the figures come from: how fresh they are
+    gpus: tuple[GpuHints, ...] = ()
+    gpu_count: int = 0
+    healthy_gpu_count: int = 0
+    free_gpu_count: int = 0  # healthy, not MIG, no tenant
+    memory_total_bytes: int = 0
+    memory_free_bytes: int = 0  # sum of the GPUs' memory_free_bytes
+    schedulable_share_gpus: float = 0.0  # sum of the GPUs' schedulable_share_ratio, in GPUs
+    stale: bool = False  # some GPU's figures are from an earlier poll
+    short_window_seconds: float = 10.0  # time constants of the SM utilization averages
+    long_window_seconds: float = 300.0
+    network: NetworkHints | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadGpuUsage:
+    """One workload's accounting on one GPU or MIG instance, integrated poll by poll from the snapshots.
+
+    ``level`` is "pod", "container" (one container of a pod) or "workload" (off Kubernetes: ``kind`` is the
+    workload's kind, e.g. "systemd_service", "slurm_job"). Counters are monotonic while the agent runs; a
+    workload that ended keeps them (``ended_at_unix`` set) for the retention window, then it is dropped.
+    ``allocated_gpus`` is what it holds now: 1 for a whole GPU, a MIG slice's fraction, 1/N for one of N
+    time-slicing replicas (0 once it ended). The gauges (``efficiency_ratio``, ``idle_seconds``) are kept for
+    pods and workloads, not containers.
+    """
+
+    level: str
+    kind: str
+    name: str
+    namespace: str | None
+    container: str | None
+    gpu_uuid: str
+    gpu_index: int
+    gpu_instance_id: int | None
+    mig_profile: str | None
+    allocated_gpu_seconds_total: float
+    busy_gpu_seconds_total: float | None  # None: its SM use was never known (MIG without GPM)
+    memory_byte_seconds_total: float
+    energy_joules_total: float | None  # None: the GPU has no energy counter
+    idle_allocated_gpu_seconds_total: float  # allocated while its SM use was under the idle threshold
+    allocated_gpus: float = 0.0
+    efficiency_ratio: float | None = None  # busy / allocated over the efficiency window, 0-1
+    idle_seconds: float = 0.0  # length of the current idle episode; 0 when busy or not holding the GPU
+    ended_at_unix: float | None = None  # when it was last seen; None while it runs
+
+
+@dataclass(frozen=True, slots=True)
+class IdleWorkload:
+    """A workload holding a GPU with SM use under the idle threshold for at least the idle window."""
+
+    kind: str  # "pod" or the workload's kind
+    name: str
+    namespace: str | None
+    pod_uid: str | None
+    gpu_uuid: str
+    gpu_index: int
+    gpu_instance_id: int | None
+    allocated_gpus: float
+    idle_since_unix: float
+    idle_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAccounting:
+    """Per GPU: the energy split among its tenants since the agent started, and time not accounted."""
+
+    gpu_uuid: str
+    gpu_index: int
+    energy_joules_total: float | None  # the GPU's counter deltas integrated; None: no energy counter
+    energy_unattributed_joules_total: float | None  # the part no workload was there to take
+    gap_seconds_total: float  # polls too far apart, or the GPU stale or unhealthy: counted nowhere
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingState:
+    """Per-workload GPU-seconds, memory, energy and idle detection, as of the last poll."""
+
+    idle: tuple[IdleWorkload, ...] = ()  # flagged now: the short list to look at first
+    usage: tuple[WorkloadGpuUsage, ...] = ()
+    gpus: tuple[GpuAccounting, ...] = ()
+    idle_threshold_ratio: float = 0.05
+    idle_window_seconds: float = 1800.0
+    efficiency_window_seconds: float = 3600.0
+    retention_seconds: float = 300.0
+    events_total: Mapping[str, int] = field(default_factory=dict)  # idle Event outcome -> count
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """Everything the agent knows about its node at one instant."""
 
@@ -322,6 +593,9 @@ class NodeSnapshot:
     polls_total: int = 0
     poll_histogram: PollHistogram = field(default_factory=PollHistogram)
     poll_interval_seconds: float = 1.0
+    network: NetworkState | None = None  # node links, RDMA ports, pods' network namespaces (None: source off)
+    accounting: AccountingState | None = None  # per-workload GPU-seconds, memory, energy, idle (None: off)
+    hints: NodeHints | None = None  # capacity and load figures for schedulers
 
     @property
     def stale(self) -> bool:
