@@ -999,9 +999,10 @@ def test_all_errors_are_reported_one_per_line(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError) as caught:
         load_scenario(path)
     lines = str(caught.value).splitlines()
-    assert lines == [f"{path}: gpus[0].colour: unknown key; allowed: count, decoder_util, encoder_util, "
-                     "memory, memory_reserved, memory_util, mig, model, name, not_supported, nvlink_down, "
-                     "pci_bus_id, power_limit_w, power_w, serial, temperature, utilization",
+    assert lines == [f"{path}: gpus[0].colour: unknown key; allowed: compute_mode, count, decoder_util, "
+                     "encoder_util, memory, memory_reserved, memory_util, mig, model, name, not_supported, "
+                     "numa_node, nvlink_down, pci_bus_id, power_limit_w, power_w, serial, temperature, "
+                     "utilization",
                      f"{path}: processes[0].memory: must be >= 0, got -1"]
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "missing.yaml")

@@ -4,30 +4,40 @@ The module is the real ``pynvml`` or the simulated one (``devices/sim``); this c
 apart. Every call goes through :class:`~gpuagent.devices.guard.NvmlGuard`. Reads are tiered so the
 driver lock is held briefly (DESIGN.md, "Do no harm"):
 
-- every poll: utilization, memory, clocks, temperature, one batched field-value call (power, energy,
-  memory temperature, PCIe, NVLink), clock-event reasons, each process list once, per-process
+- every poll: utilization, memory, clocks, temperature, one batched field-value call (power, memory
+  temperature, PCIe, NVLink), clock-event reasons, each process list once, per-process
   utilization (with its timestamp cursor), one GPM sample;
-- every slow poll: static info (name, serial, PCI, power limit, MIG mode and layout, NVLink peers), ECC
-  and retired pages (batched field values), remapped rows.
+- every ``energy_interval`` (10 s): the energy counter (about 3 ms a read on an H100);
+- every slow poll: static info (name, serial, PCI, power limit, MIG mode and layout, NVLink peers, NUMA
+  node, compute mode, the MIG profiles and how many more of each can be created), ECC and retired pages
+  (batched field values), remapped rows.
 
 A :class:`GpuReader` belongs to one GPU and is only ever used from that GPU's worker thread.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuagent.devices.fields import FAST_FIELDS, SLOW_FIELDS, decode_field_values, field_ids
+from gpuagent.devices.fields import (
+    ENERGY_FIELDS,
+    FAST_FIELDS,
+    SLOW_FIELDS,
+    decode_field_values,
+    field_ids,
+)
 from gpuagent.devices.gpm import GpmSampler
 from gpuagent.devices.guard import GpuLostError, NvmlGuard
 from gpuagent.snapshot import (
     EccCounts,
     GpuInfo,
     GpuSample,
+    MigProfileCapacity,
     MigSample,
     ProcessSample,
     ProfilingSample,
@@ -37,6 +47,8 @@ from gpuagent.snapshot import (
 
 MHZ = 1_000_000
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId of a process on a GPU without MIG
+MIB = 1024 * 1024
+_COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)", re.IGNORECASE)
 
 ProcessNames = Callable[[int], str]
@@ -72,8 +84,14 @@ class GpuReader:
         *,
         process_names: ProcessNames,
         clock: Callable[[], float] = time.time,
+        sys_root: str = "/sys",
+        energy_interval: float = 10.0,
     ) -> None:
         self.guard = guard
+        self.energy_interval = energy_interval
+        self._energy_joules: float | None = None
+        self._energy_read_at: float | None = None  # wall time of the last energy read
+        self._sys_root = sys_root
         self.nvml = guard.nvml
         self.index = index
         self.handle = handle
@@ -88,6 +106,7 @@ class GpuReader:
         self._mig_gpm: dict[int, GpmSampler] = {}
         self._fast_ids = field_ids(self.nvml, FAST_FIELDS)
         self._slow_ids = field_ids(self.nvml, SLOW_FIELDS)
+        self._energy_ids = field_ids(self.nvml, ENERGY_FIELDS)
 
     # -- slow tier ---------------------------------------------------------------------------------
 
@@ -105,18 +124,23 @@ class GpuReader:
         if self.info is not None and self.info.mig_enabled != mig_enabled:
             g.forget(s)  # what is unsupported changes with MIG mode (e.g. GPU utilization)
         support = g.call("nvmlGpmQueryDeviceSupport", h, scope=s)
+        bus_id = text(pci.busId) if pci is not None else ""
+        mode = g.call("nvmlDeviceGetComputeMode", h, scope=s)
         info = GpuInfo(
             index=self.index,
             uuid=uuid,
             name=text(g.call("nvmlDeviceGetName", h, scope=s) or ""),
             serial=optional_text(g.call("nvmlDeviceGetSerial", h, scope=s)),
-            pci_bus_id=text(pci.busId) if pci is not None else "",
+            pci_bus_id=bus_id,
             minor_number=g.call("nvmlDeviceGetMinorNumber", h, scope=s),
             memory_total_bytes=memory.total if memory is not None else None,
             power_limit_watts=limit_mw / 1000.0 if limit_mw is not None else None,
             mig_enabled=mig_enabled,
             nvlink_peers=self._nvlink_peers(),
             gpm_supported=bool(support is not None and support.isSupportedDevice),
+            numa_node=self._numa_node(bus_id),
+            compute_mode=_COMPUTE_MODES.get(mode) if mode is not None else None,
+            mig_profiles=self._mig_profiles() if mig_enabled else (),
         )
         self.info = info
         self._migs = self._enumerate_migs() if mig_enabled else ()
@@ -142,6 +166,39 @@ class GpuReader:
                 if bus not in peers:
                     peers.append(bus)
         return tuple(peers)
+
+    def _numa_node(self, bus_id: str) -> int | None:
+        """NVML's answer (drivers from 545), else the PCI device's ``numa_node`` in sysfs; -1 means none."""
+        node = self.guard.call("nvmlDeviceGetNumaNodeId", self.handle, scope=self.index)
+        if node is None and bus_id:
+            node = read_numa_node(self._sys_root, bus_id)
+        return node if node is not None and node >= 0 else None
+
+    def _mig_profiles(self) -> tuple[MigProfileCapacity, ...]:
+        """Every GPU-instance profile the GPU supports, with how many more of it can be created now."""
+        g, nvml = self.guard, self.nvml
+        out: list[MigProfileCapacity] = []
+        for index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            info = g.call(
+                "nvmlDeviceGetGpuInstanceProfileInfo", self.handle, index, scope=self.index,
+                absent_on=(nvml.NVML_ERROR_INVALID_ARGUMENT, nvml.NVML_ERROR_NOT_FOUND),
+            )
+            if info is None or any(p.profile_id == info.id for p in out):
+                continue
+            remaining = g.call(
+                "nvmlDeviceGetGpuInstanceRemainingCapacity", self.handle, info.id, scope=self.index
+            )
+            if remaining is None:
+                continue
+            memory_mb = int(info.memorySizeMB)
+            out.append(MigProfileCapacity(
+                profile=_mig_profile(text(getattr(info, "name", b"")), info),
+                profile_id=int(info.id),
+                slice_count=int(info.sliceCount),
+                memory_bytes=memory_mb * MIB if memory_mb else None,
+                remaining_count=int(remaining),
+            ))
+        return tuple(out)
 
     def _enumerate_migs(self) -> tuple[_MigSlot, ...]:
         g, nvml = self.guard, self.nvml
@@ -235,9 +292,12 @@ class GpuReader:
             if milliwatts is not None:
                 fields["power_watts"] = milliwatts / 1000.0
         processes = self._processes()
+        self._read_energy()
         return GpuSample(
             info=info,
             sampled_at_unix=self._clock(),
+            energy_joules_total=self._energy_joules,
+            energy_read_at_unix=self._energy_read_at,
             gpu_util_percent=_float(util.gpu) if util is not None else None,
             memory_copy_util_percent=_float(util.memory) if util is not None else None,
             encoder_util_percent=_float(enc[0]) if enc is not None else None,
@@ -260,6 +320,22 @@ class GpuReader:
             migs=self._read_migs(processes) if info.mig_enabled else (),
             **fields,
         )
+
+    def _read_energy(self) -> None:
+        """The energy counter, when ``energy_interval`` has passed since the last read (every poll when that
+        is at most the poll interval). In between, samples carry the last reading and its time
+        (``energy_read_at_unix``)."""
+        now = self._clock()
+        last = self._energy_read_at
+        # 5 % slack: a 10 s interval at 1 s polls reads every 10th poll, not every 11th after jitter
+        if last is not None and now - last < 0.95 * self.energy_interval:
+            return
+        values = decode_field_values(
+            self.nvml, ENERGY_FIELDS,
+            self.guard.call("nvmlDeviceGetFieldValues", self.handle, self._energy_ids, scope=self.index),
+        )
+        self._energy_joules = values.get("energy_joules_total")
+        self._energy_read_at = now if self._energy_joules is not None else None
 
     def _memory_info(self, handle: Any) -> Any:
         g, scope = self.guard, self.index
@@ -344,12 +420,25 @@ class GpuReader:
 
 
 def _mig_profile(name: str, attrs: Any) -> str:
+    """A profile name ("1g.10gb") from NVML's name, else from a device's attributes or a profile's info."""
     match = _MIG_PROFILE.search(name)
     if match:
         return match.group(1).lower()
     if attrs is not None:
-        return f"{attrs.gpuInstanceSliceCount}g.{round(attrs.memorySizeMB / 1024)}gb"
+        slices = getattr(attrs, "gpuInstanceSliceCount", None) or getattr(attrs, "sliceCount", 0)
+        return f"{slices}g.{round(attrs.memorySizeMB / 1024)}gb"
     return "unknown"
+
+
+def read_numa_node(sys_root: str, bus_id: str) -> int | None:
+    """``/sys/bus/pci/devices/<domain:bus:dev.fn>/numa_node`` of an NVML bus id ("00000000:18:00.0")."""
+    domain, _, rest = bus_id.lower().partition(":")
+    path = os.path.join(sys_root, "bus", "pci", "devices", f"{domain[-4:]:0>4}:{rest}", "numa_node")
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def optional_text(value: Any) -> str | None:

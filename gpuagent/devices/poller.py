@@ -53,6 +53,7 @@ class DevicePoller:
         *,
         timeout: float = 5.0,
         slow_interval: float = 30.0,
+        energy_interval: float = 10.0,
         xid_window: float = 300.0,
         process_names: ProcessNames | None = None,
         clock: Callable[[], float] = time.time,
@@ -62,6 +63,7 @@ class DevicePoller:
         self.nvml = nvml
         self.timeout = timeout
         self.slow_interval = slow_interval
+        self.energy_interval = energy_interval
         self.xids = XidBook(xid_window, clock=clock)
         self.names = process_names or ProcessNames()
         self._clock = clock
@@ -119,7 +121,8 @@ class DevicePoller:
             self._workers[index] = worker
             previous = self._gpus.get(index)
             gpus[index] = _Gpu(
-                reader=GpuReader(self.guard, index, handle, process_names=self.names, clock=self._clock),
+                reader=GpuReader(self.guard, index, handle, process_names=self.names, clock=self._clock,
+                                 energy_interval=self.energy_interval),
                 worker=worker,
                 last=previous.last if previous else None,
             )

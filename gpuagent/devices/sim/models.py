@@ -194,7 +194,10 @@ _NVLINK_FIELDS = (
     "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX",
     "NVML_FI_DEV_NVLINK_LINK_COUNT",
 )
-_MIG_FUNCTIONS = ("nvmlDeviceGetMigMode", "nvmlDeviceGetMigDeviceHandleByIndex")
+_MIG_FUNCTIONS = (
+    "nvmlDeviceGetMigMode", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceGetGpuInstanceRemainingCapacity",
+)
 _GPM_FUNCTIONS = ("nvmlGpmSampleGet", "nvmlGpmMigSampleGet")
 
 

@@ -44,6 +44,7 @@ import pynvml
 
 from gpuagent.devices.sim.cpu import CpuMeter
 from gpuagent.devices.sim.curves import FollowCpu
+from gpuagent.devices.sim.mig import profile_by_index, remaining_capacity
 from gpuagent.devices.sim.models import MIB, unsupported_names
 from gpuagent.devices.sim.node import GpuView, Integrals, Node, ProcView
 from gpuagent.devices.sim.scenario import (
@@ -553,6 +554,51 @@ class SimulatedNvml:
         attrs.sharedJpegCount = 1 if inst is None or slices >= 7 else 0
         attrs.sharedOfaCount = 1 if inst is None or slices >= 7 else 0
         return attrs
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: Any, profile: Any, version: Any = 2) -> Any:
+        g, _, _ = self._device(device, "nvmlDeviceGetGpuInstanceProfileInfo")
+        if not isinstance(profile, int) or not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        spec = profile_by_index(g.model, profile)
+        if spec is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if version == 2:
+            info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        else:
+            info = pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        info.id = profile
+        info.isP2pSupported = 0
+        info.sliceCount = spec.slices
+        info.instanceCount = len(spec.placements)
+        info.multiprocessorCount = spec.sm_count
+        info.copyEngineCount = max(1, spec.slices)
+        info.decoderCount = spec.slices // 2
+        info.memorySizeMB = spec.memory_bytes // MIB
+        if version == 2:
+            info.name = f"MIG {spec.name}".encode()
+        return info
+
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, device: Any, profileId: Any) -> Any:
+        g, _, _ = self._device(device)
+        if not g.mig_enabled:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        spec = profile_by_index(g.model, profileId) if isinstance(profileId, int) else None
+        if spec is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return remaining_capacity(g.model, ((i.profile, i.id) for i in g.mig_instances), spec)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> Any:
+        g, _, _ = self._device(handle)
+        if g.numa_node is not None:
+            return g.numa_node
+        return g.index * 2 // max(1, len(self.scenario.gpus))  # two sockets, half the GPUs on each
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> Any:
+        g, _, _ = self._device(handle)
+        return {"default": pynvml.NVML_COMPUTEMODE_DEFAULT, "prohibited": pynvml.NVML_COMPUTEMODE_PROHIBITED,
+                "exclusive_process": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS}[g.compute_mode]
 
     # -- NVLink and GPM support --------------------------------------------------------------------
 

@@ -105,6 +105,8 @@ class GpuSpec:
     not_supported: frozenset[str]
     nvlink_down: frozenset[int]
     where: str  # "gpus[1]": the entry this GPU came from
+    numa_node: int | None = None  # None: the default, GPUs split evenly over two sockets
+    compute_mode: str = "default"
 
     def instance(self, gi: int) -> MigInstanceSpec | None:
         for inst in self.mig_instances:
@@ -537,7 +539,8 @@ class _Builder:
                     power_limit_w=float(g.get("power_limit_w", model.power_limit_w)),
                     pci_bus_id=g.get("pci_bus_id"), mig_enabled=mig_enabled, mig_instances=instances,
                     not_supported=frozenset(not_supported), nvlink_down=frozenset(g.get("nvlink_down") or ()),
-                    where=where, **curves,
+                    where=where, numa_node=g.get("numa_node"),
+                    compute_mode=g.get("compute_mode", "default"), **curves,
                 ))
         return gpus
 
