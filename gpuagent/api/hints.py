@@ -1,0 +1,139 @@
+"""``GET /v1/hints``, ``POST /v1/hints/score`` and ``GET /openapi.json``.
+
+Handlers read only the latest snapshot's ``NodeHints``: no I/O at request time. ``/v1/hints`` is serialised
+once per snapshot; its strong ETag hashes the figures without the freshness timestamp, so a node whose
+figures did not change answers a conditional GET (``If-None-Match``) with 304 however many polls went by;
+a 200 carries ``taken_at_unix``, and a 304 says the figures are still those of the client's copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from gpuagent.hints.codec import hints_to_jsonable
+from gpuagent.hints.score import RequestError, parse_fit_request, score_node
+from gpuagent.snapshot import NodeHints, NodeSnapshot
+
+MAX_SCORE_BYTES = 64 * 1024
+HINTS_PATH = "/v1/hints"
+SCORE_PATH = "/v1/hints/score"
+OPENAPI_PATH = "/openapi.json"
+
+_LATEST = web.AppKey("hints_latest", object)
+_CLOCK = web.AppKey("hints_clock", object)
+_CACHE = web.AppKey("hints_cache", dict)
+_OPENAPI = web.AppKey("openapi_body", bytes)
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    body: dict[str, str] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _max_age_seconds(snapshot: NodeSnapshot) -> float:
+    """Older hints than this are stale even here (the poller is stuck): the same bound as ``/healthz``."""
+    return max(30.0, 5 * snapshot.poll_interval_seconds)
+
+
+def _current(request: web.Request) -> tuple[NodeSnapshot, NodeHints] | web.Response:
+    snapshot: NodeSnapshot | None = request.app[_LATEST]()  # type: ignore[operator]
+    if snapshot is None:
+        return _error(503, "no snapshot yet: the first poll has not finished")
+    if snapshot.hints is None:
+        return _error(503, "no hints for the last snapshot: computing them failed (see the agent's log)")
+    return snapshot, snapshot.hints
+
+
+def _if_none_match(header: str, etag: str) -> bool:
+    if header.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in header.split(","))
+
+
+async def get_hints(request: web.Request) -> web.Response:
+    current = _current(request)
+    if isinstance(current, web.Response):
+        return current
+    snapshot, hints = current
+    cache = request.app[_CACHE]
+    if cache.get("snapshot") is not snapshot:
+        body = hints_to_jsonable(hints)
+        figures = {k: v for k, v in body.items() if k != "taken_at_unix"}
+        cache["etag"] = '"' + hashlib.sha256(_dumps(figures)).hexdigest()[:32] + '"'
+        cache["body"] = _dumps(body)
+        cache["snapshot"] = snapshot
+    etag: str = cache["etag"]
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if _if_none_match(request.headers.get("If-None-Match", ""), etag):
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=cache["body"], content_type="application/json", headers=headers)
+
+
+async def post_score(request: web.Request) -> web.Response:
+    if request.content_type != "application/json":
+        return _error(415, f"expected Content-Type application/json, got {request.content_type or 'none'}",
+                      "Content-Type")
+    if request.content_length is not None and request.content_length > MAX_SCORE_BYTES:
+        return _error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
+    if len(raw) > MAX_SCORE_BYTES:
+        return _error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return _error(400, "the body is not UTF-8", "body")
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return _error(400, f"the body is not JSON: {exc}"[:200], "body")
+    try:
+        fit = parse_fit_request(body)
+    except RequestError as exc:
+        return _error(400, exc.message, exc.field)
+    current = _current(request)
+    if isinstance(current, web.Response):
+        return current
+    snapshot, hints = current
+    now: float = request.app[_CLOCK]()  # type: ignore[operator]
+    result = score_node(hints, fit, now=now, max_age_seconds=_max_age_seconds(snapshot))
+    payload = {"node": hints.hostname, "taken_at_unix": hints.taken_at_unix, **result.to_jsonable()}
+    return web.Response(body=_dumps(payload), content_type="application/json")
+
+
+def openapi_document() -> bytes:
+    """The agent's OpenAPI document as shipped in the package."""
+    return resources.files("gpuagent.api").joinpath("openapi.json").read_bytes()
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[_OPENAPI], content_type="application/json")
+
+
+def add_routes(
+    app: web.Application,
+    latest: Callable[[], NodeSnapshot | None],
+    *,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Register the hints endpoints and ``/openapi.json`` on ``app``."""
+    app[_LATEST] = latest
+    app[_CLOCK] = clock
+    app[_CACHE] = {}
+    app[_OPENAPI] = openapi_document()
+    app.router.add_get(HINTS_PATH, get_hints)
+    app.router.add_post(SCORE_PATH, post_score)
+    app.router.add_get(OPENAPI_PATH, get_openapi)

@@ -1,0 +1,71 @@
+"""The scheduling hints as metrics, so a scheduler (or a person) can read them from Prometheus too.
+
+Per GPU (labels ``gpu, UUID, Hostname`` as the other ``gpuagent_gpu_*`` families; a LOST GPU has none):
+free and allocated memory, the schedulable share of SM time, the SM utilization moving averages (the
+time constants are in the help text), the sharing mode, the number of tenants, and per MIG profile the
+instances still to be had. Per node: the hints' timestamp, free GPUs and schedulable GPUs.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.metrics_core import Metric
+
+from gpuagent.export.families import add, add_known, family, gauge, non_empty
+from gpuagent.export.labels import GpuLabels, GpuRenderer
+from gpuagent.snapshot import Health, NodeSnapshot
+
+
+class HintsCollector(GpuRenderer):
+    """Renders ``snapshot.hints``; nothing when the hints are absent."""
+
+    name = "hints"
+
+    def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
+        hints = snapshot.hints
+        if hints is None:
+            return []
+        short, long = f"{hints.short_window_seconds:g} s", f"{hints.long_window_seconds:g} s"
+        free = gauge("gpuagent_gpu_free_memory_bytes",
+                     "Memory a new tenant can count on: neither used nor promised to a tenant's limit.")
+        allocated = gauge("gpuagent_gpu_allocated_memory_bytes", "Sum of the GPU's tenants' memory limits.")
+        share = gauge("gpuagent_gpu_schedulable_share_ratio",
+                      "Part of the GPU's SM time neither promised to tenants' share limits nor taken on "
+                      "average (0-1); on MIG, the slices of idle instances and room for new ones.")
+        sm_short = gauge("gpuagent_gpu_sm_util_short_ratio",
+                         f"SM utilization, exponentially weighted moving average, time constant {short}.")
+        sm_long = gauge("gpuagent_gpu_sm_util_long_ratio",
+                        f"SM utilization, exponentially weighted moving average, time constant {long}.")
+        mode = family("gpuagent_gpu_sharing_mode_info",
+                      "How the GPU is shared: none, exclusive, time_sliced, mps or mig.", "info")
+        tenants = gauge("gpuagent_gpu_workloads",
+                        "Workloads (pods and others) allocated the GPU or running processes on it.")
+        numa = gauge("gpuagent_gpu_numa_node", "The CPU NUMA node the GPU is attached to.")
+        mig_free = gauge("gpuagent_gpu_mig_free_instances",
+                         "MIG instances of the profile to be had: idle ones plus those that can be created.")
+        samples = {g.info.uuid: g for g in snapshot.gpus}
+        for gpu in hints.gpus:
+            sample = samples.get(gpu.uuid)
+            if sample is None or sample.health is Health.LOST:
+                continue
+            series = labels.gpu(sample)
+            add(free, series, gpu.memory_free_bytes)
+            add(allocated, series, gpu.memory_allocated_bytes)
+            add(share, series, gpu.schedulable_share_ratio)
+            add_known(sm_short, series, gpu.sm_util_short_ratio)
+            add_known(sm_long, series, gpu.sm_util_long_ratio)
+            add(mode, {**series, "mode": gpu.sharing_mode}, 1)
+            add(tenants, series, len(gpu.tenants))
+            add_known(numa, series, gpu.numa_node)
+            for profile in gpu.free_mig_profiles:
+                add(mig_free, {**series, "profile": profile.profile},
+                    len(profile.idle_instances) + profile.creatable_count)
+        node = {self._hostname_label: hints.hostname} if self._hostname_label and hints.hostname else {}
+        taken = gauge("gpuagent_hints_timestamp_seconds", "When the snapshot the hints come from was taken.")
+        free_gpus = gauge("gpuagent_node_free_gpus", "Healthy GPUs without MIG and without any tenant.")
+        schedulable = gauge("gpuagent_node_schedulable_gpus",
+                            "Sum of the GPUs' schedulable shares of SM time, in GPUs.")
+        add(taken, node, hints.taken_at_unix)
+        add(free_gpus, node, hints.free_gpu_count)
+        add(schedulable, node, hints.schedulable_share_gpus)
+        return non_empty([free, allocated, share, sm_short, sm_long, mode, tenants, numa, mig_free, taken,
+                          free_gpus, schedulable])

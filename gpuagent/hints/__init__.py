@@ -1,0 +1,1 @@
+"""Scheduling hints: capacity, load and fit of GPU requests on this node, from the latest snapshot."""
