@@ -159,6 +159,12 @@ CORE_DOCS = [
     pytest.param(doc, id=f"{name}:{doc['kind']}/{doc['metadata']['name']}")
     for name, doc in _all_docs() if doc["kind"] not in NOT_CORE
 ]
+# The scheduler extender's manifests (deploy/extender/; their cross-references: tests/test_extender_deploy.py).
+CORE_DOCS += [
+    pytest.param(doc, id=f"extender/{path.name}:{doc['kind']}/{doc['metadata']['name']}")
+    for path in sorted((DEPLOY / "extender").glob("*.yaml")) for doc in _load(path)
+    if doc["kind"] not in NOT_CORE | {"KubeSchedulerConfiguration"}
+]
 
 
 @pytest.mark.parametrize("version", _k8s_versions())

@@ -1,0 +1,269 @@
+"""Benchmark the scheduler extender at cluster scale, and an agent's ``POST /v1/hints/score``.
+
+Usage: .venv/bin/python bench/bench_extender.py [--nodes 100,1000,5000] [--calls 30] [--score-calls 300]
+
+- Virtual agents: one child process serves N agents' ``GET /n/<node>/v1/hints`` (ETag, 304 on
+  ``If-None-Match``, as the agent does). Their bodies are real hints: ``poll_once`` of the simulated
+  8xH100/64-process, A100-MIG and laptop nodes, taken in turn.
+- cold: a fresh extender's first filter over N never-seen nodes (all fetched concurrently, then cached):
+  the time until every node is cached, and how many the default 1 s bound lets in.
+- refresh: one background round over N cached agents (conditional GETs, all 304).
+- filter / prioritize (cache warm), medians over ``--calls`` calls of the ExtenderArgs kube-scheduler
+  sends (full Pod, NodeNames): ``in-process`` is ``Extender.filter`` itself (parse, judge every node,
+  build the reply); ``http`` is the whole POST on loopback (JSON both ways). ``same pod`` repeats one pod
+  (the per-node memo of the last scoring hits, as for a prioritize after its filter); ``new pod`` changes
+  the request each call (every node is scored again).
+- score: a real ``gpuagent run`` process (8xH100 simulated), ``POST /v1/hints/score`` over keep-alive.
+Medians and p95; this machine is small and shared, single timings mean nothing. Results go to
+``bench/results/extender_<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from aiohttp import ClientSession, TCPConnector, web  # noqa: E402
+
+from gpuagent.hints.agents import AgentCache, AgentDirectory  # noqa: E402
+from gpuagent.hints.extender import Extender, build_app, build_registry  # noqa: E402
+
+SCENARIOS = ("h100-8x-64proc.yaml", "a100-mig.yaml", "laptop-1gpu.yaml")
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median_ms": round(statistics.median(ordered) * 1000, 3),
+        "p95_ms": round(ordered[max(0, int(len(ordered) * 0.95) - 1)] * 1000, 3),
+        "min_ms": round(ordered[0] * 1000, 3),
+        "runs": len(ordered),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def real_hints() -> list[dict[str, Any]]:
+    """The /v1/hints bodies of the three simulated nodes after one poll."""
+    from gpuagent import agent
+    from gpuagent.config import load_config
+    from gpuagent.hints.codec import hints_to_jsonable
+
+    bodies = []
+    for scenario in SCENARIOS:
+        config = load_config(None, env={}, overrides={
+            "backend": "sim", "scenario": str(ROOT / "examples" / "scenarios" / scenario),
+            "pod_resources_socket": None, "kubernetes_api": "off", "hostname": scenario.split(".")[0],
+        })
+        snapshot = agent.poll_once(config)
+        assert snapshot.hints is not None, f"{scenario}: no hints"
+        bodies.append(hints_to_jsonable(snapshot.hints))
+    return bodies
+
+
+def serve_virtual_agents(port: int, nodes: int, bodies: list[dict[str, Any]]) -> None:
+    """Child process: N agents' /v1/hints on one port, bodies pre-serialised with their ETags."""
+    encoded = []
+    for i in range(nodes):
+        body = dict(bodies[i % len(bodies)], hostname=f"node-{i:05d}")
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        encoded.append((raw, '"' + hashlib.sha256(raw).hexdigest()[:32] + '"'))
+
+    async def hints(request: web.Request) -> web.Response:
+        index = int(request.match_info["node"].removeprefix("node-"))
+        raw, etag = encoded[index]
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        return web.Response(body=raw, content_type="application/json", headers={"ETag": etag})
+
+    app = web.Application()
+    app.router.add_get("/n/{node}/v1/hints", hints)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
+
+
+def wait_for_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def pod_args(nodes: list[str], memory_gib: int | None = None) -> dict[str, Any]:
+    from test_extender_fixtures import filter_request
+
+    args = filter_request()
+    annotations = args["Pod"]["metadata"]["annotations"]
+    annotations["gpuagent.io/gpu-share"] = "30%"
+    if memory_gib is not None:
+        annotations["gpuagent.io/gpu-memory"] = f"{memory_gib}Gi"
+    args["NodeNames"] = nodes
+    return args
+
+
+async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int) -> dict[str, Any]:
+    port = free_port()
+    server = multiprocessing.Process(target=serve_virtual_agents, args=(port, count, bodies), daemon=True)
+    server.start()
+    out: dict[str, Any] = {"nodes": count}
+    try:
+        wait_for_port(port)
+        nodes = [f"node-{i:05d}" for i in range(count)]
+        directory = AgentDirectory(template=f"http://127.0.0.1:{port}/n/{{node}}")
+
+        # cold: every node never seen; generous bound so all are cached, and the default 1 s bound
+        for deadline, key in ((60.0, "cold_all_cached"), (1.0, "cold_within_1s")):
+            cache = AgentCache(directory, timeout_seconds=deadline, max_concurrent_fetches=128)
+            await cache.start()
+            extender = Extender(cache)
+            started = time.perf_counter()
+            reply = await extender.filter(pod_args(nodes))
+            elapsed = time.perf_counter() - started
+            judged = len(reply["NodeNames"]) + len(reply["FailedNodes"])
+            out[key] = {"seconds": round(elapsed, 3), "nodes_judged": judged,
+                        "nodes_unreachable": len(reply["FailedAndUnresolvableNodes"])}
+            await cache.close()
+        cache = AgentCache(directory, timeout_seconds=10.0, max_concurrent_fetches=128)
+        await cache.start()
+        extender = Extender(cache)
+        await cache.lookup(nodes, deadline_seconds=300)  # warm: every node cached
+        assert all(cache.get(n) and cache.get(n).hints for n in nodes), "not every node was cached"  # type: ignore[union-attr]
+
+        refresh = []
+        for _ in range(3):
+            started = time.perf_counter()
+            await cache.refresh_all()
+            refresh.append(time.perf_counter() - started)
+        out["refresh_round_all_304"] = quantiles(refresh)
+
+        same = pod_args(nodes)
+        filter_same, prio_same, filter_new = [], [], []
+        for i in range(calls):
+            started = time.perf_counter()
+            reply = await extender.filter(same)
+            filter_same.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await extender.prioritize(same)
+            prio_same.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await extender.filter(pod_args(nodes, memory_gib=1 + i % 40))
+            filter_new.append(time.perf_counter() - started)
+        out["passing_nodes"] = len(reply["NodeNames"])
+        out["in_process"] = {
+            "filter_same_pod": quantiles(filter_same),
+            "prioritize_same_pod": quantiles(prio_same),
+            "filter_new_pod": quantiles(filter_new),
+        }
+
+        registry = build_registry(extender)
+        runner = web.AppRunner(build_app(extender, registry), access_log=None)
+        await runner.setup()
+        http_port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", http_port).start()
+        body_same = json.dumps(same).encode()
+        http_same, http_new, http_prio = [], [], []
+        async with ClientSession(connector=TCPConnector(limit=1)) as session:
+            url = f"http://127.0.0.1:{http_port}"
+            headers = {"Content-Type": "application/json"}
+            for i in range(calls):
+                for samples, path, body in (
+                    (http_same, "/filter", body_same),
+                    (http_prio, "/prioritize", body_same),
+                    (http_new, "/filter", json.dumps(pod_args(nodes, memory_gib=100 + i)).encode()),
+                ):
+                    started = time.perf_counter()
+                    async with session.post(url + path, data=body, headers=headers) as response:
+                        await response.read()
+                        assert response.status == 200
+                    samples.append(time.perf_counter() - started)
+        out["http"] = {"filter_same_pod": quantiles(http_same), "prioritize_same_pod": quantiles(http_prio),
+                       "filter_new_pod": quantiles(http_new), "request_body_bytes": len(body_same)}
+        await runner.cleanup()
+        await cache.close()
+    finally:
+        server.terminate()
+        server.join(10)
+    return out
+
+
+async def bench_score(calls: int) -> dict[str, Any]:
+    """POST /v1/hints/score on a real agent process (simulated 8xH100, 64 processes)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuagent", "run", "--backend", "sim", "--scenario",
+         str(ROOT / "examples" / "scenarios" / SCENARIOS[0]), "--listen", f"127.0.0.1:{port}",
+         "--kubernetes-api", "off", "--pod-resources-socket", "",
+         "--journal-path", "/tmp/bench-extender-journal.json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )
+    try:
+        async with ClientSession(connector=TCPConnector(limit=1)) as session:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    async with session.get(url + "/v1/hints") as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the agent did not serve /v1/hints in time")
+                await asyncio.sleep(0.1)
+            samples = []
+            body = {"gpus": 1, "share": "30%", "memory": "8Gi"}
+            for _ in range(calls):
+                started = time.perf_counter()
+                async with session.post(url + "/v1/hints/score", json=body) as response:
+                    await response.read()
+                    assert response.status == 200
+                samples.append(time.perf_counter() - started)
+        return {"score_http": quantiles(samples)}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def main(bodies: list[dict[str, Any]]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", default="100,1000,5000")
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--score-calls", type=int, default=300)
+    args = parser.parse_args()
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+    results["agent"] = await bench_score(args.score_calls)
+    print(json.dumps(results["agent"]), flush=True)
+    results["extender"] = []
+    for count in (int(n) for n in args.nodes.split(",")):
+        result = await bench_nodes(count, bodies, args.calls)
+        results["extender"].append(result)
+        print(json.dumps(result), flush=True)
+    out = ROOT / "bench" / "results" / f"extender_{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(real_hints()))  # poll_once runs its own event loop: before ours

@@ -1,0 +1,436 @@
+"""``gpuagent extender``: a kube-scheduler extender (filter, prioritize) answering from the agents' hints.
+
+kube-scheduler calls ``POST <prefix>/filter`` and ``<prefix>/prioritize`` for every pod that requests a
+managed resource, with the candidate nodes, and waits. The answers come from memory: ``AgentCache`` holds
+every agent's ``/v1/hints`` (refreshed in the background) and each node is judged by ``score_node``, the
+code that serves the agents' own ``/v1/hints/score``, so the extender and an agent never disagree.
+
+Per node, in order:
+
+- the pod requests no GPU: every node passes, every score is 0, no agent is asked;
+- the pod's GPU request cannot be read (a bad ``gpuagent.io/*`` value): every node fails, unresolvable,
+  with the reason naming the annotation;
+- no hints, or the agent has not answered for ``max_age`` seconds: the node fails, unresolvable (evicting
+  pods there would not help), with the reason;
+- otherwise ``score_node``: a node the request does not fit fails with its reasons (preemption may help);
+  a node it fits passes, and prioritize scores it 0-10 (the 0-100 fit score, divided by 10).
+
+Malformed JSON is a 400 naming the field, never a 5xx: with ``ignorable: true`` the scheduler then goes on
+without the extender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from gpuagent.hints.agents import STATES, AgentCache, AgentDirectory, AgentEntry, AgentTLS
+from gpuagent.hints.extender_config import ExtenderOptions
+from gpuagent.hints.extender_protocol import (
+    ArgsError,
+    ExtenderArgs,
+    extender_score,
+    filter_result,
+    host_priority_list,
+    parse_args,
+)
+from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_request, pod_name
+from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, node_index
+from gpuagent.snapshot import NodeHints
+
+log = logging.getLogger(__name__)
+
+REASON_PREFIX = "gpuagent: "
+MAX_REASON_CHARS = 300
+MAX_BODY_BYTES = 256 * 1024 * 1024  # a NodeList of 5,000 full Node objects (nodeCacheCapable: false) fits
+MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
+YIELD_EVERY_NODES = 250
+REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One node's answer for one pod."""
+
+    fits: bool
+    score: int = 0  # 0-10
+    reason: str = ""
+    unresolvable: bool = False
+
+
+class ExtenderMetrics:
+    """The extender's own metrics, on its own registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "gpuagent_extender_requests_total",
+            "Scheduler calls by verb and outcome (ok, bad_request, error).",
+            ["verb", "outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "gpuagent_extender_request_duration_seconds",
+            "Time to answer a scheduler call, by verb.",
+            ["verb"],
+            buckets=REQUEST_BUCKETS,
+            registry=registry,
+        )
+        self.nodes = Counter(
+            "gpuagent_extender_nodes_total",
+            "Candidate nodes judged, by verb and verdict.",
+            ["verb", "verdict"],
+            registry=registry,
+        )
+        self.fetches = Counter(
+            "gpuagent_extender_agent_fetches_total",
+            "Requests for an agent's /v1/hints by result (modified, not_modified, error).",
+            ["result"],
+            registry=registry,
+        )
+        self.fetch_duration = Histogram(
+            "gpuagent_extender_agent_fetch_duration_seconds",
+            "Time of one /v1/hints request to an agent.",
+            buckets=REQUEST_BUCKETS,
+            registry=registry,
+        )
+
+    def observe_fetch(self, outcome: str, seconds: float) -> None:
+        self.fetches.labels(outcome).inc()
+        self.fetch_duration.observe(seconds)
+
+
+class _AgentsCollector(Collector):
+    """Agents known by state, computed at scrape time from the cache (no I/O)."""
+
+    def __init__(self, cache: AgentCache, max_age_seconds: float) -> None:
+        self._cache = cache
+        self._max_age = max_age_seconds
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "gpuagent_extender_agents",
+            "Node agents the extender knows, by state (fresh, stale, unreachable).",
+            labels=["state"],
+        )
+        try:
+            counts = self._cache.counts(self._max_age)
+        except Exception:  # a failing collector must not fail the scrape
+            log.exception("counting the agents failed")
+            return
+        for state in STATES:
+            family.add_metric([state], counts[state])
+        yield family
+
+
+class Extender:
+    """Filter and prioritize from the cache; pure apart from the cache's on-demand fetch of new nodes."""
+
+    def __init__(
+        self,
+        cache: AgentCache,
+        *,
+        max_age_seconds: float = 30.0,
+        gpu_resource_names: Sequence[str] = ("nvidia.com/gpu",),
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        metrics: ExtenderMetrics | None = None,
+    ) -> None:
+        self.cache = cache
+        self.max_age_seconds = max_age_seconds
+        self.gpu_resource_names = tuple(gpu_resource_names)
+        self._monotonic = monotonic
+        self._wall_clock = wall_clock
+        self.metrics = metrics
+        # request -> node -> (hints, verdict): the verdicts of the last MEMO_REQUESTS distinct requests,
+        # reused while a node's hints are the same object (a refresh that got a 304 keeps it). It serves the
+        # prioritize that follows each filter and the replicas of one workload, which ask alike.
+        self._memo: OrderedDict[FitRequest, dict[str, tuple[NodeHints, Verdict]]] = OrderedDict()
+
+    async def filter(self, body: Any) -> dict[str, Any]:
+        args = parse_args(body)
+        verdicts = await self._judge(args, "filter")
+        passing = [node for node, verdict in verdicts.items() if verdict.fits]
+        failed = {n: v.reason for n, v in verdicts.items() if not v.fits and not v.unresolvable}
+        unresolvable = {n: v.reason for n, v in verdicts.items() if not v.fits and v.unresolvable}
+        return filter_result(args, passing, failed, unresolvable)
+
+    async def prioritize(self, body: Any) -> list[dict[str, Any]]:
+        args = parse_args(body)
+        verdicts = await self._judge(args, "prioritize")
+        return host_priority_list((node, verdicts[node].score) for node in args.node_names)
+
+    async def _judge(self, args: ExtenderArgs, verb: str) -> dict[str, Verdict]:
+        nodes = args.node_names
+        try:
+            request = pod_fit_request(args.pod, gpu_resource_names=self.gpu_resource_names)
+        except MalformedPod as err:
+            raise ArgsError(err.field, err.message) from None
+        except PodRequestError as err:
+            log.info("pod %s: %s", pod_name(args.pod), err)
+            bad = Verdict(False, reason=_reason(f"{err.field}: {err.message}"), unresolvable=True)
+            return self._count(verb, dict.fromkeys(nodes, bad))
+        if request is None:  # no GPU asked for: not ours to judge
+            return self._count(verb, dict.fromkeys(nodes, Verdict(True)))
+        entries = await self.cache.lookup(nodes)
+        memo = self._memo.pop(request, None)
+        if memo is None or len(memo) > 2 * len(self.cache) + 1000:  # new, or holding forgotten nodes
+            memo = {}
+        self._memo[request] = memo  # most recent last
+        while len(self._memo) > MEMO_REQUESTS:
+            self._memo.popitem(last=False)
+        now = self._monotonic()
+        max_age = self.max_age_seconds
+        verdicts: dict[str, Verdict] = {}
+        scored = 0
+        for node in nodes:
+            entry = entries.get(node)
+            if (
+                entry is None
+                or entry.hints is None
+                or entry.answered_at is None
+                or now - entry.answered_at > max_age
+            ):
+                reason = entry.reason(now, max_age) if entry is not None else "agent not known"
+                verdicts[node] = Verdict(False, reason=_reason(reason), unresolvable=True)
+                continue
+            hints = entry.hints
+            known = memo.get(node)
+            if known is not None and known[0] is hints:
+                verdicts[node] = known[1]
+                continue
+            verdict = verdicts[node] = _score(entry, request)
+            memo[node] = (hints, verdict)
+            scored += 1
+            if scored % YIELD_EVERY_NODES == 0:  # scoring thousands of nodes: let the loop serve others
+                await asyncio.sleep(0)
+        return self._count(verb, verdicts)
+
+    def _count(self, verb: str, verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+        if self.metrics is not None:
+            passed = sum(1 for v in verdicts.values() if v.fits)
+            if passed:
+                self.metrics.nodes.labels(verb, "pass").inc(passed)
+            if len(verdicts) - passed:
+                self.metrics.nodes.labels(verb, "fail").inc(len(verdicts) - passed)
+        return verdicts
+
+
+def _score(entry: AgentEntry, request: FitRequest) -> Verdict:
+    """``score_node``'s answer, through the index the cache built when the hints arrived (the fast path:
+    no reason text for nodes that fit, one GPU's for those that do not, no sharing-mode recommendation).
+
+    Freshness was judged on this process's clock (when the agent last answered, 200 or 304); the hints'
+    taken_at is the agent's clock and stays that of the last 200, so it is not checked here."""
+    assert entry.hints is not None
+    index = entry.index
+    if index is None or index.hints is not entry.hints:
+        index = node_index(entry.hints)
+    fit = fit_node(index, request)
+    if fit.fits:
+        return _FITS[extender_score(fit.score)]
+    return Verdict(False, reason=_reason(_fit_reason(fit)))
+
+
+_FITS = [Verdict(True, score=score) for score in range(11)]  # a node that fits: one of these, shared
+
+
+def _fit_reason(fit: NodeFit) -> str:
+    """The node-level reason, then the first GPU's, by index (UUIDs are long and differ per node)."""
+    node = fit.node_reason()
+    parts = [node] if node is not None else []
+    first = fit.first_gpu_reason()
+    if first is not None:
+        gpu, uuid, why, count = first
+        more = f" (+{count - 1} more GPUs)" if count > 1 else ""
+        parts.append(f"GPU {gpu if gpu != NO_INDEX else uuid}: {why}{more}")
+    return "; ".join(parts) or "does not fit"
+
+
+def _reason(text: str) -> str:
+    text = REASON_PREFIX + text
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+# --- HTTP ---------------------------------------------------------------------------------------------------
+
+_EXTENDER = web.AppKey("extender", Extender)
+_REGISTRY = web.AppKey("registry", CollectorRegistry)
+
+
+def _json_error(status: int, message: str, field: str | None = None) -> web.Response:
+    body = {"error": message, **({"field": field} if field is not None else {})}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own 404/405/413 become JSON errors, as the agent's are."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _json_error(exc.status, exc.reason or "error")
+
+
+def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handler:
+    async def handle(request: web.Request) -> web.Response:
+        extender = request.app[_EXTENDER]
+        metrics = extender.metrics
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            raw = await request.read()
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                outcome = "bad_request"
+                return _json_error(400, f"the body is not JSON: {exc}"[:300], "body")
+            try:
+                reply = await answer(extender, body)
+            except ArgsError as err:
+                outcome = "bad_request"
+                log.info("%s: bad ExtenderArgs: %s", verb, err)
+                return _json_error(400, err.message, err.field)
+            return web.Response(
+                body=json.dumps(reply, separators=(",", ":")).encode(), content_type="application/json"
+            )
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            if metrics is not None:
+                metrics.requests.labels(verb, outcome).inc()
+                metrics.duration.labels(verb).observe(time.perf_counter() - started)
+
+    return handle
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    extender = request.app[_EXTENDER]
+    return web.json_response({"status": "ok", "agents": extender.cache.counts(extender.max_age_seconds)})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=generate_latest(request.app[_REGISTRY]), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+def build_app(extender: Extender, registry: CollectorRegistry, *, prefix: str = "") -> web.Application:
+    """The extender's routes: ``<prefix>/filter``, ``<prefix>/prioritize``, ``/healthz``, ``/metrics``."""
+    app = web.Application(middlewares=[_json_errors], client_max_size=MAX_BODY_BYTES)
+    app[_EXTENDER] = extender
+    app[_REGISTRY] = registry
+    prefix = prefix.rstrip("/")
+    app.router.add_post(f"{prefix}/filter", _verb("filter", Extender.filter))
+    app.router.add_post(f"{prefix}/prioritize", _verb("prioritize", Extender.prioritize))
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def build_registry(extender: Extender) -> CollectorRegistry:
+    """A registry with the extender's metrics; sets ``extender.metrics`` and the cache's fetch observer."""
+    registry = CollectorRegistry()
+    metrics = ExtenderMetrics(registry)
+    extender.metrics = metrics
+    extender.cache.set_fetch_observer(metrics.observe_fetch)
+    registry.register(_AgentsCollector(extender.cache, extender.max_age_seconds))
+    return registry
+
+
+async def serve(
+    extender: Extender,
+    *,
+    host: str,
+    port: int,
+    prefix: str = "",
+    ssl_context: ssl.SSLContext | None = None,
+    stop: asyncio.Event | None = None,
+    started: Callable[[int], None] | None = None,
+) -> None:
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given): the cache, its refresher
+    and the HTTP listener; everything is closed on the way out."""
+    stop = stop or _stop_on_signals()
+    registry = build_registry(extender)
+    app = build_app(extender, registry, prefix=prefix)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await extender.cache.start()
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        await site.start()
+        bound = port
+        server = site._server  # the bound port when port is 0
+        if server is not None and getattr(server, "sockets", None):
+            bound = server.sockets[0].getsockname()[1]
+        log.info("extender listening on %s:%d%s (%d agents known)", host, bound, prefix, len(extender.cache))
+        if started is not None:
+            started(bound)
+        await extender.cache.run(stop)
+    finally:
+        await runner.cleanup()
+        await extender.cache.close()
+        log.info("extender stopped")
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None = None) -> Extender:
+    """The extender and its agent cache as ``options`` say (the cache is started by ``serve``)."""
+    directory = AgentDirectory(template=options.agent_url, urls=options.agent_urls)
+    if agent_ssl is None and (options.agent_ca_file or options.agent_cert_file):
+        agent_ssl = AgentTLS(options.agent_ca_file, options.agent_cert_file, options.agent_key_file).context()
+    cache = AgentCache(
+        directory,
+        timeout_seconds=options.timeout,
+        refresh_interval_seconds=options.refresh_interval,
+        forget_after_seconds=options.forget_after,
+        max_concurrent_fetches=options.max_concurrent_fetches,
+        ssl_context=agent_ssl,
+    )
+    return Extender(cache, max_age_seconds=options.max_age, gpu_resource_names=options.gpu_resource_names)
+
+
+def run(options: ExtenderOptions, *, ssl_context: ssl.SSLContext | None = None) -> int:
+    """``gpuagent extender``: serve until SIGTERM/SIGINT; the exit status."""
+    try:
+        extender = from_options(options)
+    except (ssl.SSLError, OSError) as exc:
+        log.error(
+            "cannot load the TLS files for the agents (agent_ca_file, agent_cert_file, agent_key_file): %s",
+            exc,
+        )
+        return 2
+    asyncio.run(
+        serve(
+            extender,
+            host=options.listen_host,
+            port=options.listen_port,
+            prefix=options.url_prefix,
+            ssl_context=ssl_context,
+        )
+    )
+    return 0

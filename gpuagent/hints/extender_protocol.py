@@ -1,0 +1,133 @@
+"""kube-scheduler's extender JSON (``k8s.io/kube-scheduler/extender/v1``), parsed and written exactly.
+
+The Go structs have no json tags, so the keys are the Go field names in PascalCase and nil is sent as
+``null``: ``ExtenderArgs`` is ``{"Pod": v1.Pod, "Nodes": v1.NodeList | null, "NodeNames": [string] | null}``
+(``nodeCacheCapable: true`` sends ``NodeNames``, ``false`` the full ``Nodes``). Go's decoder matches keys
+case-insensitively, so ``parse_args`` does too (an exact match first).
+
+Replies mirror what was sent: a filter answers ``NodeNames`` when it got names and ``Nodes`` (the same node
+objects, fewer of them) when it got a NodeList. Both null would filter out every node, so the reply always
+sets the one the scheduler reads. Prioritize answers a bare ``[{"Host", "Score"}]`` list, scores 0-10.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuagent.hints.score import RequestError
+
+MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY = 0, 10
+
+
+class ArgsError(RequestError):
+    """A malformed ExtenderArgs: answered with a 400 naming ``field``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    pod: Mapping[str, Any]
+    node_names: tuple[str, ...]  # the candidates, in the order sent (from NodeNames, else Nodes.items)
+    nodes: Mapping[str, Any] | None  # the NodeList as sent; None when the scheduler sent NodeNames
+    names_sent: bool  # NodeNames was a list (nodeCacheCapable)
+
+
+def _get(body: Mapping[str, Any], key: str) -> Any:
+    """``body[key]`` with Go's key matching: exact first, else case-insensitive."""
+    if key in body:
+        return body[key]
+    lowered = key.lower()
+    for name, value in body.items():
+        if isinstance(name, str) and name.lower() == lowered:
+            return value
+    return None
+
+
+def parse_args(body: Any) -> ExtenderArgs:
+    """Check an ExtenderArgs body; raises ``ArgsError`` naming the field."""
+    if not isinstance(body, Mapping):
+        raise ArgsError("body", f"expected an ExtenderArgs object (Pod, Nodes, NodeNames), got {_kind(body)}")
+    pod = _get(body, "Pod")
+    if not isinstance(pod, Mapping):
+        raise ArgsError("Pod", f"expected the pod being scheduled (a v1 Pod object), got {_kind(pod)}")
+    raw_names = _get(body, "NodeNames")
+    raw_nodes = _get(body, "Nodes")
+    names: list[str] = []
+    if raw_names is not None:
+        if not isinstance(raw_names, list):
+            raise ArgsError("NodeNames", f"expected a list of node names or null, got {_kind(raw_names)}")
+        for index, name in enumerate(raw_names):
+            if not isinstance(name, str) or not name:
+                raise ArgsError(f"NodeNames[{index}]", f"expected a node name, got {_kind(name)}")
+        names = raw_names
+    nodes: Mapping[str, Any] | None = None
+    if raw_nodes is not None:
+        if not isinstance(raw_nodes, Mapping):
+            raise ArgsError("Nodes", f"expected a v1 NodeList object or null, got {_kind(raw_nodes)}")
+        items = raw_nodes.get("items")
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise ArgsError("Nodes.items", f"expected a list of v1 Node objects, got {_kind(items)}")
+        node_names = [_node_name(item, index) for index, item in enumerate(items)]
+        if raw_names is None:
+            names = node_names
+        nodes = raw_nodes
+    return ExtenderArgs(pod=pod, node_names=tuple(names), nodes=nodes, names_sent=raw_names is not None)
+
+
+def _node_name(item: Any, index: int) -> str:
+    meta = item.get("metadata") if isinstance(item, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise ArgsError(f"Nodes.items[{index}].metadata.name", f"expected a node name, got {_kind(name)}")
+    return name
+
+
+def filter_result(
+    args: ExtenderArgs,
+    passing: Iterable[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+    error: str = "",
+) -> dict[str, Any]:
+    """An ExtenderFilterResult mirroring the form of ``args``."""
+    keep = set(passing)
+    nodes = None
+    if args.nodes is not None:
+        items = args.nodes.get("items") or []
+        nodes = {**args.nodes, "items": [item for item in items if item["metadata"]["name"] in keep]}
+    names = None
+    if args.names_sent or args.nodes is None:  # never both null: that would filter out every node
+        names = [name for name in args.node_names if name in keep]
+    return {
+        "Nodes": nodes,
+        "NodeNames": names,
+        "FailedNodes": dict(failed),
+        "FailedAndUnresolvableNodes": dict(unresolvable),
+        "Error": error,
+    }
+
+
+def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+    """A HostPriorityList; every score is clamped to 0-10 (the scheduler does not check)."""
+    return [
+        {"Host": host, "Score": max(MIN_EXTENDER_PRIORITY, min(MAX_EXTENDER_PRIORITY, int(score)))}
+        for host, score in scores
+    ]
+
+
+def extender_score(score_0_100: int) -> int:
+    """A 0-100 fit score as an extender priority, 0-10 (rounded half up)."""
+    return max(MIN_EXTENDER_PRIORITY, min(MAX_EXTENDER_PRIORITY, (int(score_0_100) + 5) // 10))
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)[:64]
