@@ -27,6 +27,12 @@ fields, a large last-applied annotation), and :func:`container_id` gives the bar
 fixture's ``Status`` body, or 429 with the PodDisruptionBudget fixture's after ``pdb_blocks(ns, name)``;
 400 when the body is not an Eviction of that pod. Evictions are recorded in ``api.evictions`` (not in
 ``api.requests``), and ``fail_next`` applies to them too.
+
+``POST /apis/events.k8s.io/v1/namespaces/{ns}/events`` (events.k8s.io/v1 Event) answers 201 with the Event,
+after the API server's validation of the fields it requires (``eventTime``, ``reportingController``,
+``reportingInstance``, ``action``, ``reason``, ``type`` Normal/Warning, the namespace matching
+``regarding``'s, no ``deprecated*`` fields): 422 otherwise. Events are recorded in ``api.events``;
+``fail_next`` applies to them too.
 """
 
 from __future__ import annotations
@@ -214,6 +220,7 @@ class FakeApiServer:
         self._site: web.TCPSite | None = None
         self._handlers: set[asyncio.Task] = set()
         self.evictions: list[SeenEviction] = []
+        self.events: list[SeenEvent] = []
         self._pdb_blocked: set[tuple[str, str]] = set()
 
     # lifecycle
@@ -228,6 +235,7 @@ class FakeApiServer:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict)
+        app.router.add_post("/apis/events.k8s.io/v1/namespaces/{namespace}/events", self._event)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -481,6 +489,41 @@ class FakeApiServer:
             return answer(429, EVICTION_PDB)
         return answer(201, EVICTION_SUCCESS)
 
+    async def _event(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            body = None
+
+        def answer(status: int, reply: Mapping[str, Any]) -> web.Response:
+            self.events.append(SeenEvent(namespace, body, status, time.monotonic()))
+            return web.json_response(reply, status=status)
+
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return answer(401, _status(401, "Unauthorized", "Unauthorized"))
+        if self._failures:
+            code, message = self._failures.pop(0)
+            if message is None:
+                message = (f'events.events.k8s.io is forbidden: User "system:serviceaccount:gpu-system:gpuagent" '
+                           f'cannot create resource "events" in API group "events.k8s.io" in the namespace '
+                           f'"{namespace}"') if code == 403 else f"the server reports HTTP {code}"
+            return answer(code, _status(code, _REASONS.get(code, "Unknown"), message))
+        problems = _event_problems(body, namespace)
+        if problems:
+            return answer(422, {**_status(422, "Invalid", "Event is invalid: " + "; ".join(problems)),
+                                "details": {"kind": "Event", "group": "events.k8s.io"}})
+        return answer(201, {**body, "metadata": {**body["metadata"], "uid": str(uuid.uuid4()),
+                                                  "resourceVersion": str(self._rv)}})
+
+
+@dataclass(frozen=True)
+class SeenEvent:
+    namespace: str
+    body: Any  # the decoded JSON body (None when it was not JSON)
+    status: int  # what the fake answered
+    at: float
+
 
 @dataclass(frozen=True)
 class SeenEviction:
@@ -490,6 +533,31 @@ class SeenEviction:
     authorization: str | None
     status: int  # what the fake answered
     at: float
+
+
+def _event_problems(body: Any, namespace: str) -> list[str]:
+    """What the API server's validation of an events.k8s.io/v1 Event create would reject."""
+    if not isinstance(body, dict) or body.get("kind") != "Event" or body.get("apiVersion") != "events.k8s.io/v1":
+        return ["not an events.k8s.io/v1 Event"]
+    problems = []
+    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    if not meta.get("name") or len(meta["name"]) > 253:
+        problems.append("metadata.name: Required value")
+    if meta.get("namespace") not in (None, namespace):
+        problems.append("metadata.namespace: does not match the namespace of the request")
+    for key, limit in (("reportingController", 253), ("reportingInstance", 128), ("action", 128),
+                       ("reason", 128), ("eventTime", 64)):
+        if not isinstance(body.get(key), str) or not body[key] or len(body[key]) > limit:
+            problems.append(f"{key}: Required value (at most {limit} characters)")
+    if body.get("type") not in ("Normal", "Warning"):
+        problems.append("type: Unsupported value")
+    regarding = body.get("regarding")
+    if isinstance(regarding, dict) and regarding.get("namespace") not in (None, namespace):
+        problems.append("regarding.namespace: does not match the event's namespace")
+    if len(body.get("note") or "") > 1024:
+        problems.append("note: Too long: may not be longer than 1024")
+    problems += [f"{k}: needs to be unset" for k in body if k.startswith("deprecated")]
+    return problems
 
 
 def _eviction_fixture(name: str, fallback: dict[str, Any]) -> dict[str, Any]:

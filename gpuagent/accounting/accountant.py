@@ -1,0 +1,134 @@
+"""Per poll: rates from the snapshot, the ledger's integration, idle episodes, Events; the published state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuagent.accounting.events import IdleEventPoster, IdleNotice
+from gpuagent.accounting.idle import IdleTracker, Observation
+from gpuagent.accounting.ledger import CONTAINER, POD, Ledger, Series, SeriesKey
+from gpuagent.accounting.rates import poll_rates
+from gpuagent.snapshot import AccountingState, GpuAccounting, IdleWorkload, NodeSnapshot, WorkloadGpuUsage
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingSettings:
+    retention_seconds: float = 300.0
+    efficiency_window_seconds: float = 3600.0
+    idle_threshold_ratio: float = 0.05
+    idle_window_seconds: float = 1800.0
+
+
+class Accountant:
+    """``update(snapshot)`` once per poll, after the sources; returns the :class:`AccountingState`.
+
+    Nothing here blocks: Events are only queued on ``events`` (None: no Events, e.g. off Kubernetes).
+    """
+
+    def __init__(self, settings: AccountingSettings, *, events: IdleEventPoster | None = None) -> None:
+        self.settings = settings
+        self.events = events
+        self.ledger = Ledger(retention_seconds=settings.retention_seconds,
+                             idle_threshold_ratio=settings.idle_threshold_ratio)
+        self.idle: IdleTracker[SeriesKey] = IdleTracker(
+            threshold_ratio=settings.idle_threshold_ratio, idle_window_seconds=settings.idle_window_seconds,
+            efficiency_window_seconds=settings.efficiency_window_seconds,
+        )
+        self._notified: set[tuple[str | None, str]] = set()  # pods whose current idle episode has its Event
+
+    def update(self, snapshot: NodeSnapshot) -> AccountingState:
+        now = snapshot.taken_at_monotonic
+        dropped = self.ledger.update(poll_rates(snapshot), now, snapshot.poll_interval_seconds)
+        for key in dropped:
+            self.idle.forget(key)
+        usage: list[WorkloadGpuUsage] = []
+        idle: list[IdleWorkload] = []
+        uids = {(p.namespace, p.name): p.uid for p in snapshot.pods}
+        for key, series in self.ledger:
+            observation = None
+            if key.level != CONTAINER:
+                if series.running:
+                    observation = self.idle.observe(
+                        key, now, allocated_now=series.allocated_now, busy_now=series.busy_now,
+                        allocated_total=series.allocated_gpu_seconds, busy_total=series.busy_gpu_seconds,
+                    )
+                else:
+                    self.idle.end(key)
+            usage.append(_usage(key, series, observation, snapshot))
+            if observation is not None and self.idle.flagged(observation):
+                assert observation.idle_since is not None
+                idle.append(IdleWorkload(
+                    kind=key.kind, name=key.name, namespace=key.namespace,
+                    pod_uid=uids.get((key.namespace, key.name)) if key.level == POD else None,
+                    gpu_uuid=key.gpu_uuid, gpu_index=series.gpu_index, gpu_instance_id=key.gpu_instance_id,
+                    allocated_gpus=series.allocated_now,
+                    idle_since_unix=snapshot.taken_at_unix - (now - observation.idle_since),
+                    idle_seconds=observation.idle_seconds,
+                ))
+        self._notify(idle, self.ledger.series)
+        return AccountingState(
+            idle=tuple(idle),
+            usage=tuple(usage),
+            gpus=tuple(
+                GpuAccounting(uuid, t.index, t.energy_joules, t.energy_unattributed_joules, t.gap_seconds)
+                for uuid, t in self.ledger.gpus.items()
+            ),
+            idle_threshold_ratio=self.settings.idle_threshold_ratio,
+            idle_window_seconds=self.settings.idle_window_seconds,
+            efficiency_window_seconds=self.settings.efficiency_window_seconds,
+            retention_seconds=self.settings.retention_seconds,
+            events_total=self.events.counts() if self.events is not None else {},
+        )
+
+    async def close(self) -> None:
+        if self.events is not None:
+            await self.events.aclose()
+
+    def _notify(self, idle: list[IdleWorkload], pods: Mapping[SeriesKey, Series]) -> None:
+        """One Event per pod per idle episode: when the pod first has a flagged GPU, until it has none."""
+        flagged: dict[tuple[str | None, str], list[IdleWorkload]] = {}
+        for entry in idle:
+            if entry.kind == "pod":
+                flagged.setdefault((entry.namespace, entry.name), []).append(entry)
+        if self.events is not None:
+            for (namespace, name), entries in flagged.items():
+                if (namespace, name) in self._notified or namespace is None:
+                    continue  # a pod known only by its UID has no namespace to post in
+                self.events.submit(IdleNotice(
+                    namespace=namespace, pod=name, pod_uid=entries[0].pod_uid,
+                    gpus=tuple(_describe(e, pods) for e in entries),
+                    idle_seconds=min(e.idle_seconds for e in entries),
+                    threshold_ratio=self.settings.idle_threshold_ratio,
+                ))
+        self._notified = set(flagged)
+
+
+def _describe(entry: IdleWorkload, pods: Mapping[SeriesKey, Series]) -> str:
+    text = f"GPU {entry.gpu_index} ({entry.gpu_uuid})"
+    if entry.gpu_instance_id is not None:
+        key = SeriesKey(POD, "pod", entry.namespace, entry.name, None, entry.gpu_uuid, entry.gpu_instance_id)
+        series = pods.get(key)
+        profile = series.mig_profile if series is not None and series.mig_profile else "MIG"
+        text += f" {profile} instance {entry.gpu_instance_id}"
+    return text
+
+
+def _usage(
+    key: SeriesKey, s: Series, observation: Observation | None, snapshot: NodeSnapshot
+) -> WorkloadGpuUsage:
+    ended = None if s.running else snapshot.taken_at_unix - (snapshot.taken_at_monotonic - s.last_seen)
+    return WorkloadGpuUsage(
+        level=key.level, kind=key.kind, name=key.name, namespace=key.namespace, container=key.container,
+        gpu_uuid=key.gpu_uuid, gpu_index=s.gpu_index, gpu_instance_id=key.gpu_instance_id,
+        mig_profile=s.mig_profile,
+        allocated_gpu_seconds_total=s.allocated_gpu_seconds,
+        busy_gpu_seconds_total=s.busy_gpu_seconds,
+        memory_byte_seconds_total=s.memory_byte_seconds,
+        energy_joules_total=s.energy_joules,
+        idle_allocated_gpu_seconds_total=s.idle_allocated_gpu_seconds,
+        allocated_gpus=s.allocated_now,
+        efficiency_ratio=observation.efficiency_ratio if observation is not None else None,
+        idle_seconds=observation.idle_seconds if observation is not None else 0.0,
+        ended_at_unix=ended,
+    )

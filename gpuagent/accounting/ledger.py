@@ -1,0 +1,307 @@
+"""The ledger: per-workload GPU counters integrated over the time between polls, with retention.
+
+Between two polls ``dt`` apart (the snapshots' monotonic times), each owner's rates (see ``rates``) are
+integrated by the trapezoid rule: the mean of its rate at both ends times ``dt``, an end where it was absent
+counting 0 (it appeared or left during the interval), an end where its busy figure was unknown taking the
+other end's. Nothing is integrated, and the time is added to the GPU's ``gap_seconds_total`` instead, when
+the polls are more than ``max(gap_factor x poll interval, min_gap_seconds)`` apart (the agent was stopped or
+starved: use during an outage is not invented), or the GPU was stale or unhealthy at either end.
+
+Energy: each poll interval's energy is split among the owners: the busy part ``E x min(1, sum busy)`` by
+each owner's busy, the idle remainder by what each holds (by busy when nobody holds it; "unattributed" when
+nobody was there, or for processes without a workload). The counter is read only every ``energy_interval``
+(it costs about 3 ms a read on an H100), so between two reads each interval's ``E`` is estimated from the
+instant power (trapezoid; equal weights per second without a power reading) and held as pending; when the
+next reading comes, the counter's delta is shared out in proportion to those estimates. So the shares of a
+GPU add up to its counter's delta exactly, with each poll weighted by the power drawn then. A counter that
+went backwards (GPU reset, driver reload), a gap, or an absent counter drops what was pending: nothing
+is split until the next reading after it.
+
+Series: each owner's increments go to its own series (a pod's container, or a workload off Kubernetes)
+and, for a pod, to the pod's series too. A series not seen for ``retention_seconds`` is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate
+
+POD, CONTAINER, WORKLOAD = "pod", "container", "workload"
+
+
+class SeriesKey(NamedTuple):
+    level: str  # POD, CONTAINER or WORKLOAD
+    kind: str
+    namespace: str | None
+    name: str
+    container: str | None
+    gpu_uuid: str
+    gpu_instance_id: int | None
+
+
+@dataclass(slots=True)
+class Series:
+    """The running totals of one series."""
+
+    gpu_index: int
+    mig_profile: str | None
+    last_seen: float  # monotonic time of the last poll that listed it
+    allocated_gpu_seconds: float = 0.0
+    busy_gpu_seconds: float | None = None
+    memory_byte_seconds: float = 0.0
+    energy_joules: float | None = None
+    idle_allocated_gpu_seconds: float = 0.0
+    allocated_now: float = 0.0  # held at the last poll (0 when not seen then)
+    busy_now: float | None = None
+    running: bool = True  # listed by the last poll
+
+
+@dataclass(slots=True)
+class GpuTotals:
+    index: int
+    energy_joules: float | None = None
+    energy_unattributed_joules: float | None = None
+    gap_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class _PendingEnergy:
+    """Estimated energy shares since the GPU's last counter reading (``anchor``), awaiting the next one."""
+
+    anchor: float | None = None  # the counter at the last reading the pending estimates start from
+    read_at: tuple[str, float] | None = None  # that reading's identity: when it was read
+    shares: dict[SeriesKey, float] = field(default_factory=dict)
+    unattributed: float = 0.0
+    total: float = 0.0
+
+    def drop(self) -> None:
+        self.anchor = self.read_at = None
+        self.shares.clear()
+        self.unattributed = self.total = 0.0
+
+
+@dataclass(slots=True)
+class _Increment:
+    allocated: float = 0.0
+    busy: float | None = None
+    memory: float = 0.0
+    energy: float | None = None
+
+    def add(self, other: _Increment) -> None:
+        self.allocated += other.allocated
+        self.memory += other.memory
+        if other.busy is not None:
+            self.busy = (self.busy or 0.0) + other.busy
+        if other.energy is not None:
+            self.energy = (self.energy or 0.0) + other.energy
+
+
+class Ledger:
+    """Integrates poll rates into series. ``update`` once per poll; read ``series`` and ``gpus`` after."""
+
+    def __init__(
+        self,
+        *,
+        retention_seconds: float = 300.0,
+        idle_threshold_ratio: float = 0.05,
+        gap_factor: float = 3.0,
+        min_gap_seconds: float = 1.0,
+    ) -> None:
+        self.retention_seconds = retention_seconds
+        self.idle_threshold_ratio = idle_threshold_ratio
+        self.gap_factor = gap_factor
+        self.min_gap_seconds = min_gap_seconds
+        self.series: dict[SeriesKey, Series] = {}
+        self.gpus: dict[str, GpuTotals] = {}
+        self._previous: dict[str, GpuRates | None] = {}  # the last poll's GPUs: rates, None if unusable
+        self._previous_at: float | None = None
+        self._energy: dict[str, _PendingEnergy] = {}
+
+    def update(self, rates: dict[str, GpuRates], now: float, poll_interval_seconds: float) -> list[SeriesKey]:
+        """Integrate from the previous poll to this one (monotonic ``now``); returns the series dropped."""
+        dt = None if self._previous_at is None else now - self._previous_at
+        bound = max(self.gap_factor * poll_interval_seconds, self.min_gap_seconds)
+        for s in self.series.values():
+            s.running, s.allocated_now, s.busy_now = False, 0.0, None
+        for uuid, current in rates.items():
+            totals = self.gpus.get(uuid)
+            if totals is None:
+                totals = self.gpus[uuid] = GpuTotals(current.index)
+            totals.index = current.index
+            previous = self._previous.get(uuid)
+            pending = self._energy.setdefault(uuid, _PendingEnergy())
+            if dt is not None and dt > 0 and uuid in self._previous:
+                if previous is None or dt > bound or not current.usable:
+                    totals.gap_seconds += dt
+                    pending.drop()
+                else:
+                    self._integrate(previous, current, dt, totals, pending)
+            if current.usable:
+                self._settle_energy(current, totals, pending, now)
+            self._mark_seen(current, now)
+        if dt is None or dt > 0:
+            self._previous = {uuid: r if r.usable else None for uuid, r in rates.items()}
+            self._previous_at = now
+        return self._expire(now)
+
+    # -- one interval of one GPU ---------------------------------------------------------------------
+    def _integrate(
+        self, previous: GpuRates, current: GpuRates, dt: float, totals: GpuTotals, pending: _PendingEnergy
+    ) -> None:
+        increments: dict[tuple[Owner, int | None], _Increment] = {}
+        for place in previous.units.keys() | current.units.keys():
+            increments[place] = _trapezoid(previous.units.get(place), current.units.get(place), dt)
+        estimate = _energy_estimate(previous, current, dt) if pending.anchor is not None else None
+        if estimate is not None:
+            pending.unattributed += _split_energy(increments, estimate, dt)
+            pending.total += estimate
+        by_series: dict[SeriesKey, _Increment] = {}  # a pod's series sums its containers' increments
+        for (owner, instance), increment in increments.items():
+            if owner is UNATTRIBUTED:
+                continue
+            for key in _series_keys(owner, current.uuid, instance):
+                by_series.setdefault(key, _Increment()).add(increment)
+        for key, increment in by_series.items():
+            if increment.energy is not None:
+                pending.shares[key] = pending.shares.get(key, 0.0) + increment.energy
+                increment.energy = None
+            self._add(self._series(key, current), increment)
+
+    def _settle_energy(
+        self, current: GpuRates, totals: GpuTotals, pending: _PendingEnergy, now: float
+    ) -> None:
+        """At a new counter reading, share its delta since the anchor out as the pending estimates say.
+        A counter without a read time counts as read at this poll."""
+        counter = current.energy_joules_total
+        if counter is None:
+            pending.drop()
+            return
+        read_at = (("read", current.energy_read_at_unix) if current.energy_read_at_unix is not None
+                   else ("poll", now))
+        if read_at == pending.read_at:
+            return  # the same reading as before: keep estimating
+        delta = counter - pending.anchor if pending.anchor is not None else None
+        if delta is not None and delta >= 0:
+            scale = delta / pending.total if pending.total > 0 else 0.0
+            totals.energy_joules = (totals.energy_joules or 0.0) + delta
+            unattributed = pending.unattributed * scale if pending.total > 0 else delta
+            totals.energy_unattributed_joules = (totals.energy_unattributed_joules or 0.0) + unattributed
+            for key, share in pending.shares.items():
+                s = self._series(key, current)
+                s.energy_joules = (s.energy_joules or 0.0) + share * scale
+        pending.drop()
+        pending.anchor, pending.read_at = counter, read_at
+
+    def _series(self, key: SeriesKey, gpu: GpuRates) -> Series:
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = Series(gpu.index, gpu.profiles.get(key.gpu_instance_id)
+                                          if key.gpu_instance_id is not None else None, last_seen=0.0)
+        return s
+
+    def _add(self, s: Series, inc: _Increment) -> None:
+        s.allocated_gpu_seconds += inc.allocated
+        s.memory_byte_seconds += inc.memory
+        if inc.busy is not None:
+            s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + inc.busy
+            if inc.allocated > 0 and inc.busy < self.idle_threshold_ratio * inc.allocated:
+                s.idle_allocated_gpu_seconds += inc.allocated
+        if inc.energy is not None:
+            s.energy_joules = (s.energy_joules or 0.0) + inc.energy
+
+    def _mark_seen(self, current: GpuRates, now: float) -> None:
+        now_by_key: dict[SeriesKey, Rate] = {}
+        for (owner, instance), rate in current.units.items():
+            if owner is UNATTRIBUTED:
+                continue
+            for key in _series_keys(owner, current.uuid, instance):
+                total = now_by_key.get(key)
+                if total is None:
+                    now_by_key[key] = Rate(rate.allocated, rate.busy, rate.memory_bytes)
+                else:
+                    total.allocated += rate.allocated
+                    if rate.busy is not None:
+                        total.busy = (total.busy or 0.0) + rate.busy
+        for key, rate in now_by_key.items():
+            s = self._series(key, current)
+            s.last_seen, s.running = now, True
+            s.allocated_now, s.busy_now = rate.allocated, rate.busy
+            # a figure known from the first sight starts its counter at 0 (so increase() sees all of it)
+            if rate.busy is not None and s.busy_gpu_seconds is None:
+                s.busy_gpu_seconds = 0.0
+            if current.energy_joules_total is not None and s.energy_joules is None:
+                s.energy_joules = 0.0
+            s.gpu_index = current.index
+            if key.gpu_instance_id is not None and key.gpu_instance_id in current.profiles:
+                s.mig_profile = current.profiles[key.gpu_instance_id]
+
+    def _expire(self, now: float) -> list[SeriesKey]:
+        retention = self.retention_seconds
+        gone = [k for k, s in self.series.items() if not s.running and now - s.last_seen > retention]
+        for key in gone:
+            del self.series[key]
+        return gone
+
+    def __len__(self) -> int:
+        return len(self.series)
+
+    def __iter__(self) -> Iterator[tuple[SeriesKey, Series]]:
+        return iter(self.series.items())
+
+
+def _series_keys(owner: Owner, uuid: str, instance: int | None) -> list[SeriesKey]:
+    if owner.kind == "pod":
+        keys = [SeriesKey(POD, "pod", owner.namespace, owner.name, None, uuid, instance)]
+        if owner.container is not None:
+            keys.append(SeriesKey(CONTAINER, "pod", owner.namespace, owner.name, owner.container, uuid,
+                                  instance))
+        return keys
+    return [SeriesKey(WORKLOAD, owner.kind, None, owner.name, None, uuid, instance)]
+
+
+def _trapezoid(before: Rate | None, after: Rate | None, dt: float) -> _Increment:
+    """The mean of the two ends times ``dt``; an absent end counts 0, an unknown busy end the other's."""
+    a = before or Rate(0.0, 0.0, 0.0)
+    b = after or Rate(0.0, 0.0, 0.0)
+    if a.busy is None and b.busy is None:
+        busy = None
+    else:
+        busy_a = a.busy if a.busy is not None else b.busy
+        busy_b = b.busy if b.busy is not None else a.busy
+        busy = (busy_a + busy_b) / 2 * dt  # type: ignore[operator]
+    return _Increment((a.allocated + b.allocated) / 2 * dt, busy, (a.memory_bytes + b.memory_bytes) / 2 * dt)
+
+
+def _split_energy(increments: dict[tuple[Owner, int | None], _Increment], energy: float, dt: float) -> float:
+    """Set each increment's share of ``energy`` (an interval of ``dt`` seconds); returns the part nobody
+    took. Busy and held are GPU-seconds over ``dt``: divided by ``dt`` they are fractions of the GPU."""
+    busy = {k: max(0.0, i.busy or 0.0) for k, i in increments.items()}
+    held = {k: max(0.0, i.allocated) for k, i in increments.items() if k[0] is not UNATTRIBUTED}
+    total_busy, total_held = sum(busy.values()), sum(held.values())
+    busy_energy = energy * min(1.0, total_busy / dt) if total_busy > 0 else 0.0
+    idle_energy = energy - busy_energy
+    shares = {k: busy_energy * b / total_busy for k, b in busy.items() if b > 0}
+    if total_held > 0:  # the idle remainder by what each holds
+        for k, h in held.items():
+            shares[k] = shares.get(k, 0.0) + idle_energy * h / total_held
+    elif total_busy > 0:  # nobody holds it: by use
+        for k, b in busy.items():
+            shares[k] = shares.get(k, 0.0) + idle_energy * b / total_busy
+    unattributed = 0.0 if total_held > 0 or total_busy > 0 else idle_energy
+    for k, share in shares.items():
+        if k[0] is UNATTRIBUTED:
+            unattributed += share
+        else:
+            increments[k].energy = share
+    return unattributed
+
+
+def _energy_estimate(previous: GpuRates, current: GpuRates, dt: float) -> float:
+    """The interval's energy by the trapezoid of the instant power; without a power reading, ``dt`` (equal
+    weight per second: only the ratios between the pending estimates matter)."""
+    if previous.power_watts is None or current.power_watts is None:
+        return dt
+    return max(0.0, (previous.power_watts + current.power_watts) / 2 * dt)

@@ -1,0 +1,185 @@
+"""What each workload holds and uses on each GPU at one poll: the rates the ledger integrates.
+
+Rules (the README's "Accounting" section states them for users):
+
+- **Who.** A process's :class:`~gpuagent.snapshot.Workload`: a pod's container (``kind="pod"``), or off
+  Kubernetes a systemd unit, Docker container, Slurm job, session. Processes without a workload (they
+  exited before their cgroup was read) are nobody's: their share of the energy is "unattributed".
+- **Allocated.** Where the kubelet's allocations are known (the pod-resources source answered, or pods
+  carry allocated devices), a pod holds what its containers were allocated: ``GPU-<uuid>`` the whole
+  GPU; ``MIG-<uuid>`` the instance's fraction of the GPU's compute slices; a time-slicing/MPS replica
+  ``<id>::<n>`` 1/N of its device, N the number of that device's replicas allocated on the node (the
+  device plugin's advertised count is not in the snapshot; with every replica in use the two agree, and
+  the holders of one GPU then add up to the GPU). Otherwise (off Kubernetes, or no allocations known) a
+  workload with a process on a GPU holds it: the whole GPU, or its MIG instance's fraction.
+- **Busy.** The sum of its processes' SM utilization (NVML's per-process samples), clamped to the GPU.
+  NVML has no per-process utilization on MIG: there the instance's GPM graphics-engine activity (the same
+  time-based measure; SM activity when that is absent) times the instance's fraction, shared equally by
+  the workloads with processes in it; no GPM (A100 and older) means busy is unknown (``None``), never 0.
+- **Memory.** The sum of its processes' used GPU memory.
+
+All quantities are in GPU units (1 = a whole GPU), so MIG slices, replicas and whole GPUs add up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProcessSample
+
+REPLICA_SEPARATOR = "::"
+
+
+class Owner(NamedTuple):
+    """A unit the ledger accounts: a pod's container (``container`` None when its name is unknown), or a
+    workload off Kubernetes (``namespace`` and ``container`` None)."""
+
+    kind: str
+    namespace: str | None
+    name: str
+    container: str | None
+
+
+UNATTRIBUTED = Owner("", None, "", None)  # processes nobody could be named for
+
+
+@dataclass(slots=True)
+class Rate:
+    """One owner on one GPU (or MIG instance) at one poll."""
+
+    allocated: float = 0.0  # GPUs held
+    busy: float | None = 0.0  # GPUs kept busy; None: unknown
+    memory_bytes: float = 0.0
+
+
+@dataclass(slots=True)
+class GpuRates:
+    """One GPU at one poll: each (owner, MIG instance)'s rate, and the GPU's energy counter."""
+
+    uuid: str
+    index: int
+    usable: bool  # healthy and fresh: its figures may be integrated
+    energy_joules_total: float | None
+    energy_read_at_unix: float | None = None  # when the counter was read (it is read every energy_interval)
+    power_watts: float | None = None  # weighs the polls between two counter reads
+    profiles: dict[int, str] = field(default_factory=dict)  # MIG GPU-instance ID -> profile
+    units: dict[tuple[Owner, int | None], Rate] = field(default_factory=dict)
+
+
+def poll_rates(snapshot: NodeSnapshot) -> dict[str, GpuRates]:
+    """GPU UUID -> its rates at this snapshot."""
+    known = allocations_known(snapshot)
+    by_gpu: dict[str, list[tuple[Owner, int | None, float]]] = defaultdict(list)
+    for (owner, uuid, instance), fraction in (pod_allocations(snapshot) if known else {}).items():
+        by_gpu[uuid].append((owner, instance, fraction))
+    nvml_ok = all(s.ok for s in snapshot.sources if s.name == "nvml")  # else these are earlier samples
+    out: dict[str, GpuRates] = {}
+    for gpu in snapshot.gpus:
+        rates = GpuRates(
+            uuid=gpu.info.uuid, index=gpu.info.index,
+            usable=nvml_ok and gpu.health is Health.OK and not gpu.stale,
+            energy_joules_total=gpu.energy_joules_total,
+            energy_read_at_unix=gpu.energy_read_at_unix,
+            power_watts=gpu.power_watts,
+            profiles={m.gpu_instance_id: m.profile for m in gpu.migs},
+        )
+        _use(gpu, rates, known)
+        for owner, instance, fraction in by_gpu.get(gpu.info.uuid, ()):
+            rate = rates.units.get((owner, instance))
+            if rate is None:
+                rate = rates.units[(owner, instance)] = Rate(busy=_idle_busy(gpu, instance))
+            rate.allocated += fraction
+        out[gpu.info.uuid] = rates
+    return out
+
+
+def allocations_known(snapshot: NodeSnapshot) -> bool:
+    """The kubelet's allocations are known: its source answered, or pods carry allocations from it."""
+    return any(s.name == "pod_resources" and s.ok for s in snapshot.sources) or any(
+        c.allocated_devices for pod in snapshot.pods for c in pod.containers
+    )
+
+
+def pod_allocations(snapshot: NodeSnapshot) -> dict[tuple[Owner, str, int | None], float]:
+    """(container owner, GPU UUID, MIG instance) -> GPUs allocated, from the pods' allocated devices."""
+    places: dict[str, tuple[str, int | None, float]] = {}  # device id without "::n" -> (GPU, instance, GPUs)
+    for gpu in snapshot.gpus:
+        places[gpu.info.uuid] = (gpu.info.uuid, None, 1.0)
+        for mig in gpu.migs:
+            places[mig.uuid] = (gpu.info.uuid, mig.gpu_instance_id, mig.slice_fraction)
+            # before driver R470 the device plugin named MIG devices MIG-GPU-<uuid>/<gi>/<ci>
+            legacy = f"MIG-{gpu.info.uuid}/{mig.gpu_instance_id}/{mig.compute_instance_id or 0}"
+            places[legacy] = (gpu.info.uuid, mig.gpu_instance_id, mig.slice_fraction)
+    replicas: dict[str, set[str]] = defaultdict(set)
+    for pod in snapshot.pods:
+        for container in pod.containers:
+            for device_id in container.allocated_devices:
+                base, sep, _ = device_id.partition(REPLICA_SEPARATOR)
+                if sep:
+                    replicas[base].add(device_id)
+    out: dict[tuple[Owner, str, int | None], float] = defaultdict(float)
+    for pod in snapshot.pods:
+        for container in pod.containers:
+            owner = Owner("pod", pod.namespace, pod.name, container.name)
+            for device_id in set(container.allocated_devices):
+                base, sep, _ = device_id.partition(REPLICA_SEPARATOR)
+                place = places.get(base)
+                if place is None:
+                    continue  # a device this node's GPUs do not list (yet): nothing to account it to
+                uuid, instance, fraction = place
+                out[(owner, uuid, instance)] += fraction / len(replicas[base]) if sep else fraction
+    return dict(out)
+
+
+def owner_of(process: ProcessSample) -> Owner:
+    w = process.workload
+    if w is None:
+        return UNATTRIBUTED
+    if w.kind == "pod":
+        return Owner("pod", w.namespace, w.name, w.container)
+    return Owner(w.kind, None, w.name, None)
+
+
+def _use(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
+    """Busy and memory of every owner with a process on the GPU; what they hold when processes count."""
+    migs = {m.gpu_instance_id: m for m in gpu.migs}
+    by_place: dict[tuple[Owner, int | None], list[ProcessSample]] = defaultdict(list)
+    for process in gpu.processes:
+        by_place[(owner_of(process), process.gpu_instance_id)].append(process)
+    sharing: dict[int | None, int] = defaultdict(int)  # MIG instance -> owners with processes in it
+    for _, instance in by_place:
+        sharing[instance] += 1
+    for (owner, instance), processes in by_place.items():
+        rate = Rate(memory_bytes=float(sum(p.used_memory_bytes or 0 for p in processes)))
+        mig = migs.get(instance) if instance is not None else None
+        if instance is None:
+            known = [p.sm_util_percent for p in processes if p.sm_util_percent is not None]
+            rate.busy = min(1.0, sum(known) / 100.0) if known else None
+        else:
+            active = _instance_active(mig)
+            if active is not None and mig is not None:
+                rate.busy = active * mig.slice_fraction / sharing[instance]
+            else:
+                rate.busy = None
+        if owner is not UNATTRIBUTED and not (pods_by_allocation and owner.kind == "pod"):
+            rate.allocated = 1.0 if instance is None else (mig.slice_fraction if mig is not None else 0.0)
+        rates.units[(owner, instance)] = rate
+
+
+def _instance_active(mig: MigSample | None) -> float | None:
+    """A MIG instance's activity (0-1) from GPM: graphics engine active, else SM active; None without GPM."""
+    if mig is None or mig.profiling is None:
+        return None
+    p = mig.profiling
+    value = p.graphics_active_ratio if p.graphics_active_ratio is not None else p.sm_active_ratio
+    return None if value is None else min(1.0, max(0.0, value))
+
+
+def _idle_busy(gpu: GpuSample, instance: int | None) -> float | None:
+    """Busy of an owner holding a place without a process there: 0 where use would be seen, else None."""
+    if instance is None:
+        return None if gpu.info.mig_enabled else 0.0
+    mig = next((m for m in gpu.migs if m.gpu_instance_id == instance), None)
+    return None if _instance_active(mig) is None else 0.0
