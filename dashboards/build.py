@@ -763,10 +763,139 @@ def agent() -> Json:
                      b, [CLUSTER_VAR, NODE_VAR, JOB_VAR], ["monitoring"])
 
 
+# -- 4. GPU accounting ------------------------------------------------------------------------------------
+
+ACCT = NODE + ', namespace=~"$namespace"'
+PER_NAMESPACE = "cluster, namespace"
+PER_ACCT_POD = "cluster, namespace, pod"
+HOURS = "suffix: GPU-h"
+
+ACCT_NAMESPACE_VAR = variable(
+    "namespace", "Namespace", f"label_values(gpuagent_pod_gpu_allocated_seconds_total{{{NODE}}}, namespace)",
+    "Namespaces with accounting series in the time range (ended pods' too).")
+
+
+def acct(quantity: str) -> str:
+    """A per-pod accounting counter, ``gpuagent_pod_gpu_<quantity>_total``, of the selected namespaces."""
+    return sel(f"gpuagent_pod_gpu_{quantity}_total", ACCT)
+
+
+def acct_sum(quantity: str, labels: str, window: str, divisor: str = "", fn: str = "increase") -> str:
+    """``sum by (labels) (fn(counter[window]))``, divided by ``divisor`` (``3600``: seconds to hours)."""
+    expr = f"sum by ({labels}) ({rate(acct(quantity), fn, window)})" if labels else \
+        f"sum({rate(acct(quantity), fn, window)})"
+    return f"{expr} / {divisor}" if divisor else expr
+
+
+def efficiency(labels: str, window: str, fn: str = "increase") -> str:
+    """Busy over allocated GPU-time, counting only GPUs whose busy time is known (MIG without GPM has none),
+    as ``gpuagent report`` and GpuClusterEfficiencyLow do."""
+    busy, allocated = rate(acct("busy_seconds"), fn, window), rate(acct("allocated_seconds"), fn, window)
+    group = f" by ({labels})" if labels else ""
+    return f"sum{group} ({busy}) / sum{group} ({allocated} and {busy})"
+
+
+def accounting() -> Json:
+    b = Board()
+    whole = "$__range"
+    flagged = (f"{sel('gpuagent_pod_gpu_idle_seconds', ACCT)} >= on (instance, job) group_left () "
+               f"{sel('gpuagent_accounting_idle_window_seconds', NODE)}")
+
+    b.row("Over the time range")
+    b.add(4, 4, stat("GPU-hours allocated", "GPU-time the selected namespaces' pods held "
+                     "(`gpuagent_pod_gpu_allocated_seconds_total`; a MIG slice counts as its fraction, a "
+                     "time-slicing replica as 1/N).", acct_sum("allocated_seconds", "", whole, "3600"), HOURS,
+                     decimals=1))
+    b.add(4, 4, stat("GPU-hours busy", "GPU-time their processes kept the SMs busy "
+                     "(`gpuagent_pod_gpu_busy_seconds_total`).", acct_sum("busy_seconds", "", whole, "3600"),
+                     HOURS, decimals=1))
+    b.add(4, 4, stat("Efficiency", "Busy over allocated GPU-time (GPUs whose busy time is unknown left out).",
+                     efficiency("", whole), "percentunit",
+                     steps=thresholds((None, "red"), (0.3, "orange"), (0.6, "green"))))
+    b.add(4, 4, stat("Idle GPU-hours", "Allocated GPU-time under the agent's idle threshold "
+                     "(`gpuagent_pod_gpu_idle_allocated_seconds_total`).",
+                     acct_sum("idle_allocated_seconds", "", whole, "3600"), HOURS, decimals=1,
+                     steps=thresholds((None, "green"), (1, "orange"))))
+    b.add(4, 4, stat("Energy", "GPU energy attributed to the pods (`gpuagent_pod_gpu_energy_joules_total`).",
+                     acct_sum("energy_joules", "", whole, "3600000"), "kwatth", decimals=2))
+    b.add(4, 4, count("Pods flagged idle now", "Pods with a GPU idle for the agent's idle window "
+                      "(`gpuagent_pod_gpu_idle_seconds` >= `gpuagent_accounting_idle_window_seconds`): "
+                      "what GpuAllocatedButIdle alerts on.",
+                      or_zero(f"count(count by ({PER_ACCT_POD}) ({flagged}))"), ORANGE_FROM_1))
+
+    b.row("Per namespace")
+    b.add(12, 8, ts("GPUs allocated per namespace", "Mean GPUs held: rate(`gpuagent_pod_gpu_allocated_"
+                    "seconds_total`) (GPU-seconds per second).",
+                    [q(acct_sum("allocated_seconds", PER_NAMESPACE, "$__rate_interval", fn="rate"),
+                       "{{namespace}}")], "none", stack=True))
+    b.add(12, 8, ts("GPUs busy per namespace", "Mean GPUs kept busy: rate(`gpuagent_pod_gpu_busy_seconds_"
+                    "total`).",
+                    [q(acct_sum("busy_seconds", PER_NAMESPACE, "$__rate_interval", fn="rate"),
+                       "{{namespace}}")], "none", stack=True))
+    columns = [("allocated_seconds", "3600", "GPU-h allocated"), ("busy_seconds", "3600", "GPU-h busy"),
+               ("idle_allocated_seconds", "3600", "GPU-h idle"),
+               ("memory_byte_seconds", "3865470566400", "memory GiB-h"), ("energy_joules", "3600000", "kWh")]
+    b.add(24, 8, table("Namespaces over the time range", "GPU-hours allocated, busy and idle, efficiency, "
+                       "GPU memory GiB-hours and energy of each namespace's pods over the dashboard's time "
+                       "range: the figures of `gpuagent report` for the same range.",
+                       [acct_sum(m, PER_NAMESPACE, whole, d) for m, d, _ in columns]
+                       + [efficiency(PER_NAMESPACE, whole)],
+                       rename={**{f"Value #{chr(ord('A') + i)}": t for i, (_, _, t) in enumerate(columns)},
+                               "Value #F": "efficiency"},
+                       units={"GPU-h allocated": HOURS, "GPU-h busy": HOURS, "GPU-h idle": HOURS,
+                              "memory GiB-h": "suffix: GiB-h", "kWh": "kwatth", "efficiency": "percentunit"},
+                       sort_by="GPU-h allocated"))
+    b.add(12, 8, ts("Power per namespace", "rate(`gpuagent_pod_gpu_energy_joules_total`): the namespaces' "
+                    "share of the GPUs' power.",
+                    [q(acct_sum("energy_joules", PER_NAMESPACE, "$__rate_interval", fn="rate"),
+                       "{{namespace}}")],
+                    "watt", stack=True))
+    b.add(12, 8, ts("Efficiency over time", "Busy over allocated GPU-time per interval, all selected pods "
+                    "(thick) and per namespace.",
+                    [q(efficiency("cluster", "$__rate_interval", "rate"), "all"),
+                     q(efficiency(PER_NAMESPACE, "$__rate_interval", "rate"), "{{namespace}}")],
+                    "percentunit", maximum=1,
+                    overrides=[{"matcher": {"id": "byName", "options": "all"},
+                                "properties": [{"id": "custom.lineWidth", "value": 3}]}]))
+
+    b.row("Idle pods")
+    idle_top = f"topk(10, {acct_sum('idle_allocated_seconds', PER_ACCT_POD, whole, '3600')})"
+    b.add(12, 9, table("Top idle pods", "The ten pods with the most idle GPU-hours over the time range, with "
+                       "the GPU-hours they held.",
+                       [idle_top, f"{acct_sum('allocated_seconds', PER_ACCT_POD, whole, '3600')} "
+                                  f"and on ({PER_ACCT_POD}) {idle_top}"],
+                       rename={"Value #A": "GPU-h idle", "Value #B": "GPU-h allocated"},
+                       units={"GPU-h idle": HOURS, "GPU-h allocated": HOURS}, sort_by="GPU-h idle"))
+    b.add(12, 9, ts("Current idle episodes", "`gpuagent_pod_gpu_idle_seconds`: how long each pod's GPU has "
+                    "been idle, the ten longest; dashed: the agent's idle window, where the pod is flagged.",
+                    [q(f"topk(10, max by ({PER_ACCT_POD}) ({sel('gpuagent_pod_gpu_idle_seconds', ACCT)}))",
+                       POD_LEGEND),
+                     q(f"max by (cluster) ({sel('gpuagent_accounting_idle_window_seconds', NODE)})",
+                       "idle window")], "s", overrides=[dashed("/^idle window$/")]))
+
+    b.row("Pods")
+    b.add(24, 10, table("Pods over the time range", "Every pod with accounting series in the time range "
+                        "(ended ones too).",
+                        [acct_sum(m, PER_ACCT_POD, whole, d) for m, d, _ in columns]
+                        + [efficiency(PER_ACCT_POD, whole)],
+                        rename={**{f"Value #{chr(ord('A') + i)}": t for i, (_, _, t) in enumerate(columns)},
+                                "Value #F": "efficiency"},
+                        units={"GPU-h allocated": HOURS, "GPU-h busy": HOURS, "GPU-h idle": HOURS,
+                               "memory GiB-h": "suffix: GiB-h", "kWh": "kwatth", "efficiency": "percentunit"},
+                        sort_by="GPU-h allocated"))
+
+    return dashboard("gpuagent-accounting", "gpuagent / GPU accounting",
+                     "GPU chargeback: GPU-hours allocated against busy per namespace and pod, efficiency "
+                     "over time, idle pods and energy, from the agents' accounting counters (what "
+                     "`gpuagent report` prints).",
+                     b, [CLUSTER_VAR, NODE_VAR, ACCT_NAMESPACE_VAR], ["accounting"])
+
+
 DASHBOARDS = {
     "gpuagent-node-overview.json": node_overview,
     "gpuagent-pods.json": pods,
     "gpuagent-agent.json": agent,
+    "gpuagent-accounting.json": accounting,
 }
 
 

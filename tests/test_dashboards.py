@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = ROOT / "dashboards"
 FILES = sorted(DASHBOARDS.glob("*.json"))
 COMPAT = DASHBOARDS / "compat" / "dcgm-exporter-queries.txt"
-EXPECTED = {"gpuagent-node-overview.json", "gpuagent-pods.json", "gpuagent-agent.json"}
+EXPECTED = {"gpuagent-node-overview.json", "gpuagent-pods.json", "gpuagent-agent.json",
+            "gpuagent-accounting.json"}
 
 # Grafana's variable syntax: $var, ${var}, ${var:format}, ${var.path:format}, [[var]], [[var:format]]
 VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)(?:\.[^:}]+)?(?::[^}]+)?\}|\[\[(\w+)(?::\w+)?\]\]")

@@ -1,0 +1,186 @@
+"""Asks Prometheus for a report's figures and builds the :class:`~gpuagent.report.model.Report`.
+
+Queries, in order: for each subject (pods; other workloads unless namespaces are picked), each counter and
+each chunk of the range, the counter's ``increase`` over the chunk at the chunk's end, per (group, name,
+UUID), summed over chunks; the GPU models (``gpuagent_gpu_info`` by UUID); and the busy and allocated
+GPU-seconds per step for the efficiency timeline, in range queries of at most ``MAX_POINTS`` points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuagent.report import queries as q
+from gpuagent.report.model import (
+    Key,
+    NamespaceRow,
+    PodRow,
+    Report,
+    Timeline,
+    TimelinePoint,
+    Usage,
+    WorkloadRow,
+    build_rows,
+    by_allocated,
+    total_of,
+)
+from gpuagent.report.prices import Prices
+from gpuagent.report.progress import Progress
+from gpuagent.report.prometheus import PrometheusClient
+from gpuagent.report.timerange import TimeRange, chunks, format_duration, format_time
+
+MAX_POINTS = 500  # points per range query (Prometheus refuses more than 11,000)
+
+
+@dataclass(frozen=True)
+class Request:
+    time_range: TimeRange
+    step_seconds: float
+    chunk_seconds: float
+    matchers: tuple[str, ...] = ()  # --selector, applied to every series read
+    namespaces: tuple[str, ...] = ()  # only these (and no other workloads)
+    prices: Prices = field(default_factory=Prices)
+
+
+def collect(client: PrometheusClient, request: Request, progress: Progress) -> Report:
+    pieces = chunks(request.time_range, request.chunk_seconds)
+    pod_matchers = list(request.matchers)
+    if request.namespaces:
+        pod_matchers.append(q.namespace_matcher(request.namespaces))
+    subjects = (q.PODS,) if request.namespaces else q.SUBJECTS
+    matchers = {q.PODS.kind: tuple(pod_matchers), q.WORKLOADS.kind: request.matchers}
+    timeline_windows = _timeline_windows(request.time_range, request.step_seconds)
+
+    plan: list[tuple[str, Callable[[], None]]] = []
+    per_gpu: dict[str, dict[Key, dict[str, float]]] = {s.kind: defaultdict(dict) for s in subjects}
+    models: dict[str, str] = {}
+    steps: dict[str, dict[str, dict[float, float]]] = {}  # quantity -> group ("": workloads) -> time -> value
+
+    def when(piece: TimeRange) -> str:
+        return f"{format_time(piece.start_unix)} .. {format_time(piece.end_unix)}" if len(pieces) > 1 else ""
+
+    for subject in subjects:
+        for quantity in q.QUANTITIES:
+            for piece in pieces:
+                expr = q.total_query(subject, quantity, piece.seconds, matchers[subject.kind])
+                plan.append((f"{subject.counter(quantity)} {when(piece)}",
+                             _total(client, expr, piece, subject, quantity, per_gpu[subject.kind])))
+    for piece in pieces:  # the GPU models, shown per pod and used by per-model prices
+        plan.append((f"{q.GPU_INFO} {when(piece)}",
+                     _models(client, q.models_query(piece.seconds, request.matchers), piece, models)))
+    for subject in subjects:
+        for quantity in (q.BUSY, q.ALLOCATED):
+            expr = q.timeline_query(subject, quantity, request.step_seconds, matchers[subject.kind])
+            for first, last in timeline_windows:
+                plan.append((f"{subject.counter(quantity)} every {format_duration(request.step_seconds)} "
+                             f"{format_time(first)} .. {format_time(last)}",
+                             _steps(client, expr, first, last, request.step_seconds, subject,
+                                    steps.setdefault(quantity, defaultdict(dict)))))
+
+    progress.start(len(plan))
+    for what, run in plan:
+        progress.step(what)
+        run()
+    progress.finish()
+    return _report(client, request, len(plan), per_gpu, models, steps, timeline_windows)
+
+
+def _total(client: PrometheusClient, expr: str, piece: TimeRange, subject: q.Subject, quantity: str,
+           into: dict[Key, dict[str, float]]) -> Callable[[], None]:
+    def run() -> None:
+        for sample in client.query(expr, piece.end_unix):
+            if math.isnan(sample.value):
+                continue
+            key = (sample.labels.get(subject.group_label, ""), sample.labels.get(subject.name_label, ""),
+                   sample.labels.get(q.UUID_LABEL, ""))
+            into[key][quantity] = into[key].get(quantity, 0.0) + sample.value
+    return run
+
+
+def _models(client: PrometheusClient, expr: str, piece: TimeRange,
+            into: dict[str, str]) -> Callable[[], None]:
+    def run() -> None:
+        for sample in client.query(expr, piece.end_unix):
+            uuid, model = sample.labels.get(q.UUID_LABEL), sample.labels.get(q.MODEL_LABEL)
+            if uuid and model:
+                into[uuid] = model
+    return run
+
+
+def _steps(client: PrometheusClient, expr: str, first: float, last: float, step_seconds: float,
+           subject: q.Subject, into: dict[str, dict[float, float]]) -> Callable[[], None]:
+    def run() -> None:
+        for series in client.query_range(expr, first, last, step_seconds):
+            group = series.labels.get(subject.group_label, "") if subject is q.PODS else ""
+            for t, value in series.points:
+                if not math.isnan(value):
+                    into[group][round(t, 3)] = into[group].get(round(t, 3), 0.0) + value
+    return run
+
+
+def _timeline_windows(time_range: TimeRange, step_seconds: float) -> list[tuple[float, float]]:
+    """(first, last) evaluation times of each range query: points at start + k * step, k >= 1 (each the
+    increase over the step before it), up to the end, ``MAX_POINTS`` per query."""
+    count = math.floor(round(time_range.seconds / step_seconds, 9))
+    times = [round(time_range.start_unix + k * step_seconds, 3) for k in range(1, count + 1)]
+    return [(times[i], times[min(i + MAX_POINTS, len(times)) - 1]) for i in range(0, len(times), MAX_POINTS)]
+
+
+def _report(client: PrometheusClient, request: Request, queries: int,
+            per_gpu: dict[str, dict[Key, dict[str, float]]], models: dict[str, str],
+            steps: dict[str, dict[str, dict[float, float]]], windows: list[tuple[float, float]]) -> Report:
+    prices = request.prices
+    warnings: list[str] = []
+    pods_usage, pod_models, unpriced = build_rows(per_gpu.get(q.PODS.kind, {}), models, prices)
+    work_usage, work_models, unpriced_work = build_rows(per_gpu.get(q.WORKLOADS.kind, {}), models, prices)
+    unpriced |= unpriced_work
+
+    pods = tuple(PodRow(ns, pod, usage, tuple(sorted(pod_models.get((ns, pod), ()))))
+                 for (ns, pod), usage in by_allocated(pods_usage.items()))
+    workloads = tuple(WorkloadRow(kind, name, usage, tuple(sorted(work_models.get((kind, name), ()))))
+                      for (kind, name), usage in by_allocated(work_usage.items()))
+    namespace_usage: dict[str, Usage] = {}
+    pod_counts: dict[str, int] = defaultdict(int)
+    for row in pods:
+        namespace_usage[row.namespace] = namespace_usage.get(row.namespace, Usage()) + row.usage
+        pod_counts[row.namespace] += 1
+    namespaces = tuple(NamespaceRow(ns, usage, pod_counts[ns])
+                       for (ns,), usage in by_allocated(((ns,), u) for ns, u in namespace_usage.items()))
+    total = total_of([*pods_usage.values(), *work_usage.values()])
+    if prices.any and any(u.cost is None for u in [*pods_usage.values(), *work_usage.values()]):
+        total = dataclasses.replace(total, cost=None)
+
+    if not pods and not workloads:
+        warnings.append(f"no accounting series ({q.PODS.counter(q.ALLOCATED)}, ...) in Prometheus for that "
+                        f"range{' and selection' if request.matchers or request.namespaces else ''}: are the "
+                        f"agents scraped there, and do they export the accounting counters?")
+    if unpriced:
+        warnings.append(f"no GPU-hour price for GPU model(s) {', '.join(sorted(unpriced))}: their pods have "
+                        f"no cost (add them to the price file, or a default)")
+    if not windows:
+        warnings.append(f"no efficiency timeline: the range is shorter than the step "
+                        f"({format_duration(request.step_seconds)}; set --step)")
+    selector = ", ".join(request.matchers)
+    return Report(client.base_url, request.time_range, request.chunk_seconds, queries, namespaces, pods,
+                  workloads, total, _timeline(steps, windows, request.step_seconds), prices, selector,
+                  tuple(warnings))
+
+
+def _timeline(steps: dict[str, dict[str, dict[float, float]]], windows: list[tuple[float, float]],
+              step_seconds: float) -> Timeline:
+    times = sorted({t for by_group in steps.values() for values in by_group.values() for t in values})
+    if not windows:
+        return Timeline(step_seconds)
+    busy, allocated = steps.get(q.BUSY, {}), steps.get(q.ALLOCATED, {})
+    groups = sorted(set(busy) | set(allocated))
+
+    def points(group: str | None) -> tuple[TimelinePoint, ...]:
+        chosen = groups if group is None else [group]
+        return tuple(TimelinePoint(t, sum(busy.get(g, {}).get(t, 0.0) for g in chosen),
+                                   sum(allocated.get(g, {}).get(t, 0.0) for g in chosen)) for t in times)
+
+    return Timeline(step_seconds, points(None), {g: points(g) for g in groups if g})

@@ -1,0 +1,34 @@
+"""The report as CSV: one line per namespace, pod, other workload and the total, figures in full precision
+(for spreadsheets and billing systems)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from gpuagent.report.model import FIGURES, Report, Usage
+from gpuagent.report.timerange import format_time
+
+COLUMNS = ("level", "namespace", "pod", "workload_kind", "workload", "start", "end", *FIGURES)
+
+
+def render_csv(report: Report) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    start, end = format_time(report.time_range.start_unix), format_time(report.time_range.end_unix)
+
+    def row(level: str, namespace: str, pod: str, kind: str, workload: str, usage: Usage) -> None:
+        figures = usage.figures()
+        writer.writerow([level, namespace, pod, kind, workload, start, end,
+                         *("" if figures[n] is None else repr(figures[n]) for n in FIGURES)])
+
+    for ns in report.namespaces:
+        row("namespace", ns.namespace, "", "", "", ns.usage)
+    for pod in report.pods:
+        row("pod", pod.namespace, pod.pod, "", "", pod.usage)
+    for workload in report.workloads:
+        row("workload", "", "", workload.workload_kind, workload.workload, workload.usage)
+    row("total", "", "", "", "", report.total)
+    return out.getvalue()
+

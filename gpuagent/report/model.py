@@ -1,0 +1,220 @@
+"""The report's rows: usage per pod, per namespace, per other workload, and in total, with costs, and the
+efficiency timeline (immutable; no I/O).
+
+Quantities stay in the counters' base units (GPU-seconds, byte-seconds, joules) so sums are exact; the
+properties give the units people read (GPU-hours, GiB-hours, kWh). ``None`` means "no such counter in
+Prometheus for this row", never 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpuagent.report import queries as q
+from gpuagent.report.prices import Prices
+from gpuagent.report.timerange import TimeRange
+
+SECONDS_PER_HOUR = 3600.0
+BYTES_PER_GIB = float(1024**3)
+JOULES_PER_KWH = 3.6e6
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+@dataclass(frozen=True)
+class Usage:
+    allocated_gpu_seconds: float | None = None
+    busy_gpu_seconds: float | None = None
+    idle_gpu_seconds: float | None = None  # allocated GPU-seconds under the agent's idle threshold
+    memory_byte_seconds: float | None = None
+    energy_joules: float | None = None
+    cost: float | None = None
+    # allocated GPU-seconds of the GPUs whose busy time is known: efficiency's denominator (a MIG instance
+    # without GPM has no busy figure, and must not count as idle)
+    busy_known_allocated_gpu_seconds: float | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{name: _add(getattr(self, name), getattr(other, name)) for name in USAGE_FIELDS})
+
+    @property
+    def allocated_gpu_hours(self) -> float | None:
+        return None if self.allocated_gpu_seconds is None else self.allocated_gpu_seconds / SECONDS_PER_HOUR
+
+    @property
+    def busy_gpu_hours(self) -> float | None:
+        return None if self.busy_gpu_seconds is None else self.busy_gpu_seconds / SECONDS_PER_HOUR
+
+    @property
+    def idle_gpu_hours(self) -> float | None:
+        return None if self.idle_gpu_seconds is None else self.idle_gpu_seconds / SECONDS_PER_HOUR
+
+    @property
+    def memory_gib_hours(self) -> float | None:
+        if self.memory_byte_seconds is None:
+            return None
+        return self.memory_byte_seconds / BYTES_PER_GIB / SECONDS_PER_HOUR
+
+    @property
+    def energy_kwh(self) -> float | None:
+        return None if self.energy_joules is None else self.energy_joules / JOULES_PER_KWH
+
+    @property
+    def efficiency_ratio(self) -> float | None:
+        """Busy over allocated GPU-time (0-1), of the GPUs whose busy time is known; None without any."""
+        if not self.busy_known_allocated_gpu_seconds or self.busy_gpu_seconds is None:
+            return None
+        return self.busy_gpu_seconds / self.busy_known_allocated_gpu_seconds
+
+    def figures(self) -> dict[str, float | None]:
+        """The reported figures, by their names in CSV and JSON."""
+        return {name: getattr(self, name) for name in FIGURES}
+
+
+USAGE_FIELDS = ("allocated_gpu_seconds", "busy_gpu_seconds", "idle_gpu_seconds", "memory_byte_seconds",
+                "energy_joules", "cost", "busy_known_allocated_gpu_seconds")
+# What the outputs show, in their column order.
+FIGURES = ("allocated_gpu_hours", "busy_gpu_hours", "efficiency_ratio", "idle_gpu_hours", "memory_gib_hours",
+           "energy_kwh", "cost")
+
+
+@dataclass(frozen=True)
+class PodRow:
+    namespace: str
+    pod: str
+    usage: Usage
+    gpu_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NamespaceRow:
+    namespace: str
+    usage: Usage
+    pods: int
+
+
+@dataclass(frozen=True)
+class WorkloadRow:
+    """A GPU user outside Kubernetes: ``workload_kind`` is e.g. systemd_service, user, docker, slurm_job."""
+
+    workload_kind: str
+    workload: str
+    usage: Usage
+    gpu_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """GPU-seconds over the step ending at ``time_unix``."""
+
+    time_unix: float
+    busy_gpu_seconds: float
+    allocated_gpu_seconds: float
+
+    @property
+    def efficiency_ratio(self) -> float | None:
+        return self.busy_gpu_seconds / self.allocated_gpu_seconds if self.allocated_gpu_seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class Timeline:
+    step_seconds: float
+    cluster: tuple[TimelinePoint, ...] = ()  # pods and other workloads together
+    namespaces: Mapping[str, tuple[TimelinePoint, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Report:
+    prometheus_url: str
+    time_range: TimeRange
+    chunk_seconds: float
+    queries: int
+    namespaces: tuple[NamespaceRow, ...]
+    pods: tuple[PodRow, ...]
+    workloads: tuple[WorkloadRow, ...]
+    total: Usage
+    timeline: Timeline
+    prices: Prices
+    selector: str = ""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def has_cost(self) -> bool:
+        return self.prices.any
+
+    def top_idle_pods(self, count: int = 10) -> tuple[PodRow, ...]:
+        """Pods with the most idle GPU-hours, most first (those with none left out)."""
+        idle = [row for row in self.pods if row.usage.idle_gpu_seconds]
+        idle.sort(key=lambda r: (-(r.usage.idle_gpu_seconds or 0.0), r.namespace, r.pod))
+        return tuple(idle[:count])
+
+
+def total_of(usages: Iterable[Usage]) -> Usage:
+    total = Usage()
+    for usage in usages:
+        total = total + usage
+    return total
+
+
+# -- building it from query results -------------------------------------------------------------------------
+
+# (group, name, UUID) -> quantity -> base units; group/name: namespace/pod or workload_kind/workload
+Key = tuple[str, str, str]
+
+
+def priced(usage: Usage, model: str | None, prices: Prices) -> Usage:
+    """``usage`` of one GPU (of ``model``) with its cost: allocated GPU-hours at the model's price plus
+    energy at the kWh price. None when a price it needs is missing (a partial cost would mislead)."""
+    if not prices.any:
+        return usage
+    cost = 0.0
+    if prices.prices_gpu_hours:
+        gpu_hour = prices.gpu_hour(model)
+        if gpu_hour is None:
+            return usage
+        cost += (usage.allocated_gpu_hours or 0.0) * gpu_hour
+    if prices.kwh is not None:
+        cost += (usage.energy_kwh or 0.0) * prices.kwh
+    return dataclasses.replace(usage, cost=cost)
+
+
+def usage_of(quantities: Mapping[str, float]) -> Usage:
+    """A Usage from ``{quantity: base units}`` (queries.QUANTITIES names)."""
+    allocated, busy = quantities.get(q.ALLOCATED), quantities.get(q.BUSY)
+    return Usage(allocated, busy, quantities.get(q.IDLE), quantities.get(q.MEMORY), quantities.get(q.ENERGY),
+                 busy_known_allocated_gpu_seconds=None if busy is None else allocated)
+
+
+Rows = dict[tuple[str, str], Usage]
+
+
+def build_rows(per_gpu: Mapping[Key, Mapping[str, float]], models: Mapping[str, str],
+               prices: Prices) -> tuple[Rows, dict[tuple[str, str], set[str]], set[str]]:
+    """Per (group, name): usage summed over its GPUs, each priced at its model; the models seen; and the
+    models (or ``unknown``) that had no GPU-hour price."""
+    usage: dict[tuple[str, str], Usage] = {}
+    seen: dict[tuple[str, str], set[str]] = {}
+    unpriced: set[str] = set()
+    for (group, name, uuid), quantities in sorted(per_gpu.items()):
+        model = models.get(uuid)
+        gpu = priced(usage_of(quantities), model, prices)
+        if prices.prices_gpu_hours and gpu.cost is None:
+            unpriced.add(model or "unknown")
+        usage[(group, name)] = usage.get((group, name), Usage()) + gpu
+        if model:
+            seen.setdefault((group, name), set()).add(model)
+    # A row with an unpriced GPU has no cost at all: set it back to None after the sum.
+    for (group, name, uuid) in per_gpu:
+        if prices.prices_gpu_hours and prices.gpu_hour(models.get(uuid)) is None:
+            usage[(group, name)] = dataclasses.replace(usage[(group, name)], cost=None)
+    return usage, seen, unpriced
+
+
+def by_allocated(rows: Iterable[tuple[tuple[str, ...], Usage]]) -> list[tuple[tuple[str, ...], Usage]]:
+    """Most allocated GPU-time first, then by name."""
+    return sorted(rows, key=lambda item: (-(item[1].allocated_gpu_seconds or 0.0), item[0]))
