@@ -80,6 +80,7 @@ class Enforcer:
         self._seen: set[str] = set()
         self._reported: set[tuple[str, str, str]] = set()  # policy problems logged once each
         self._pending: set[asyncio.Task[object]] = set()
+        self._paused_until = float("-inf")  # an operator's manual thaw holds throttling off until then
 
     @property
     def cycling(self) -> bool:
@@ -98,6 +99,31 @@ class Enforcer:
         for task in self._pending:
             task.cancel()
         return self.actions.thaw_all()
+
+    def pause(self, seconds: float) -> int:
+        """An operator's manual thaw: thaw everything now and decide no throttling for ``seconds`` (the
+        memory ladder keeps running); how many cgroups were frozen. Throttling resumes by itself."""
+        frozen = len(self.actions.frozen)
+        self._paused_until = self._clock() + seconds
+        for key in list(self._throttling):
+            self._release(key)
+        if self._cycler is not None:
+            self._cycler.stop_all()
+        self.actions.thaw_all()
+        return frozen
+
+    @property
+    def paused_seconds(self) -> float:
+        """Seconds of the manual pause left (0 when throttling is on)."""
+        return max(0.0, self._paused_until - self._clock())
+
+    @property
+    def rules(self) -> tuple[PolicyRule, ...]:
+        return self._rules
+
+    def set_rules(self, rules: Sequence[PolicyRule]) -> None:
+        """New config policies (an admin reload), used from the next poll on."""
+        self._rules = tuple(rules)
 
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
         owners, problems = self._owners(snapshot)
@@ -157,6 +183,7 @@ class Enforcer:
     def _shares(self, snapshot: NodeSnapshot, owners: dict[str, _Owner]) -> tuple[ShareState, ...]:
         now = self._clock()
         fractions: dict[str, float] = defaultdict(float)
+        paused = now < self._paused_until  # an operator's manual thaw (``pause``)
         decided: list[tuple[str, str, int, float]] = []
         for gpu in snapshot.gpus:
             uuid = gpu.info.uuid
@@ -175,7 +202,7 @@ class Enforcer:
                 controller = self._controllers[uuid] = self._new_controller()
             result = controller.update(now, tenants)
             for tenant in tenants:
-                fraction = result.get(tenant.key, 0.0)
+                fraction = 0.0 if paused else result.get(tenant.key, 0.0)  # paused: release all
                 fractions[tenant.key] = max(fractions[tenant.key], fraction)
                 decided.append((tenant.key, uuid, gpu.info.index, fraction))
         if self._cycler is not None:

@@ -15,6 +15,25 @@ from gpuagent.snapshot import NodeSnapshot
 MODES = ("off", "audit", "enforce")
 STAGES = ("ok", "warned", "terminating", "killed", "evicted")
 
+# Every (action, outcome) the actions gate can count in each mode, exported at 0 from the first poll so
+# that rate()/increase() see the first event (a series born at 1 hides it). From enforce/actions.py: in
+# enforce mode anything but "audit"; "blocked" (HTTP 429) and "rate_limited" only for evictions. In audit
+# mode refusals and "audit"; a signal's target can still be gone or unreadable, an eviction rate limited,
+# and thaws of a previous run's freezes (the journal) act in every mode.
+_SIGNALS = ("signal_term", "signal_kill")
+KNOWN_ACTIONS: dict[str, frozenset[tuple[str, str]]] = {
+    "enforce": frozenset(
+        [(a, o) for a in ("freeze", "thaw", *_SIGNALS) for o in ("done", "refused", "failed", "gone")]
+        + [("evict", o) for o in ("done", "refused", "failed", "gone", "blocked", "rate_limited")]
+    ),
+    "audit": frozenset(
+        [("freeze", o) for o in ("audit", "refused")]
+        + [("thaw", o) for o in ("audit", "done", "refused", "failed", "gone")]
+        + [(a, o) for a in _SIGNALS for o in ("audit", "refused", "failed", "gone")]
+        + [("evict", o) for o in ("audit", "refused", "rate_limited")]
+    ),
+}
+
 
 class EnforcementCollector(GpuRenderer):
     name = "enforcement"
@@ -30,7 +49,8 @@ class EnforcementCollector(GpuRenderer):
         add(frozen, {}, state.frozen_cgroups)
         actions = counter("gpuagent_enforcement_actions_total",
                           "Enforcement actions by outcome (audit: decided, not carried out).")
-        for (action, outcome), count in sorted(state.actions_total.items()):
+        counts = dict.fromkeys(KNOWN_ACTIONS.get(state.mode, ()), 0) | dict(state.actions_total)
+        for (action, outcome), count in sorted(counts.items()):
             add(actions, {"action": action, "outcome": outcome}, count)
         limit = gauge("gpuagent_pod_gpu_share_limit_ratio", "The pod's share of the GPU's SM time (0-1).")
         achieved = gauge("gpuagent_pod_gpu_share_achieved_ratio",
