@@ -1,6 +1,7 @@
 """Benchmark one poll and one scrape on the simulated 8xH100 / 64-process node, and the agent's footprint.
 
 Usage: .venv/bin/python bench/bench_poll_scrape.py [--polls 300] [--scrapes 500] [--soak 60]
+(each scrape measured follows a poll of its own: --scrapes 500 polls 500 more times)
 
 - poll: ``Agent.poll_once()`` end to end, with attribution: NVML reads on the per-GPU threads, every process's
   cgroup (a /proc tree of kubelet-shaped cgroup files), the kubelet's allocations (the real gRPC
@@ -8,8 +9,11 @@ Usage: .venv/bin/python bench/bench_poll_scrape.py [--polls 300] [--scrapes 500]
   API server (the tests' fake one, watched as in a cluster), snapshot build. On the
   simulator the "NVML" time is the simulator's own Python, so the figure is an upper bound for the
   agent's share; the agent's own overhead (poll minus time inside NVML calls) is reported separately.
-- scrape: the server-side cost of ``/metrics`` (rendering the registry from the latest snapshot),
-  and the same through a real HTTP round trip on loopback.
+- scrape: the server-side cost of ``/metrics`` (``export.scrape``: rendering the registry, encoding, and
+  gzip where said). ``scrape_new_snapshot``: the first scrape after a poll, which renders everything (the
+  figure the target is about); ``scrape_cached``: a further scrape of the same snapshot, which re-renders
+  only the clock-dependent health families. Both in text 0.0.4, plain and gzipped. Then the same through
+  a real HTTP round trip on loopback.
 - footprint: a real ``gpuagent run`` process polling every second for ``--soak`` seconds: CPU share of one
   core and RSS at start and end.
 Medians and p95 over repeated runs: this machine is noisy, single timings mean nothing.
@@ -81,7 +85,7 @@ async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
     from gpuagent.agent import Agent
     from gpuagent.config import load_config
     from gpuagent.devices.sim import SimulatedNvml, load_scenario
-    from gpuagent.export.exposition import generate_text
+    from gpuagent.export import scrape
 
     nvml = SimulatedNvml(load_scenario(str(SCENARIO)))
     with tempfile.TemporaryDirectory() as tmp, short_socket_dir() as sockets:
@@ -100,13 +104,13 @@ async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
             try:
                 while not agent.pods.metadata.synced:
                     await asyncio.sleep(0.05)
-                return await _measure(agent, polls, scrapes, generate_text)
+                return await _measure(agent, polls, scrapes, scrape)
             finally:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
 
 
-async def _measure(agent, polls: int, scrapes: int, generate_text) -> dict[str, object]:
+async def _measure(agent, polls: int, scrapes: int, scrape) -> dict[str, object]:
     for _ in range(5):  # warm up: static info, GPM first sample, process names, cgroups
         await agent.poll_once()
     poll_times, own_times = [], []
@@ -121,11 +125,21 @@ async def _measure(agent, polls: int, scrapes: int, generate_text) -> dict[str, 
         # calls approximates the agent's own share of a poll.
         own_times.append(max(0.0, elapsed - nvml_spent))
     processes = sum(len(g.processes) for g in snapshot.gpus)
-    scrape_times = []
-    for _ in range(scrapes):
+    timings: dict[str, list[float]] = {
+        name + gz: [] for name in ("scrape_new_snapshot", "scrape_cached") for gz in ("", "_gzip")
+    }
+    for index in range(scrapes):
+        gzip = "gzip" if index % 2 else None  # alternate, so both see the same snapshots' mix
+        suffix = "_gzip" if gzip else ""
+        snapshot = await agent.poll_once()  # a new snapshot: nothing of it rendered yet
         started = time.perf_counter()
-        body = generate_text(agent.registry)
-        scrape_times.append(time.perf_counter() - started)
+        body = scrape(agent.registry, None, gzip).body
+        timings["scrape_new_snapshot" + suffix].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        scrape(agent.registry, None, gzip)
+        timings["scrape_cached" + suffix].append(time.perf_counter() - started)
+    body = scrape(agent.registry, None, None).body
+    gzipped = scrape(agent.registry, None, "gzip").body
     series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
     await agent.devices.close()
     await agent.pods.close()
@@ -136,9 +150,10 @@ async def _measure(agent, polls: int, scrapes: int, generate_text) -> dict[str, 
         "processes_attributed_to_named_pods": named,
         "series": series,
         "exposition_bytes": len(body),
+        "exposition_gzip_bytes": len(gzipped),
         "poll": quantiles(poll_times),
         "poll_agent_overhead": quantiles(own_times),
-        "scrape_server_side": quantiles(scrape_times),
+        **{name: quantiles(times) for name, times in timings.items() if times},
     }
 
 

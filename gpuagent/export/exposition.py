@@ -10,14 +10,15 @@ rendered: exemplars and native histograms (the agent emits neither), UTF-8 metri
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+from gpuagent.export.families import Family
 
 log = logging.getLogger(__name__)
 
@@ -27,27 +28,41 @@ CONTENT_TYPE_OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset
 _TEXT_TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 _TEXT_NAME_SUFFIX = {"counter": "_total", "info": "_info"}
 _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # moved to gauges of their own in text 0.0.4
+TEXT, OPENMETRICS = "text", "openmetrics"
 
 
 def generate_text(registry: Collector) -> bytes:
     """Prometheus text format 0.0.4."""
-    fmt = _Lines()
-    return "".join([_family_or_nothing(_text_family, m, fmt) for m in registry.collect()]).encode("utf-8")
+    fmt = Lines()
+    return "".join([encode_family(TEXT, m, fmt) for m in registry.collect()]).encode("utf-8")
 
 
 def generate_openmetrics(registry: Collector) -> bytes:
     """OpenMetrics text format 1.0."""
-    fmt = _Lines()
-    out = [_family_or_nothing(_openmetrics_family, m, fmt) for m in registry.collect()]
+    fmt = Lines()
+    out = [encode_family(OPENMETRICS, m, fmt) for m in registry.collect()]
     out.append("# EOF\n")
     return "".join(out).encode("utf-8")
 
 
-def _family_or_nothing(encode: Callable[[Metric, _Lines], str], metric: Metric, fmt: _Lines) -> str:
+def encode_family(kind: str, metric: Metric, fmt: Lines) -> str:
     """One family's text, or nothing when it cannot be encoded (a label value that is not a string, a
-    value that is not a number): a renderer's bug costs that family, never the whole scrape."""
+    value that is not a number): a renderer's bug costs that family, never the whole scrape.
+
+    A :class:`Family` remembers its text per format: a family served again (the same snapshot's, see
+    ``guard``) costs nothing to encode.
+    """
+    if isinstance(metric, Family):
+        text = metric.encoded.get(kind)
+        if text is None:
+            text = metric.encoded[kind] = _encode(kind, metric, fmt)
+        return text
+    return _encode(kind, metric, fmt)
+
+
+def _encode(kind: str, metric: Metric, fmt: Lines) -> str:
     try:
-        return encode(metric, fmt)
+        return _text_family(metric, fmt) if kind == TEXT else _openmetrics_family(metric, fmt)
     except Exception as error:
         if metric.name not in _UNENCODABLE:
             _UNENCODABLE.add(metric.name)
@@ -58,21 +73,23 @@ def _family_or_nothing(encode: Callable[[Metric, _Lines], str], metric: Metric, 
 _UNENCODABLE: set[str] = set()  # families already logged as unencodable: one line each, not one per scrape
 
 
-def _text_family(metric: Metric, fmt: _Lines) -> str:
+def _text_family(metric: Metric, fmt: Lines) -> str:
     name = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
     out = [
         f"# HELP {name} {_escape_help_text(metric.documentation)}\n",
         f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n",
     ]
+    if isinstance(metric, Family) and metric.names is None:  # the common case: no suffixed samples
+        out += fmt.rows(metric)
+        return "".join(out)
     moved: dict[str, list[str]] = {}
-    line = fmt.line
-    for sample in metric.samples:
-        if sample.name.endswith(_OPENMETRICS_ONLY):  # rare: only then find which one
-            suffix = next((s for s in _OPENMETRICS_ONLY if sample.name == metric.name + s), None)
+    for sample_name, line in _named_lines(metric, fmt, _text_timestamp):
+        if sample_name.endswith(_OPENMETRICS_ONLY):  # rare: only then find which one
+            suffix = next((s for s in _OPENMETRICS_ONLY if sample_name == metric.name + s), None)
             if suffix is not None:
-                moved.setdefault(suffix, []).append(line(sample, _text_timestamp))
+                moved.setdefault(suffix, []).append(line)
                 continue
-        out.append(line(sample, _text_timestamp))
+        out.append(line)
     for suffix, lines in sorted(moved.items()):
         out.append(f"# HELP {metric.name}{suffix} {_escape_help_text(metric.documentation)}\n")
         out.append(f"# TYPE {metric.name}{suffix} gauge\n")
@@ -80,23 +97,71 @@ def _text_family(metric: Metric, fmt: _Lines) -> str:
     return "".join(out)
 
 
-def _openmetrics_family(metric: Metric, fmt: _Lines) -> str:
+def _openmetrics_family(metric: Metric, fmt: Lines) -> str:
     out = [f"# HELP {metric.name} {_escape(metric.documentation)}\n", f"# TYPE {metric.name} {metric.type}\n"]
     if metric.unit:
         out.append(f"# UNIT {metric.name} {metric.unit}\n")
-    out.extend(fmt.line(sample, _openmetrics_timestamp) for sample in metric.samples)
+    if isinstance(metric, Family):
+        out += fmt.rows(metric)
+    else:
+        out.extend(line for _, line in _named_lines(metric, fmt, _openmetrics_timestamp))
     return "".join(out)
+
+
+def _named_lines(
+    metric: Metric, fmt: Lines, timestamp: Callable[[float], str]
+) -> Iterator[tuple[str, str]]:
+    """(sample name, line) of each sample: a :class:`Family`'s rows, or client_python samples."""
+    if isinstance(metric, Family):
+        yield from zip(metric.names or (), fmt.rows(metric), strict=True)
+        return
+    for sample in metric.samples:
+        yield sample.name, fmt.line(sample, timestamp)
 
 
 def choose_encoder(accept_header: str | None) -> tuple[Callable[[Collector], bytes], str]:
     """OpenMetrics when the scraper accepts it (as Prometheus does by default), else text 0.0.4."""
-    for accepted in (accept_header or "").split(","):
-        if accepted.split(";")[0].strip() == "application/openmetrics-text":
-            return generate_openmetrics, CONTENT_TYPE_OPENMETRICS
+    if wants_openmetrics(accept_header):
+        return generate_openmetrics, CONTENT_TYPE_OPENMETRICS
     return generate_text, CONTENT_TYPE_TEXT
 
 
-class _Lines:
+def wants_openmetrics(accept_header: str | None) -> bool:
+    return any(
+        accepted.split(";")[0].strip() == "application/openmetrics-text"
+        for accepted in (accept_header or "").split(",")
+    )
+
+
+class _Values(dict[float, str]):
+    """Formatted values, kept across scrapes: most values repeat (0, 1, limits, totals), each is formatted
+    once. Bounded: emptied when it grows past ``_MAX_CACHED`` (values of counters keep changing)."""
+
+    def __missing__(self, value: float) -> str:
+        if len(self) >= _MAX_CACHED:
+            self.clear()
+        # floatToGoString's result is repr() below 1e6 (Go switches to exponents sooner, and +Inf, NaN).
+        text = self[value] = repr(value) if -_INF < value < 1e6 else floatToGoString(value)
+        return text
+
+
+class _LabelTexts(dict[tuple[tuple[str, str], ...], str]):
+    """Formatted label sets, kept across scrapes: label sets barely change between polls, values do."""
+
+    def __missing__(self, labels: tuple[tuple[str, str], ...]) -> str:
+        if len(self) >= _MAX_CACHED:
+            self.clear()
+        text = self[labels] = _label_set(labels)
+        return text
+
+
+_MAX_CACHED = 50_000
+_INF = float("inf")
+_VALUES = _Values()
+_LABEL_TEXTS = _LabelTexts()
+
+
+class Lines:
     """Sample lines of one scrape. Each distinct label dict and value is formatted once: a GPU's dozens of
     series share one label dict, and most values repeat (0, 1).
 
@@ -104,30 +169,43 @@ class _Lines:
     scrape ends; ``_keep`` holds them to make that explicit.
     """
 
-    __slots__ = ("_keep", "_labels", "_values")
+    __slots__ = ("_keep", "_labels")
 
     def __init__(self) -> None:
         self._labels: dict[int, str] = {}
         self._keep: list[Mapping[str, str]] = []
-        self._values: dict[float, str] = {}
+
+    def rows(self, metric: Family) -> list[str]:
+        """The lines of a family's rows, without building a ``Sample`` for each."""
+        texts, keep = self._labels, self._keep
+        for labels in metric.labels:
+            if id(labels) not in texts:
+                texts[id(labels)] = _LABEL_TEXTS[tuple(labels.items())]
+                keep.append(labels)
+        values = _VALUES
+        if metric.names is None:
+            name = metric.sample_name
+            pairs = zip(metric.labels, metric.values, strict=True)
+            return [f"{name}{texts[id(lab)]} {values[v]}\n" for lab, v in pairs]
+        return [
+            f"{name}{texts[id(lab)]} {values[v]}\n"
+            for name, lab, v in zip(metric.names, metric.labels, metric.values, strict=True)
+        ]
 
     def line(self, sample: Sample, timestamp: Callable[[float], str]) -> str:
         labels = sample.labels
         text = self._labels.get(id(labels))
         if text is None:
-            text = self._labels[id(labels)] = _label_set(tuple(labels.items()))
+            text = self._labels[id(labels)] = _LABEL_TEXTS[tuple(labels.items())]
             self._keep.append(labels)
-        value = self._values.get(sample.value)
-        if value is None:
-            value = self._values[sample.value] = floatToGoString(sample.value)
+        # -0.0 == 0.0: a cached "0.0" must not answer for it (our families store no -0.0, see families.add)
+        value = _VALUES[sample.value] if sample.value else floatToGoString(sample.value)
         if sample.timestamp is None:
             return f"{sample.name}{text} {value}\n"
         return f"{sample.name}{text} {value} {timestamp(float(sample.timestamp))}\n"
 
 
-@functools.lru_cache(maxsize=16384)
 def _label_set(labels: tuple[tuple[str, str], ...]) -> str:
-    """Label sets barely change between scrapes (only values do): remember the last few thousand."""
     if not labels:
         return ""
     for name, value in labels:

@@ -5,7 +5,10 @@ renderer that raises (or yields a sample the encoders could not render) has its 
 scrape, ``gpuagent_collector_success{collector}`` reads 0, and the error is logged once when it starts failing
 and once when it recovers, not on every scrape (node_exporter's per-collector success and duration).
 
-The snapshot is read once per scrape, so every family of a scrape comes from the same poll.
+The snapshot is read once per scrape, so every family of a scrape comes from the same poll. The snapshot is
+immutable, so what a renderer made of it is kept and served again until the next poll (the encoder keeps
+each family's text too): a scrape between two polls renders only the ``volatile`` renderers (those that
+read the clock, e.g. ``gpuagent_snapshot_age_seconds``). A renderer that failed is tried again next scrape.
 """
 
 from __future__ import annotations
@@ -18,14 +21,18 @@ from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, flag, gauge
+from gpuagent.export.families import Family, add, flag, gauge
 from gpuagent.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
 
 class Renderer(Protocol):
-    """Turns a snapshot (None before the first poll) into metric families; no I/O, no NVML."""
+    """Turns a snapshot (None before the first poll) into metric families; no I/O, no NVML.
+
+    A renderer whose output depends on more than the snapshot (the clock) sets ``volatile = True``: it is
+    rendered on every scrape, the others once per snapshot.
+    """
 
     name: str
 
@@ -48,6 +55,9 @@ class SnapshotCollector:
         self._timer = timer
         self._lock = threading.Lock()  # scrapes may run concurrently
         self._failing: set[str] = set()
+        # The snapshot last rendered and what each renderer made of it (successes only).
+        self._rendered: tuple[NodeSnapshot | None, dict[str, list[Metric]]] = (None, {})
+        self._volatile = frozenset(r.name for r in renderers if getattr(r, "volatile", False))
 
     def describe(self) -> list[Metric]:
         # Registration calls describe() (or, without it, collect()): nothing is rendered at register() time.
@@ -58,23 +68,47 @@ class SnapshotCollector:
         success = gauge("gpuagent_collector_success", "1 when the collector succeeded in this scrape.")
         duration = gauge("gpuagent_collector_duration_seconds", "Time the collector took in this scrape.")
         seen: set[str] = {success.name, duration.name}
+        rendered = self._rendered_for(snapshot)
         for renderer in self._renderers:
             start = self._timer()
-            try:
-                metrics = list(renderer.render(snapshot))  # all or nothing: a failure halfway yields nothing
-                _check(metrics, seen)
-            except Exception as error:
-                metrics, ok = [], False
-                self._note(renderer.name, error)
-            else:
+            metrics = rendered.get(renderer.name)
+            if metrics is not None:  # this snapshot's, rendered by an earlier scrape
                 ok = True
-                self._note(renderer.name, None)
                 seen.update(m.name for m in metrics)
+            else:
+                metrics, ok = self._render(renderer, snapshot, seen)
+                if ok and renderer.name not in self._volatile:
+                    rendered[renderer.name] = metrics
+                    for metric in metrics:
+                        if isinstance(metric, Family):
+                            metric.stable = True
             add(success, {"collector": renderer.name}, flag(ok))
             add(duration, {"collector": renderer.name}, self._timer() - start)
             yield from metrics
         yield success
         yield duration
+
+    def _render(
+        self, renderer: Renderer, snapshot: NodeSnapshot | None, seen: set[str]
+    ) -> tuple[list[Metric], bool]:
+        try:
+            metrics = list(renderer.render(snapshot))  # all or nothing: a failure halfway yields nothing
+            _check(metrics, seen)
+        except Exception as error:
+            self._note(renderer.name, error)
+            return [], False
+        self._note(renderer.name, None)
+        seen.update(m.name for m in metrics)
+        return metrics, True
+
+    def _rendered_for(self, snapshot: NodeSnapshot | None) -> dict[str, list[Metric]]:
+        """The families already rendered from ``snapshot`` (by identity: a new poll is a new object)."""
+        with self._lock:
+            last, rendered = self._rendered
+            if last is not snapshot or snapshot is None:
+                rendered = {}
+                self._rendered = (snapshot, rendered)
+            return rendered
 
     def _snapshot(self) -> NodeSnapshot | None:
         try:

@@ -27,6 +27,7 @@ class HealthCollector:
     """Renders the agent's health families."""
 
     name = "health"
+    volatile = True  # gpuagent_snapshot_age_seconds reads the clock: rendered on every scrape
 
     def __init__(
         self, *, clock: Callable[[], float] = time.time, hostname_label: str = DEFAULT_HOSTNAME_LABEL
