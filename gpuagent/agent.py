@@ -18,9 +18,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gpuagent.api.app import build_app
+from gpuagent.accounting import Accountant, AccountingSettings
+from gpuagent.accounting.events import IdleEventPoster
+from gpuagent.api.admin import AdminActions, bind_admin_socket, build_admin_app
+from gpuagent.api.app import build_app, json_errors
 from gpuagent.api.tls import load_web_config, server_ssl_context
-from gpuagent.config import Config, ConfigError
+from gpuagent.config import Config, ConfigError, load_config
 from gpuagent.devices.loader import load_nvml
 from gpuagent.devices.poller import DevicePoller
 from gpuagent.devices.procnames import ProcessNames
@@ -31,13 +34,24 @@ from gpuagent.enforce.memory import LadderSettings, MemoryLadder
 from gpuagent.enforce.policy import PolicyValueError, node_defaults, parse_rules
 from gpuagent.enforce.timeslice import DutyCycler, ShareController
 from gpuagent.export import build_registry
+from gpuagent.hints.engine import HintsEngine
+from gpuagent.network.podnet import pod_pids
+from gpuagent.network.source import network_source
 from gpuagent.pods.cgroup import CgroupReader
 from gpuagent.pods.podresources import PodResourcesClient
 from gpuagent.pods.source import PodsSource
 
 if TYPE_CHECKING:
     from gpuagent.pods.metadata import PodMetadata
-from gpuagent.snapshot import EnforcementState, NodeSnapshot, PodUse, PollHistogram, SourceStatus
+from gpuagent.snapshot import (
+    AccountingState,
+    EnforcementState,
+    NodeHints,
+    NodeSnapshot,
+    PodUse,
+    PollHistogram,
+    SourceStatus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +106,19 @@ class Agent:
             nvml,
             timeout=config.nvml_timeout,
             slow_interval=config.slow_poll_interval,
+            energy_interval=config.energy_interval,
             xid_window=config.xid_window,
             process_names=ProcessNames(config.proc_root, fallback=fallback),
             clock=clock,
             monotonic=monotonic,
         )
         self.pods = pods_source(config)
+        self.network = network_source(config, monotonic=monotonic)  # None with network: false
         self.enforcer = build_enforcer(config)
+        self.accountant = build_accountant(config)
+        self._accounting_failure = ""
+        self.hints = HintsEngine()  # moving averages of SM use: 10 s and 5 min time constants
+        self._hints_failure = ""
         self.latest: NodeSnapshot | None = None
         self._durations = PollDurations()
         self._polls = 0
@@ -134,6 +154,10 @@ class Agent:
                     log.exception("pod attribution failed")
                     self._pods_failure = repr(exc)
                 statuses = (SourceStatus("pods", False, 0.0, f"attribution failed: {exc!r}"),)
+        network = None
+        if self.network is not None:  # after attribution: a pod's traffic is read through its PIDs
+            network = await self.network.update(pod_pids(gpus))  # reads in the background once started
+            statuses = (*statuses, self.network.status)
         duration = self._monotonic() - started
         self._durations.observe(duration)
         self._polls += 1
@@ -153,6 +177,7 @@ class Agent:
                 *statuses,
             ),
             pods=pods,
+            network=network,
             nvml_calls=self.devices.guard.call_stats(),
             nvml_errors=self.devices.guard.error_counts(),
             polls_total=self._polls,
@@ -161,8 +186,63 @@ class Agent:
         )
         if self.enforcer is not None:
             snapshot = replace(snapshot, enforcement=self._enforce(snapshot))
+        snapshot = replace(snapshot, accounting=self._account(snapshot))
+        snapshot = replace(snapshot, hints=self._hints(snapshot))  # last: it reads everything above
         self.latest = snapshot
         return snapshot
+
+    def admin_thaw(self, pause_seconds: float) -> dict[str, Any]:
+        """``POST /v1/admin/thaw``: thaw what the enforcer froze and pause throttling."""
+        if self.enforcer is None:
+            return {"thawed": 0, "paused_seconds": 0.0, "mode": self.config.mode}
+        thawed = self.enforcer.pause(pause_seconds)
+        return {"thawed": thawed, "paused_seconds": pause_seconds, "mode": self.config.mode}
+
+    def admin_reload_policies(self) -> dict[str, Any]:
+        """``POST /v1/admin/reload-policies``: re-read the config file's ``policies:`` and apply them;
+        a bad file or rule raises ``ConfigError`` naming the key path, and the old rules stay."""
+        path = self.config.config_file
+        if not path:
+            raise ConfigError("policies", "the agent was started without a config file to reload", "agent")
+        policies = load_config(path, env={"NODE_NAME": self.config.hostname or ""}).policies
+        try:
+            rules = parse_rules(list(policies))
+        except PolicyValueError as exc:
+            raise ConfigError(exc.key_path or "policies", exc.message, path) from exc
+        if self.enforcer is not None:
+            self.enforcer.set_rules(rules)
+        return {"policies": len(rules), "applied": self.enforcer is not None, "mode": self.config.mode}
+
+    def admin_actions(self) -> AdminActions | None:
+        """The admin endpoints' callables when the config enables them (a token file or a socket)."""
+        if not (self.config.admin_token_file or self.config.admin_socket):
+            return None
+        return AdminActions(thaw=self.admin_thaw, reload_policies=self.admin_reload_policies)
+
+    def _hints(self, snapshot: NodeSnapshot) -> NodeHints | None:
+        """This poll's scheduling hints; their failure costs the hints, not the poll."""
+        try:
+            hints = self.hints.update(snapshot)
+        except Exception as exc:
+            if repr(exc) != self._hints_failure:
+                log.exception("computing the scheduling hints failed")
+                self._hints_failure = repr(exc)
+            return None
+        self._hints_failure = ""
+        return hints
+
+    def _account(self, snapshot: NodeSnapshot) -> AccountingState | None:
+        """This poll's accounting (counters, idle flags; Events queued, never awaited); its failure costs
+        accounting only, for this poll."""
+        try:
+            state = self.accountant.update(snapshot)
+        except Exception as exc:
+            if repr(exc) != self._accounting_failure:
+                log.exception("accounting failed")
+                self._accounting_failure = repr(exc)
+            return None
+        self._accounting_failure = ""
+        return state
 
     def _enforce(self, snapshot: NodeSnapshot) -> EnforcementState | None:
         """The enforcer's decisions on this poll's snapshot; its failure costs enforcement, not the poll."""
@@ -198,11 +278,20 @@ class Agent:
         if recovered:
             log.warning("thawed %d cgroups a previous run left frozen (from %s)", recovered,
                         self.config.journal_path)
-        app = build_app(lambda: self.latest, self.registry, clock=self._clock)
+        admin = self.admin_actions()
+        app = build_app(lambda: self.latest, self.registry, clock=self._clock, admin=admin,
+                        admin_token_file=self.config.admin_token_file)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
+        admin_runner = web.AppRunner(build_admin_app(admin, (json_errors,)), access_log=None) if (
+            admin is not None and self.config.admin_socket) else None
         tasks: list[asyncio.Task[Any]] = []
         try:
+            if admin_runner is not None:
+                await admin_runner.setup()
+                path = self.config.admin_socket
+                await web.SockSite(admin_runner, bind_admin_socket(path)).start()
+                log.info("serving the admin endpoints on unix socket %s (mode 0600)", path)
             web_config = self.config.web_config
             ssl_context = server_ssl_context(load_web_config(web_config)) if web_config else None
             host, port = self.config.listen_host, self.config.listen_port
@@ -218,6 +307,8 @@ class Agent:
                 tasks.append(asyncio.create_task(self.pods.metadata.run(), name="pod-metadata"))
             if self.enforcer is not None and self.enforcer.cycling:
                 tasks.append(asyncio.create_task(self.enforcer.run(), name="duty-cycle"))
+            if self.accountant.events is not None:
+                tasks.append(asyncio.create_task(self.accountant.events.run(), name="idle-events"))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task.get_name() == "stop" or task.cancelled():
@@ -236,14 +327,33 @@ class Agent:
             for step, work in (
                 ("tasks", asyncio.gather(*tasks, return_exceptions=True)),
                 ("http", runner.cleanup()),
+                ("admin", admin_runner.cleanup() if admin_runner is not None else asyncio.sleep(0)),
                 ("nvml", self.devices.close()),
                 ("pods", self.pods.close()),
+                ("network", self.network.close() if self.network is not None else asyncio.sleep(0)),
+                ("idle-events", self.accountant.close()),
             ):
                 try:  # a stuck step must not hold the exit (everything was thawed above)
                     await asyncio.wait_for(work, SHUTDOWN_STEP_SECONDS)
                 except (TimeoutError, asyncio.TimeoutError):
                     log.error("shutdown: %s did not finish in %ds; leaving it", step, SHUTDOWN_STEP_SECONDS)
             log.info("stopped")
+
+
+def build_accountant(config: Config) -> Accountant:
+    """Accounting, always; idle Events on pods when asked, or (auto) where the API server is reachable: in
+    a cluster with a service account, or with a kubeconfig configured."""
+    events = None
+    if config.idle_events != "off":
+        from gpuagent.pods.metadata import api_server_available
+
+        if config.idle_events == "on" or config.kubeconfig or api_server_available():
+            events = IdleEventPoster(config.hostname, kubeconfig_path=config.kubeconfig)
+    settings = AccountingSettings(
+        retention_seconds=config.accounting_retention, efficiency_window_seconds=config.efficiency_window,
+        idle_threshold_ratio=config.idle_threshold, idle_window_seconds=config.idle_window,
+    )
+    return Accountant(settings, events=events)
 
 
 def build_enforcer(config: Config) -> Enforcer | None:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 from gpuagent import __version__
 from gpuagent.config import CONFIG_ENV, KEYS, KEYS_BY_NAME, Config, ConfigError, describe_keys, load_config
+from gpuagent.hints import extender_config
+from gpuagent.report.cli import add_report_parser
 
 EXIT_CONFIG_ERROR = 2  # also argparse's exit status for bad usage
 
@@ -65,11 +67,24 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--format", choices=("json", "table"), default="json", help="output format")
     snapshot.set_defaults(command=_snapshot, keys=SNAPSHOT_KEYS)
 
+    hints = commands.add_parser("hints", help="poll the GPUs once and print this node's scheduling hints")
+    _add_config_flags(hints, SNAPSHOT_KEYS)
+    hints.add_argument("--format", choices=("json", "table"), default="json", help="output format")
+    hints.set_defaults(command=_hints, keys=SNAPSHOT_KEYS)
+
     check = commands.add_parser(
         "check-config", help="validate a config file (with env applied) and print the effective config"
     )
     check.add_argument("file", metavar="FILE", help="YAML config file")
     check.set_defaults(command=_check_config)
+
+    add_report_parser(commands)  # gpuagent report: chargeback from Prometheus (gpuagent/report/cli.py)
+
+    extender = commands.add_parser(
+        "extender", help="serve kube-scheduler's extender verbs (filter, prioritize) from the agents' hints"
+    )
+    extender_config.add_flags(extender)
+    extender.set_defaults(command=_extender)
     return parser
 
 
@@ -136,6 +151,32 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hints(args: argparse.Namespace) -> int:
+    """``gpuagent hints``: one poll pair, as ``snapshot``, then the hints /v1/hints would serve."""
+    config = load_from_args(args)
+    setup_logging(config.log_level)
+    agent = importlib.import_module("gpuagent.agent")
+    snap = agent.poll_once(config)
+    if snap.hints is None:
+        log.error("no hints: computing them failed (see above)")
+        return 1
+    if args.format == "table":
+        from gpuagent.hints.table import format_hints_table
+
+        text = format_hints_table(snap.hints)
+    else:
+        from gpuagent.hints.codec import hints_to_jsonable
+
+        text = json.dumps(hints_to_jsonable(snap.hints), indent=2) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # piped into e.g. head, which stopped reading: not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
 def _check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file)
     if config.web_config:  # the TLS files too: a bad key or a cert/key mismatch fails here, not at start
@@ -145,3 +186,17 @@ def _check_config(args: argparse.Namespace) -> int:
     print(f"ok: {args.file}")
     print(config.describe())
     return 0
+
+
+def _extender(args: argparse.Namespace) -> int:
+    """The cluster-side extender; its options are its own (``gpuagent.hints.extender_config``)."""
+    options = extender_config.options_from_args(args)
+    setup_logging(options.log_level)
+    ssl_context = None
+    if options.web_config:  # its listener's TLS, configured like the agent's
+        from gpuagent.api.tls import load_web_config, server_ssl_context
+
+        ssl_context = server_ssl_context(load_web_config(options.web_config))
+    extender = importlib.import_module("gpuagent.hints.extender")
+    log.info("starting the extender: %s", ", ".join(f"{k}={v}" for k, v in options.as_dict().items()))
+    return extender.run(options, ssl_context=ssl_context)  # type: ignore[no-any-return]

@@ -33,6 +33,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBERNETES_API_MODES = ("auto", "on", "off")
 MODES = ("off", "audit", "enforce")
 MEMORY_ACTIONS = ("warn", "kill", "evict")
+# Network links left out by default: the loopback and what a node has one of per pod or per CNI.
+NETWORK_LINK_EXCLUDE = (
+    "lo", "veth*", "cali*", "cni*", "flannel*", "docker*", "br-*", "lxc*", "cilium_*", "weave*", "vxlan*",
+    "tunl*", "kube-ipvs*", "nodelocaldns", "genev_sys_*", "virbr*", "ifb*", "tap*", "nerdctl*", "podman*",
+)
 
 
 class ConfigError(ValueError):
@@ -249,6 +254,22 @@ def _globs(value: Any, ctx: _Ctx) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _link_globs(value: Any, ctx: _Ctx) -> tuple[str, ...]:
+    """Network interface name globs: a YAML list ([] for none), or comma-separated in env and flags
+    ("none" for none)."""
+    expected = "a list of interface name globs like eth* (comma-separated in env and flags, none for none)"
+    if ctx.text and isinstance(value, str):
+        value = [] if value.strip().lower() == "none" else [p.strip() for p in value.split(",") if p.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(expected)
+    for glob in value:
+        if not isinstance(glob, str) or not glob or len(glob) > 64 or "/" in glob or any(
+            c.isspace() for c in glob
+        ):
+            raise _Invalid(expected, f"{glob!r} is not an interface name glob")
+    return tuple(value)
+
+
 def _rules(value: Any, ctx: _Ctx) -> tuple[Mapping[str, Any], ...]:
     """The raw ``policies`` list; each item's keys and values are checked by the enforcer's policy parser."""
     if ctx.text:
@@ -313,6 +334,13 @@ class Config:
         "seconds between polls of ECC, remapped rows, static info and MIG layout; >= poll_interval",
         "SECONDS",
         default_doc="30, or poll_interval when that is longer",
+    )
+    energy_interval: float = _key(
+        10.0,
+        _number(0),
+        "seconds between reads of each GPU's energy counter (about 3 ms a read on an H100); "
+        "<= poll_interval: every poll",
+        "SECONDS",
     )
     nvml_timeout: float = _key(
         5.0, _number(0), "seconds one GPU's read may take before that GPU is marked stale", "SECONDS"
@@ -401,11 +429,60 @@ class Config:
         (), _rules, "limits for workloads matched by namespace, pod, kind, name or cgroup (config file only)",
         "RULES",
     )
+    accounting_retention: float = _key(
+        300.0, _number(0), "seconds an ended workload's accounting counters are kept before its series go",
+        "SECONDS",
+    )
+    efficiency_window: float = _key(
+        3600.0, _number(0), "seconds over which gpuagent_pod_gpu_efficiency_ratio (busy/allocated) is taken",
+        "SECONDS",
+    )
+    idle_threshold: float = _key(
+        0.05, _number(0, high=1), "SM use (0-1) of what a workload holds under which it counts as idle",
+        "RATIO",
+    )
+    idle_window: float = _key(
+        1800.0, _number(0), "seconds a workload must stay idle before it is flagged (metric, Event, state)",
+        "SECONDS",
+    )
+    idle_events: str = _key(
+        "auto", _choice(*KUBERNETES_API_MODES),
+        "post a Kubernetes Event on a pod flagged idle: auto (when the API server is reachable), on, or off",
+        "{" + ",".join(KUBERNETES_API_MODES) + "}",
+    )
     web_config: str | None = _key(
         None,
         _existing_file("web config"),
         "TLS settings for the HTTP listener, as Prometheus exporters' web config (tls_server_config)",
         "FILE",
+    )
+    admin_token_file: str | None = _key(
+        None, _existing_file("admin token"),
+        "file holding the bearer token of the admin endpoints (thaw, reload-policies) on the listener; "
+        "unset: no admin endpoint there", "FILE",
+    )
+    admin_socket: str | None = _key(
+        None, _optional_path,
+        "unix socket (mode 0600) serving the admin endpoints without a token; unset: no admin socket", "PATH",
+    )
+    network: bool = _key(
+        True, _bool, "read node links, RDMA ports and the traffic of GPU pods' network namespaces", "BOOL"
+    )
+    network_interval: float = _key(
+        5.0, _number(0, high=300), "seconds between reads of the network (links, RDMA, pods' traffic)",
+        "SECONDS",
+    )
+    network_links: tuple[str, ...] = _key(
+        ("*",), _link_globs, "network links reported: interface name globs (see network_links_exclude)",
+        "GLOBS",
+    )
+    network_links_exclude: tuple[str, ...] = _key(
+        NETWORK_LINK_EXCLUDE, _link_globs,
+        "network links left out even when matched by network_links (none: report every link)", "GLOBS",
+        default_doc="lo, veth*, cali*, cni*, flannel*, docker*, br-*, and other per-pod/CNI links",
+    )
+    sysfs_root: str = _key(
+        "/sys", _optional_path, "where sysfs is (link speeds, /sys/class/infiniband)", "PATH"
     )
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
 

@@ -1,4 +1,4 @@
-"""Load: a second process hammers /metrics, /v1/state and the probes on loopback while the agent polls an
+"""Load: a second process hammers /metrics, /v1/state, /v1/hints, POST /v1/hints/score and the probes on loopback while the agent polls an
 8xH100 node. No request may fail, and polling must keep its pace, judged from the agent's own metrics.
 
 Bounded in count and time; loopback only.
@@ -30,7 +30,8 @@ import asyncio, json, sys, time
 import aiohttp
 
 URL, SECONDS, CONCURRENCY, MAX_REQUESTS = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-PATHS = ["/metrics"] * 6 + ["/v1/state"] * 2 + ["/healthz", "/readyz"]
+SCORE = {"gpus": 1, "memory": "8Gi", "share": "25%"}
+PATHS = ["/metrics"] * 6 + ["/v1/state"] * 2 + ["/healthz", "/readyz"] + ["/v1/hints"] * 2 + ["score"] * 2
 
 async def client(session, deadline, counts, latencies, index):
     i = index
@@ -38,10 +39,16 @@ async def client(session, deadline, counts, latencies, index):
         path = PATHS[i % len(PATHS)]
         i += 1
         counts["total"] += 1
+        counts.setdefault("by_path", {}).setdefault(path, 0)
+        counts["by_path"][path] += 1
         started = time.monotonic()
         try:
             headers = {"Accept-Encoding": "gzip"} if i % 3 == 0 else {}
-            async with session.get(URL + path, headers=headers) as response:
+            if path == "score":
+                request = session.post(URL + "/v1/hints/score", json=SCORE)
+            else:
+                request = session.get(URL + path, headers=headers)
+            async with request as response:
                 await response.read()
                 if response.status != 200:
                     counts["failed"] += 1
@@ -112,6 +119,7 @@ def test_concurrent_load_fails_no_request_and_does_not_stall_polling(tmp_path: P
         result = json.loads(load.stdout)
         assert result["total"] > 200, result  # it was real load
         assert result["failed"] == 0, result
+        assert min(result["by_path"].get(p, 0) for p in ("/metrics", "/v1/hints", "score")) > 20, result
         # Polling kept its pace: the fixed-rate poller skips ticks only when a poll overruns the interval.
         polls = after["gpuagent_polls_total"] - before["gpuagent_polls_total"]
         assert polls >= 0.8 * elapsed / POLL_INTERVAL, (polls, elapsed)

@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuagent.export import choose_encoder
+from gpuagent.api.admin import AdminActions, add_admin_routes
+from gpuagent.api.hints import add_routes as add_hint_routes
+from gpuagent.export import scrape
 from gpuagent.snapshot import NodeSnapshot, allocation_view, to_jsonable
 
 LatestSnapshot = Callable[[], NodeSnapshot | None]
@@ -41,16 +43,20 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return json_error(exc.status, exc.reason or "error")
+        response = json_error(exc.status, exc.reason or "error")
+        if "Allow" in exc.headers:  # a 405 says which methods the path takes (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
 
 
 async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[_REGISTRY]
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    response = web.Response(body=encoder(registry), headers={"Content-Type": content_type})
-    if "gzip" in request.headers.get("Accept-Encoding", ""):
-        response.enable_compression()
-    return response
+    """The body is built (and gzipped) by ``export.scrape``, cached per snapshot there."""
+    headers_in = request.headers
+    result = scrape(request.app[_REGISTRY], headers_in.get("Accept"), headers_in.get("Accept-Encoding"))
+    headers = {"Content-Type": result.content_type, "Vary": "Accept, Accept-Encoding"}
+    if result.gzipped:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=result.body, headers=headers)
 
 
 def _latest(request: web.Request) -> NodeSnapshot | None:
@@ -91,8 +97,11 @@ async def state(request: web.Request) -> web.Response:
 
 
 def build_app(
-    latest: LatestSnapshot, registry: CollectorRegistry, *, clock: Callable[[], float] = time.time
+    latest: LatestSnapshot, registry: CollectorRegistry, *, clock: Callable[[], float] = time.time,
+    admin: AdminActions | None = None, admin_token_file: str | None = None,
 ) -> web.Application:
+    """The agent's app. The admin routes (``gpuagent.api.admin``) exist only with both ``admin`` and
+    ``admin_token_file``: without a token they are served on the admin unix socket alone."""
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_REQUEST_BYTES)
     app[_LATEST] = latest
     app[_REGISTRY] = registry
@@ -102,4 +111,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/state", state)
+    add_hint_routes(app, latest, clock=clock)  # /v1/hints, /v1/hints/score, /openapi.json
+    if admin is not None and admin_token_file:
+        add_admin_routes(app, admin, token_file=admin_token_file)
     return app
