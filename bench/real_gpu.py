@@ -177,6 +177,13 @@ def monitor(args: argparse.Namespace) -> dict:
                 fetch(f"http://127.0.0.1:{port}/metrics")
                 scrape_times.append(time.perf_counter() - t0)
             state = json.loads(fetch(f"http://127.0.0.1:{port}/v1/state"))
+            hints = json.loads(fetch(f"http://127.0.0.1:{port}/v1/hints"))
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/hints/score", method="POST",
+                data=json.dumps({"gpus": 1, "memory": "10Gi", "share": 30}).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                score = json.loads(response.read())
             uptime = time.time() - proc.create_time()
         (directory / "metrics.txt").write_text(text)
         (directory / "state.json").write_text(json.dumps(state, indent=1))
@@ -191,6 +198,15 @@ def monitor(args: argparse.Namespace) -> dict:
             for g in state["gpus"] for p in g.get("processes", ())
         ]
         gpu = state["gpus"][0] if state["gpus"] else {}
+        hint = hints["gpus"][0] if hints.get("gpus") else {}
+
+        def values(name: str, scale: float = 1.0) -> list[float]:
+            return [v * scale for n, _, v in samples if n == name]
+
+        def by_workload(suffix: str) -> dict[str, float]:
+            names = (f"gpuagent_workload_gpu_{suffix}", f"gpuagent_pod_gpu_{suffix}")
+            return {lab.get("workload") or lab.get("pod", ""): round(v, 1)
+                    for n, lab, v in samples if n in names}
         result = {
             "seconds": round(wall, 1),
             "driver": state.get("driver_version"),
@@ -211,6 +227,18 @@ def monitor(args: argparse.Namespace) -> dict:
             "processes": processes,
             "prof_series": sorted({n for n, _, _ in samples if n.startswith("DCGM_FI_PROF_")}),
             "gpu_util": [v for n, _, v in samples if n == "DCGM_FI_DEV_GPU_UTIL"],
+            "hints_gpu0": {k: hint.get(k) for k in (
+                "sharing_mode", "sm_util_short_ratio", "sm_util_long_ratio", "memory_free_bytes",
+                "schedulable_share_ratio", "numa_node", "compute_mode")},
+            "score_1gpu_10Gi_share30": {k: score.get(k)
+                                        for k in ("fits", "score", "recommended_mode", "reasons")},
+            "energy": {
+                "counter_joules": values("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", scale=1e-3),
+                "accounted_joules": values("gpuagent_gpu_energy_accounted_joules_total"),
+                "unattributed_joules": values("gpuagent_gpu_energy_unattributed_joules_total"),
+                "by_workload_joules": by_workload("energy_joules_total"),
+                "busy_seconds": by_workload("busy_seconds_total"),
+            },
             "artifacts": str(directory),
         }
     finally:
