@@ -1,17 +1,32 @@
 """Benchmark the share controller on the simulated GPU of ``tests/test_timeslice.py``.
 
-Usage: .venv/bin/python bench/bench_timeslice.py [--seeds 10] [--seconds 20] [--poll 0.5] [--noise 0.01]
+Usage: .venv/bin/python bench/bench_timeslice.py [--noise-model gaussian|binomial|both] [--seeds 10]
+       [--seconds S] [--poll P] [--tail T] [--noise 0.01] [--samples 5]
 
 Burners (demand 1.0 each) sharing one GPU whose use follows CPU-like dynamics (a frozen tenant's use
-decays over a 0.2 s queue), with 1 point of seeded measurement noise; the controller decides at every poll
-and each 100 ms period applies its frozen fractions. Per case, over the seeds:
+decays over a 0.2 s queue); the controller decides at every poll and each 100 ms period applies its
+frozen fractions. Two measurement noise models:
 
-- ``share_error``: per run, the worst tenant's |mean use over the last 15 s - share| (the true use, not the
-  noisy measurement); the median and the worst over the runs;
-- ``poll_deviation_worst``: the largest |measured use in one poll - share| over the last 15 s of any run
+- ``gaussian``: the true use plus ``--noise`` (1 point) of seeded Gaussian noise; 20 s runs at 0.5 s
+  polls, scored over the last 15 s (the defaults);
+- ``binomial``: what NVML gives per process on a time-sliced GPU, each ~200 ms sample belonging to one
+  context: ``Binomial(samples, true use) / samples`` (20-point steps, ~20 points of spread); 60 s runs at
+  1 s polls (the agent's default), scored over the last 45 s.
+
+``both`` (the default) runs each with its defaults. Per case, over the seeds:
+
+- ``share_error``: per run, the worst tenant's |mean true use over the tail - share| (the true use, not
+  the noisy measurement); the median and the worst over the runs;
+- ``noise_floor``: per run, |mean over the tail of (measured - true use)| of the tenant with the largest
+  one: how far the readings' own mean misses the truth, which a controller steering the readings to the
+  share cannot remove (median and worst);
+- ``gpu_use_min``: the lowest, over the runs, of the tenants' summed mean true use over the tail (below 1:
+  time lost with several tenants frozen at once);
+- ``poll_deviation_worst``: the largest |measured use in one poll - share| over the tail of any run
   (what a dashboard plotting every poll would show, noise included);
 - ``time_to_throttle_s``: the first poll at which every tenant's measured use is within 5 points of its
-  share; the median and the worst over the runs.
+  share; the median and the worst over the runs (gaussian only: single binomial readings are 20 points
+  apart, so null there).
 
 Prints JSON.
 """
@@ -34,51 +49,80 @@ CASES = {
     "10/90": {"a": 0.1, "b": 0.9},
 }
 
+DEFAULTS = {  # per noise model: seconds, poll, tail
+    "gaussian": (20.0, 0.5, 15.0),
+    "binomial": (60.0, 1.0, 45.0),
+}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--poll", type=float, default=0.5)
-    parser.add_argument("--noise", type=float, default=0.01)
-    args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "tests"))
+def run_model(model: str, args: argparse.Namespace) -> dict[str, object]:
     from test_timeslice import simulate, tail_error, time_to_throttle
 
     from gpuagent.enforce.timeslice import ShareController
 
-    tail_from = args.seconds - 15.0
-    started = time.perf_counter()
+    seconds, poll, tail = DEFAULTS[model]
+    seconds = args.seconds if args.seconds is not None else seconds
+    poll = args.poll if args.poll is not None else poll
+    tail = min(args.tail if args.tail is not None else tail, seconds)
+    tail_from = seconds - tail
     cases = {}
     for name, shares in CASES.items():
-        errors, deviations, times = [], [], []
+        errors, floors, totals, deviations, times = [], [], [], [], []
         for seed in range(args.seeds):
-            polls, _ = simulate(shares, seconds=args.seconds, poll=args.poll, seed=seed, noise=args.noise,
-                                controller=ShareController())
+            polls, _ = simulate(shares, seconds=seconds, poll=poll, seed=seed, noise=args.noise,
+                                noise_model=model, samples=args.samples, controller=ShareController())
+            scored = [p for p in polls if p.t > tail_from]
             errors.append(tail_error(polls, shares, after=tail_from))
-            deviations.append(max(abs(p.measured[k] - s) for p in polls if p.t > tail_from
-                                  for k, s in shares.items()))
-            ttt = time_to_throttle(polls, shares)
-            times.append(ttt if ttt is not None else float("inf"))
+            floors.append(max(abs(statistics.fmean(p.measured[k] - p.true[k] for p in scored))
+                              for k in shares))
+            totals.append(statistics.fmean(sum(p.true.values()) for p in scored))
+            deviations.append(max(abs(p.measured[k] - s) for p in scored for k, s in shares.items()))
+            if model == "gaussian":
+                ttt = time_to_throttle(polls, shares)
+                times.append(ttt if ttt is not None else float("inf"))
         cases[name] = {
             "share_error_median": round(statistics.median(errors), 4),
             "share_error_worst": round(max(errors), 4),
+            "noise_floor_median": round(statistics.median(floors), 4),
+            "noise_floor_worst": round(max(floors), 4),
+            "gpu_use_min": round(min(totals), 4),
             "poll_deviation_worst": round(max(deviations), 4),
-            "time_to_throttle_s_median": statistics.median(times),
-            "time_to_throttle_s_worst": max(times),
+            "time_to_throttle_s_median": statistics.median(times) if times else None,
+            "time_to_throttle_s_worst": max(times) if times else None,
             "runs": args.seeds,
         }
+    plant = {"noise_model": model, "demand": 1.0, "queue_s": 0.2, "period_s": 0.1, "poll_s": poll,
+             "seconds": seconds, "tail_s": tail}
+    plant.update({"noise": args.noise} if model == "gaussian" else {"samples": args.samples})
+    return {"plant": plant, "cases": cases}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--noise-model", choices=("gaussian", "binomial", "both"), default="both")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=None, help="run length (default: per model)")
+    parser.add_argument("--poll", type=float, default=None, help="poll interval (default: per model)")
+    parser.add_argument("--tail", type=float, default=None,
+                        help="seconds scored at the end (default: per model)")
+    parser.add_argument("--noise", type=float, default=0.01, help="gaussian: standard deviation")
+    parser.add_argument("--samples", type=int, default=5, help="binomial: NVML samples per poll")
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gpuagent.enforce.timeslice import ShareController
+
+    started = time.perf_counter()
+    models = ("gaussian", "binomial") if args.noise_model == "both" else (args.noise_model,)
     defaults = ShareController()
     report = {
         "bench": "timeslice",
-        "plant": {"demand": 1.0, "queue_s": 0.2, "noise": args.noise, "period_s": 0.1, "poll_s": args.poll,
-                  "seconds": args.seconds, "tail_s": 15.0},
         "controller": {k: getattr(defaults, k) for k in ("kp", "ki", "window", "max_frozen", "tolerance")},
-        "cases": cases,
-        "wall_s": round(time.perf_counter() - started, 3),
+        "models": {model: run_model(model, args) for model in models},
+        "wall_s": 0.0,
     }
+    report["wall_s"] = round(time.perf_counter() - started, 3)
     print(json.dumps(report, indent=2))
     return 0
 
