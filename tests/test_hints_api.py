@@ -51,6 +51,14 @@ async def test_503_before_the_first_poll_and_without_hints(client, holder, busy)
     assert response.status == 503 and "hints" in (await response.json())["error"]
 
 
+async def test_hints_of_a_stuck_poller_are_a_503_not_a_304(client, holder, busy) -> None:
+    holder["snapshot"] = busy
+    etag = (await client.get("/v1/hints")).headers["ETag"]
+    holder["now"] = busy.taken_at_unix + 31.0  # past max(30 s, 5 polls): the poller is stuck
+    stuck = await client.get("/v1/hints", headers={"If-None-Match": etag})
+    assert stuck.status == 503 and "stuck" in (await stuck.json())["error"]
+
+
 async def test_hints_round_trip_with_etag_and_304(client, holder, busy) -> None:
     holder["snapshot"] = busy
     first = await client.get("/v1/hints")

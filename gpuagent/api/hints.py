@@ -3,7 +3,8 @@
 Handlers read only the latest snapshot's ``NodeHints``: no I/O at request time. ``/v1/hints`` is serialised
 once per snapshot; its strong ETag hashes the figures without the freshness timestamp, so a node whose
 figures did not change answers a conditional GET (``If-None-Match``) with 304 however many polls went by;
-a 200 carries ``taken_at_unix``, and a 304 says the figures are still those of the client's copy.
+a 200 carries ``taken_at_unix``, and a 304 says the figures are still those of the client's copy. Hints
+older than ``/healthz``'s bound (the poller is stuck) are a 503, never a 304, so no cache keeps them fresh.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ async def get_hints(request: web.Request) -> web.Response:
     if isinstance(current, web.Response):
         return current
     snapshot, hints = current
+    age = request.app[_CLOCK]() - snapshot.taken_at_unix  # type: ignore[operator]
+    if age > _max_age_seconds(snapshot):
+        # A stuck poller must not look fresh to a cache revalidating with If-None-Match (a 304 would).
+        return _error(503, f"the hints are {age:.0f} s old: the agent's poller is stuck (see /healthz)")
     cache = request.app[_CACHE]
     if cache.get("snapshot") is not snapshot:
         body = hints_to_jsonable(hints)
