@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpuagent.accounting.events import IdleEventPoster, IdleNotice
 from gpuagent.accounting.idle import IdleTracker, Observation
 from gpuagent.accounting.ledger import CONTAINER, POD, Ledger, Series, SeriesKey
-from gpuagent.accounting.rates import poll_rates
+from gpuagent.accounting.rates import RateReader
 from gpuagent.snapshot import AccountingState, GpuAccounting, IdleWorkload, NodeSnapshot, WorkloadGpuUsage
 
 
@@ -36,10 +36,11 @@ class Accountant:
             efficiency_window_seconds=settings.efficiency_window_seconds,
         )
         self._notified: set[tuple[str | None, str]] = set()  # pods whose current idle episode has its Event
+        self._rates = RateReader()
 
     def update(self, snapshot: NodeSnapshot) -> AccountingState:
         now = snapshot.taken_at_monotonic
-        dropped = self.ledger.update(poll_rates(snapshot), now, snapshot.poll_interval_seconds)
+        dropped = self.ledger.update(self._rates.read(snapshot), now, snapshot.poll_interval_seconds)
         for key in dropped:
             self.idle.forget(key)
         usage: list[WorkloadGpuUsage] = []

@@ -119,10 +119,14 @@ class Ledger:
         self._previous: dict[str, GpuRates | None] = {}  # the last poll's GPUs: rates, None if unusable
         self._previous_at: float | None = None
         self._energy: dict[str, _PendingEnergy] = {}
+        # (owner, GPU, MIG instance) -> its series' keys, for the places of the last update and this one
+        self._keys: dict[tuple[Owner, str, int | None], tuple[SeriesKey, ...]] = {}
+        self._keys_before: dict[tuple[Owner, str, int | None], tuple[SeriesKey, ...]] = {}
 
     def update(self, rates: dict[str, GpuRates], now: float, poll_interval_seconds: float) -> list[SeriesKey]:
         """Integrate from the previous poll to this one (monotonic ``now``); returns the series dropped."""
         dt = None if self._previous_at is None else now - self._previous_at
+        self._keys_before, self._keys = self._keys, {}
         bound = max(self.gap_factor * poll_interval_seconds, self.min_gap_seconds)
         for s in self.series.values():
             s.running, s.allocated_now, s.busy_now = False, 0.0, None
@@ -158,16 +162,28 @@ class Ledger:
         if estimate is not None:
             pending.unattributed += _split_energy(increments, estimate, dt)
             pending.total += estimate
-        by_series: dict[SeriesKey, _Increment] = {}  # a pod's series sums its containers' increments
+        # A pod's series sums its containers' increments. A series with one contributor (the common case:
+        # one container) takes its increment as is, which is what adding it to a zero increment gives.
+        by_series: dict[SeriesKey, _Increment] = {}
+        merged: set[SeriesKey] = set()  # series whose increment is a sum of its own (not shared)
         for (owner, instance), increment in increments.items():
             if owner is UNATTRIBUTED:
                 continue
-            for key in _series_keys(owner, current.uuid, instance):
-                by_series.setdefault(key, _Increment()).add(increment)
+            for key in self._series_keys(owner, current.uuid, instance):
+                total = by_series.get(key)
+                if total is None:
+                    by_series[key] = increment
+                    continue
+                if key not in merged:  # a second contributor: sum into an increment of the series' own
+                    merged.add(key)
+                    first, total = total, _Increment()
+                    total.add(first)
+                    by_series[key] = total
+                total.add(increment)
+        shares = pending.shares
         for key, increment in by_series.items():
             if increment.energy is not None:
-                pending.shares[key] = pending.shares.get(key, 0.0) + increment.energy
-                increment.energy = None
+                shares[key] = shares.get(key, 0.0) + increment.energy
             self._add(self._series(key, current), increment)
 
     def _settle_energy(
@@ -203,28 +219,41 @@ class Ledger:
         return s
 
     def _add(self, s: Series, inc: _Increment) -> None:
+        """The interval's GPU-seconds and memory; its energy waits in the pending shares."""
         s.allocated_gpu_seconds += inc.allocated
         s.memory_byte_seconds += inc.memory
         if inc.busy is not None:
             s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + inc.busy
             if inc.allocated > 0 and inc.busy < self.idle_threshold_ratio * inc.allocated:
                 s.idle_allocated_gpu_seconds += inc.allocated
-        if inc.energy is not None:
-            s.energy_joules = (s.energy_joules or 0.0) + inc.energy
+
+    def _series_keys(self, owner: Owner, uuid: str, instance: int | None) -> tuple[SeriesKey, ...]:
+        place = (owner, uuid, instance)
+        keys = self._keys.get(place)
+        if keys is None:
+            keys = self._keys_before.get(place)
+            if keys is None:
+                keys = _series_keys(owner, uuid, instance)
+            self._keys[place] = keys
+        return keys
 
     def _mark_seen(self, current: GpuRates, now: float) -> None:
         now_by_key: dict[SeriesKey, Rate] = {}
+        merged: set[SeriesKey] = set()  # series whose rate is a sum of its own (the units' are not changed)
         for (owner, instance), rate in current.units.items():
             if owner is UNATTRIBUTED:
                 continue
-            for key in _series_keys(owner, current.uuid, instance):
+            for key in self._series_keys(owner, current.uuid, instance):
                 total = now_by_key.get(key)
                 if total is None:
-                    now_by_key[key] = Rate(rate.allocated, rate.busy, rate.memory_bytes)
-                else:
-                    total.allocated += rate.allocated
-                    if rate.busy is not None:
-                        total.busy = (total.busy or 0.0) + rate.busy
+                    now_by_key[key] = rate
+                    continue
+                if key not in merged:
+                    merged.add(key)
+                    total = now_by_key[key] = Rate(total.allocated, total.busy, total.memory_bytes)
+                total.allocated += rate.allocated
+                if rate.busy is not None:
+                    total.busy = (total.busy or 0.0) + rate.busy
         for key, rate in now_by_key.items():
             s = self._series(key, current)
             s.last_seen, s.running = now, True
@@ -252,14 +281,13 @@ class Ledger:
         return iter(self.series.items())
 
 
-def _series_keys(owner: Owner, uuid: str, instance: int | None) -> list[SeriesKey]:
+def _series_keys(owner: Owner, uuid: str, instance: int | None) -> tuple[SeriesKey, ...]:
     if owner.kind == "pod":
-        keys = [SeriesKey(POD, "pod", owner.namespace, owner.name, None, uuid, instance)]
-        if owner.container is not None:
-            keys.append(SeriesKey(CONTAINER, "pod", owner.namespace, owner.name, owner.container, uuid,
-                                  instance))
-        return keys
-    return [SeriesKey(WORKLOAD, owner.kind, None, owner.name, None, uuid, instance)]
+        pod = SeriesKey(POD, "pod", owner.namespace, owner.name, None, uuid, instance)
+        if owner.container is None:
+            return (pod,)
+        return pod, SeriesKey(CONTAINER, "pod", owner.namespace, owner.name, owner.container, uuid, instance)
+    return (SeriesKey(WORKLOAD, owner.kind, None, owner.name, None, uuid, instance),)
 
 
 def _trapezoid(before: Rate | None, after: Rate | None, dt: float) -> _Increment:

@@ -70,10 +70,46 @@ class GpuRates:
 
 def poll_rates(snapshot: NodeSnapshot) -> dict[str, GpuRates]:
     """GPU UUID -> its rates at this snapshot."""
-    known = allocations_known(snapshot)
-    by_gpu: dict[str, list[tuple[Owner, int | None, float]]] = defaultdict(list)
-    for (owner, uuid, instance), fraction in (pod_allocations(snapshot) if known else {}).items():
-        by_gpu[uuid].append((owner, instance, fraction))
+    return RateReader().read(snapshot)
+
+
+class RateReader:
+    """:func:`poll_rates` for a caller that reads every poll: the allocations, which change rarely, are
+    turned into each GPU's holders again only when the pods' allocated devices or the GPUs' places differ
+    from the last poll's."""
+
+    def __init__(self) -> None:
+        self._signature: tuple[object, ...] | None = None
+        self._by_gpu: dict[str, list[tuple[Owner, int | None, float]]] = {}
+
+    def read(self, snapshot: NodeSnapshot) -> dict[str, GpuRates]:
+        known = allocations_known(snapshot)
+        signature = _allocation_signature(snapshot) if known else None
+        if signature != self._signature:
+            by_gpu: dict[str, list[tuple[Owner, int | None, float]]] = defaultdict(list)
+            for (owner, uuid, instance), fraction in (pod_allocations(snapshot) if known else {}).items():
+                by_gpu[uuid].append((owner, instance, fraction))
+            self._signature, self._by_gpu = signature, dict(by_gpu)
+        return _rates(snapshot, known, self._by_gpu)
+
+
+def _allocation_signature(snapshot: NodeSnapshot) -> tuple[object, ...]:
+    """Everything :func:`pod_allocations` reads."""
+    places = tuple(
+        (gpu.info.uuid, tuple((m.uuid, m.gpu_instance_id, m.compute_instance_id, m.slice_fraction)
+                              for m in gpu.migs))
+        for gpu in snapshot.gpus
+    )
+    devices = tuple(
+        (pod.namespace, pod.name, container.name, container.allocated_devices)
+        for pod in snapshot.pods for container in pod.containers if container.allocated_devices
+    )
+    return places, devices
+
+
+def _rates(
+    snapshot: NodeSnapshot, known: bool, by_gpu: dict[str, list[tuple[Owner, int | None, float]]]
+) -> dict[str, GpuRates]:
     nvml_ok = all(s.ok for s in snapshot.sources if s.name == "nvml")  # else these are earlier samples
     out: dict[str, GpuRates] = {}
     for gpu in snapshot.gpus:
@@ -144,15 +180,21 @@ def owner_of(process: ProcessSample) -> Owner:
 
 def _use(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
     """Busy and memory of every owner with a process on the GPU; what they hold when processes count."""
-    migs = {m.gpu_instance_id: m for m in gpu.migs}
-    by_place: dict[tuple[Owner, int | None], list[ProcessSample]] = defaultdict(list)
+    by_place: dict[tuple[Owner, int | None], list[ProcessSample]] = {}
     for process in gpu.processes:
-        by_place[(owner_of(process), process.gpu_instance_id)].append(process)
-    sharing: dict[int | None, int] = defaultdict(int)  # MIG instance -> owners with processes in it
-    for _, instance in by_place:
-        sharing[instance] += 1
+        place = (owner_of(process), process.gpu_instance_id)
+        group = by_place.get(place)
+        if group is None:
+            by_place[place] = [process]
+        else:
+            group.append(process)
+    migs = {m.gpu_instance_id: m for m in gpu.migs}
+    sharing: dict[int | None, int] = {}  # MIG instance -> owners with processes in it
+    if migs:
+        for _, instance in by_place:
+            sharing[instance] = sharing.get(instance, 0) + 1
     for (owner, instance), processes in by_place.items():
-        rate = Rate(memory_bytes=float(sum(p.used_memory_bytes or 0 for p in processes)))
+        rate = Rate(memory_bytes=float(sum([p.used_memory_bytes or 0 for p in processes])))
         mig = migs.get(instance) if instance is not None else None
         if instance is None:
             known = [p.sm_util_percent for p in processes if p.sm_util_percent is not None]

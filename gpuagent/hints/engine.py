@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from gpuagent.hints.score import MIG_SLICES
-from gpuagent.hints.tenants import gpu_tenants, node_limits, sharing_mode
+from gpuagent.hints.tenants import gpu_tenants, node_limits, pods_by_gpu, sharing_mode
 from gpuagent.snapshot import (
     GpuHints,
     GpuSample,
@@ -94,10 +94,11 @@ class HintsEngine:
         now = snapshot.taken_at_monotonic
         limits = node_limits(snapshot)
         by_bus = {g.info.pci_bus_id.upper(): g.info.uuid for g in snapshot.gpus if g.info.pci_bus_id}
+        allocated = pods_by_gpu(snapshot.pods)
         gpus = []
         for gpu in snapshot.gpus:
             util, short, long = self._average(gpu, now)
-            tenants = gpu_tenants(snapshot, gpu, limits)
+            tenants = gpu_tenants(snapshot, gpu, limits, allocated)
             gpus.append(_gpu_hints(gpu, tenants, util, short, long, by_bus))
         present = {g.info.uuid for g in snapshot.gpus}
         for uuid in set(self._averages) - present:  # a GPU gone from the node: forget its averages

@@ -9,7 +9,7 @@ counts as no limit (the enforcer reports it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
@@ -81,7 +81,16 @@ def node_limits(snapshot: NodeSnapshot) -> Limits:
     return Limits(shares, memory, annotated)
 
 
-def _allocations(pods: tuple[PodUse, ...], gpu: GpuSample) -> dict[str, _Tenant]:
+def pods_by_gpu(pods: Sequence[PodUse]) -> dict[str, list[PodUse]]:
+    """GPU UUID -> the pods allocated it, in the snapshot's order: one pass for all of a node's GPUs."""
+    out: dict[str, list[PodUse]] = {}
+    for pod in pods:
+        for uuid in dict.fromkeys(pod.allocated_gpus):
+            out.setdefault(uuid, []).append(pod)
+    return out
+
+
+def _allocations(pods: Sequence[PodUse], gpu: GpuSample) -> dict[str, _Tenant]:
     """Pods the kubelet allocated this GPU (or a replica or MIG device of it)."""
     uuid = gpu.info.uuid
     migs = {m.uuid for m in gpu.migs}
@@ -110,9 +119,14 @@ def _process_tenant(process: ProcessSample) -> tuple[str, str]:
     return workload.name, workload.kind
 
 
-def gpu_tenants(snapshot: NodeSnapshot, gpu: GpuSample, limits: Limits) -> tuple[TenantHint, ...]:
-    """The tenants of one GPU, allocated ones first, then by name."""
-    tenants = _allocations(snapshot.pods, gpu)
+def gpu_tenants(
+    snapshot: NodeSnapshot, gpu: GpuSample, limits: Limits,
+    allocated: Mapping[str, Sequence[PodUse]] | None = None,
+) -> tuple[TenantHint, ...]:
+    """The tenants of one GPU, allocated ones first, then by name. ``allocated``: :func:`pods_by_gpu` of
+    the snapshot's pods, when the caller asks for every GPU's tenants."""
+    pods = snapshot.pods if allocated is None else allocated.get(gpu.info.uuid, ())
+    tenants = _allocations(pods, gpu)
     instance_uuid = {m.gpu_instance_id: m.uuid for m in gpu.migs}
     for process in gpu.processes:
         if process.comm == MPS_SERVER:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpuagent.pods.attribution import attribute
+from gpuagent.pods.attribution import Attributor
 from gpuagent.pods.cgroup import CgroupIdentity, CgroupParseError, CgroupReader
 from gpuagent.pods.podresources import PodResourcesClient, PodResourcesUnavailable
 from gpuagent.snapshot import GpuSample, PodUse, SourceStatus
@@ -58,6 +58,7 @@ class PodsSource:
         self._next_fetch = float("-inf")
         self._podresources_status: SourceStatus | None = None
         self._failure = ""
+        self._attributor = Attributor()  # keeps what did not change since the last poll
 
     async def attribute(self, gpus: Sequence[GpuSample]) -> PodsReading:
         started = self._monotonic()
@@ -76,7 +77,7 @@ class PodsSource:
             ok, error = self._metadata.status
             statuses.append(SourceStatus(METADATA_SOURCE, ok, 0.0, error))
             names = self._metadata.names_by_uid() if self._metadata.synced else None
-        attributed, pods = attribute(gpus, identities, self._allocations, names)
+        attributed, pods = self._attributor.attribute(gpus, identities, self._allocations, names)
         return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses))
 
     async def _identify(self, pids: set[int]) -> dict[int, CgroupIdentity | None]:
@@ -117,7 +118,8 @@ class PodsSource:
                 kept = "keeping the last allocations" if self._allocations is not None else "cgroups only"
                 log.warning("kubelet pod-resources unavailable (%s); attributing with %s", exc, kept)
         else:
-            self._allocations = answer.allocations
+            if answer.allocations != self._allocations:  # unchanged: keep the object the index is built on
+                self._allocations = answer.allocations
             status = SourceStatus("pod_resources", True, self._monotonic() - now)
             if self._failure:
                 log.info("kubelet pod-resources answers again: %d GPU allocations", len(answer.allocations))
