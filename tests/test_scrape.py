@@ -107,3 +107,96 @@ async def test_http_gzip_decodes_to_the_plain_body(served):
     response = await served.get("/metrics", headers={"Accept": OPENMETRICS, "Accept-Encoding": "gzip"})
     assert response.headers["Content-Type"].startswith("application/openmetrics-text")
     assert (await response.text()).endswith("# EOF\n")
+
+
+# --- label text and the caches ------------------------------------------------------------------------------
+
+
+def test_label_text_helpers_give_what_merged_dicts_give():
+    from gpuagent.export.families import (
+        add,
+        extend,
+        gauge,
+        join,
+        label_pairs,
+        label_text,
+        with_label,
+    )
+
+    gpu = label_text({"gpu": "0", "UUID": "GPU-1", "Hostname": "node"})
+    pod = label_pairs((("namespace", "ns"), ("pod", 'a"b\\c\nd')))
+    assert join(pod, gpu) == label_text({"namespace": "ns", "pod": 'a"b\\c\nd', "gpu": "0", "UUID": "GPU-1",
+                                         "Hostname": "node"})
+    assert join("", gpu, "") == gpu and join("", "") == ""
+    assert with_label(gpu, "reason", 'x"y') == label_text({"gpu": "0", "UUID": "GPU-1", "Hostname": "node",
+                                                          "reason": 'x"y'})
+    assert with_label("", "le", "+Inf") == '{le="+Inf"}'
+    assert extend(gpu, ()) is gpu
+    assert extend(pod, (("container", "c"),)) == with_label(pod, "container", "c")
+    metric = gauge("m", "Help.")
+    add(metric, join(pod, gpu), 1)
+    [sample] = metric.samples  # client_python's view parses the text back, escapes undone
+    assert sample.labels == {"namespace": "ns", "pod": 'a"b\\c\nd', "gpu": "0", "UUID": "GPU-1",
+                             "Hostname": "node"}
+
+
+def _churned(snapshot, step: int):
+    """The snapshot with every process under a new PID (a churning node: new label sets every poll)."""
+    gpus = []
+    for gpu in snapshot.gpus:
+        processes = tuple(
+            dataclasses.replace(p, pid=100_000 + step * 10 + i, used_memory_bytes=step * 1024 + i)
+            for i, p in enumerate(gpu.processes)
+        )
+        gpus.append(dataclasses.replace(gpu, processes=processes, energy_joules_total=float(step)))
+    return dataclasses.replace(snapshot, gpus=tuple(gpus), polls_total=step)
+
+
+def test_caches_are_bounded_by_the_live_series_under_churn():
+    from gpuagent.export.exposition import cache_sizes
+    from gpuagent.export.families import label_text_cache_size
+
+    base = two_gpu_node()
+    holder = {"snapshot": base}
+    registry = build_registry(lambda: holder["snapshot"], clock=Clock(), timer=lambda: 0.0)
+    sizes = []
+    for step in range(400):  # ~2,400 process label sets and ~2,800 values that live one poll each
+        holder["snapshot"] = _churned(base, step)
+        body = scrape(registry, None, None).body
+        sizes.append((label_text_cache_size(), cache_sizes()))
+    rows = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
+    texts = max(size for size, _ in sizes[200:])
+    assert texts < 3 * max(rows, 256)  # emptied once as many texts are dead as alive
+    assert max(c["values"] for _, c in sizes[200:]) <= 2 * rows  # this snapshot's and the previous one's
+    assert max(c["family_rows"] for _, c in sizes[200:]) <= 2 * rows + 200  # (+ other tests' families)
+
+
+def test_a_family_unchanged_since_the_last_snapshot_reuses_its_text_and_only_then():
+    base = two_gpu_node()
+    snapshots = [base, _churned(base, 1), _churned(base, 1), base, _churned(base, 2)]
+    holder = {"snapshot": base}
+    clock = Clock()
+    registry = build_registry(lambda: holder["snapshot"], clock=clock, timer=lambda: 0.0)
+    for snapshot in snapshots:
+        holder["snapshot"] = snapshot
+        for accept, encode in ((None, generate_text), (OPENMETRICS, generate_openmetrics)):
+            fresh = build_registry(lambda snapshot=snapshot: snapshot, clock=clock, timer=lambda: 0.0)
+            assert scrape(registry, accept, None).body == encode(fresh)
+
+
+def test_health_renders_its_snapshot_families_once_and_the_age_on_every_scrape():
+    from gpuagent.export.health import HealthCollector
+
+    clock = Clock()
+    health = HealthCollector(clock=clock)
+    snapshot = two_gpu_node()
+    first = {m.name: m for m in health.render(snapshot)}
+    clock.now += 5.0
+    second = {m.name: m for m in health.render(snapshot)}
+    assert list(first) == list(second)
+    assert first["gpuagent_gpu_health"] is second["gpuagent_gpu_health"]  # its text is encoded once
+    assert first["gpuagent_snapshot_age_seconds"].values == [1.0]
+    assert second["gpuagent_snapshot_age_seconds"].values == [6.0]
+    third = {m.name: m for m in health.render(_churned(snapshot, 1))}
+    assert third["gpuagent_gpu_health"] is not first["gpuagent_gpu_health"]
+    assert third["gpuagent_polls"].values == [1.0]  # a counter family is named without _total

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, counter, gauge, non_empty
+from gpuagent.export.families import add, add_known, counter, gauge, join, label_text, non_empty, with_label
 from gpuagent.export.labels import GpuLabels, GpuRenderer, find_mig, pod_labels
 from gpuagent.snapshot import GpuSample, NodeSnapshot, WorkloadGpuUsage
 
@@ -77,7 +77,7 @@ class AccountingCollector(GpuRenderer):
         if state is None:
             return []
         by_uuid = {g.info.uuid: g for g in snapshot.gpus}
-        host = {self._hostname_label: snapshot.hostname} if self._hostname_label and snapshot.hostname else {}
+        host = labels.host
         out: list[Metric] = []
         for level, ident in (("pod", _pod), ("container", _container), ("workload", _workload)):
             names = _FAMILIES[level]
@@ -93,7 +93,7 @@ class AccountingCollector(GpuRenderer):
             for usage in state.usage:
                 if usage.level != level:
                     continue
-                series = {**ident(usage), **_gpu_labels(usage, by_uuid.get(usage.gpu_uuid), labels, host)}
+                series = join(ident(usage), _gpu_labels(usage, by_uuid.get(usage.gpu_uuid), labels, host))
                 add(allocated, series, usage.allocated_gpu_seconds_total)
                 add_known(busy, series, usage.busy_gpu_seconds_total)
                 add(memory, series, usage.memory_byte_seconds_total)
@@ -114,8 +114,8 @@ class AccountingCollector(GpuRenderer):
                                "Energy accounted to no workload (nobody there, or unnamed processes).")
         for totals in state.gpus:
             gpu = by_uuid.get(totals.gpu_uuid)
-            series = labels.gpu(gpu) if gpu is not None else {
-                "gpu": str(totals.gpu_index), "UUID": totals.gpu_uuid, **host}
+            series = labels.gpu(gpu) if gpu is not None else join(
+                label_text({"gpu": str(totals.gpu_index), "UUID": totals.gpu_uuid}), host)
             add(gap, series, totals.gap_seconds_total)
             add_known(energy, series, totals.energy_joules_total)
             add_known(unattributed, series, totals.energy_unattributed_joules_total)
@@ -132,21 +132,21 @@ class AccountingCollector(GpuRenderer):
         return non_empty([*out, gap, energy, unattributed, events, tracked, window, threshold])
 
 
-def _pod(usage: WorkloadGpuUsage) -> dict[str, str]:
+def _pod(usage: WorkloadGpuUsage) -> str:
     return pod_labels(usage.namespace, usage.name)
 
 
-def _container(usage: WorkloadGpuUsage) -> dict[str, str]:
-    return {**pod_labels(usage.namespace, usage.name), "container": usage.container or ""}
+def _container(usage: WorkloadGpuUsage) -> str:
+    return with_label(pod_labels(usage.namespace, usage.name), "container", usage.container or "")
 
 
-def _workload(usage: WorkloadGpuUsage) -> dict[str, str]:
-    return {"workload_kind": usage.kind, "workload": usage.name}
+def _workload(usage: WorkloadGpuUsage) -> str:
+    return label_text({"workload_kind": usage.kind, "workload": usage.name})
 
 
 def _gpu_labels(
-    usage: WorkloadGpuUsage, gpu: GpuSample | None, labels: GpuLabels, host: dict[str, str]
-) -> dict[str, str]:
+    usage: WorkloadGpuUsage, gpu: GpuSample | None, labels: GpuLabels, host: str
+) -> str:
     """The GPU's (or MIG instance's) join keys; from the usage itself when the GPU or instance is gone."""
     instance = usage.gpu_instance_id
     if gpu is not None and (instance is None or find_mig(gpu, instance) is not None):
@@ -156,4 +156,4 @@ def _gpu_labels(
         if usage.mig_profile:
             series["GPU_I_PROFILE"] = usage.mig_profile
         series["GPU_I_ID"] = str(instance)
-    return {**series, **host}
+    return join(label_text(series), host)

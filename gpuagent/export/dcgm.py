@@ -28,7 +28,7 @@ from enum import Enum
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export import xid
-from gpuagent.export.families import add, add_known, family, flag, non_empty
+from gpuagent.export.families import add, add_known, add_rows, extend, family, flag, non_empty, with_label
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProfilingSample
 
@@ -198,24 +198,26 @@ class DcgmCollector(GpuRenderer):
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         gpus = [g for g in snapshot.gpus if g.health is not Health.LOST]
-        metrics = [self._field(f, gpus, labels) for f in FIELDS]
+        series = [(gpu, labels.dcgm(gpu)) for gpu in gpus]
+        metrics = [self._field(f, series, labels) for f in FIELDS]
         metrics.insert(_XID_POSITION, self._xid_last(gpus, labels))
         metrics.append(self._xid_count(gpus, labels))
         return non_empty(metrics)
 
     @staticmethod
-    def _field(field: Field, gpus: Iterable[GpuSample], labels: GpuLabels) -> Metric:
+    def _field(field: Field, gpus: list[tuple[GpuSample, str]], labels: GpuLabels) -> Metric:
         metric = _dcgm_family(field.name, field.csv_type, field.help)
-        for gpu in gpus:
-            if field.scope is Scope.GPU:
-                add_known(metric, labels.dcgm(gpu), field.value(gpu))
-                continue
+        if field.scope is Scope.GPU:
+            value = field.value
+            add_rows(metric, [(text, value(gpu)) for gpu, text in gpus])
+            return metric
+        for gpu, text in gpus:
             per_instance = [(mig, _read(field, mig)) for mig in gpu.migs]
             if any(value is not None for _, value in per_instance):
                 for mig, value in per_instance:
                     add_known(metric, labels.dcgm(gpu, mig), value)
             else:  # not a MIG GPU, or no instance reports it: the GPU-wide value
-                add_known(metric, labels.dcgm(gpu), _read(field, gpu))
+                add_known(metric, text, _read(field, gpu))
         return metric
 
     @staticmethod
@@ -224,18 +226,19 @@ class DcgmCollector(GpuRenderer):
         metric = family(XID_ERRORS, XID_ERRORS_HELP, "gauge")
         for gpu in gpus:
             code = gpu.xid.last_code or 0
-            add(metric, {**labels.dcgm(gpu), "err_code": str(code), "err_msg": xid.message(code)}, code)
+            error = (("err_code", str(code)), ("err_msg", xid.message(code)))
+            add(metric, extend(labels.dcgm(gpu), error), code)
         return metric
 
     def _xid_count(self, gpus: Iterable[GpuSample], labels: GpuLabels) -> Metric:
         metric = _dcgm_family(XID_COUNT, COUNTER, XID_COUNT_HELP)
         for gpu in gpus:
-            base = {**labels.dcgm(gpu), "window_size_in_ms": self._window_ms}
+            base = with_label(labels.dcgm(gpu), "window_size_in_ms", self._window_ms)
             recent = {code: n for code, n in gpu.xid.recent.items() if n}
             if not recent:
                 add(metric, base, 0)
             for code, count in sorted(recent.items()):
-                add(metric, {**base, "xid": str(code)}, count)
+                add(metric, with_label(base, "xid", str(code)), count)
         return metric
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, counter, gauge, non_empty
+from gpuagent.export.families import add, add_known, counter, gauge, join, non_empty, with_label
 from gpuagent.export.labels import GpuLabels, GpuRenderer, pod_labels
 from gpuagent.snapshot import NodeSnapshot
 
@@ -62,7 +62,7 @@ class EnforcementCollector(GpuRenderer):
             gpu = by_uuid.get(share.gpu_uuid)
             if gpu is None:
                 continue
-            series = {**pod_labels(share.namespace, share.pod), **labels.gpu(gpu)}
+            series = join(pod_labels(share.namespace, share.pod), labels.gpu(gpu))
             add_known(limit, series, share.limit_ratio)
             add(achieved, series, share.achieved_ratio)
             add(duty, series, share.frozen_ratio)
@@ -73,11 +73,12 @@ class EnforcementCollector(GpuRenderer):
             ident = pod_labels(memory.namespace, memory.pod)
             add_known(memory_limit, ident, memory.limit_bytes)
             for value in STAGES:
-                add(stage, {**ident, "stage": value}, 1.0 if memory.stage == value else 0.0)
+                add(stage, with_label(ident, "stage", value), 1.0 if memory.stage == value else 0.0)
         problems = gauge("gpuagent_pod_policy_problem",
                          "1 for an annotation that could not be used (the pod gets the node default).")
         for problem in state.problems:
-            add(problems, {**pod_labels(problem.namespace, problem.pod), "annotation": problem.annotation}, 1)
+            ident = pod_labels(problem.namespace, problem.pod)
+            add(problems, with_label(ident, "annotation", problem.annotation), 1)
         return non_empty(
             [mode, frozen, actions, limit, achieved, duty, throttled, memory_limit, stage, problems]
         )

@@ -6,19 +6,24 @@ dcgm-exporter's output do. These are client_python's text 0.0.4 and OpenMetrics 
 difference: same family munging (``_total``/``_info`` names, ``untyped``, ``_created`` moved out in 0.0.4),
 same value formatting, label values escaped exactly as both formats say (``\\``, ``"``, newline). Not
 rendered: exemplars and native histograms (the agent emits neither), UTF-8 metric names (ours are legacy).
+
+A :class:`~gpuagent.export.families.Family`'s rows are label text already, so a line is a join. Caches, all
+bounded by the live series (``rotate_caches``, called by the guard for each new snapshot, drops what the
+snapshot before last used): each family's text per format; the family of each name encoded last, whose text
+an identical family of the next snapshot takes; formatted values. Sizes: ``cache_sizes``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from gpuagent.export.families import Family
+from gpuagent.export.families import Family, escape, label_text
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +55,50 @@ def encode_family(kind: str, metric: Metric, fmt: Lines) -> str:
     value that is not a number): a renderer's bug costs that family, never the whole scrape.
 
     A :class:`Family` remembers its text per format: a family served again (the same snapshot's, see
-    ``guard``) costs nothing to encode.
+    ``guard``) costs nothing to encode, and a family whose rows are those of the family of the same name
+    encoded last (about half of them between two polls: limits, flags, info, idle GPUs) takes its text.
     """
     if isinstance(metric, Family):
         text = metric.encoded.get(kind)
         if text is None:
-            text = metric.encoded[kind] = _encode(kind, metric, fmt)
+            text = metric.encoded[kind] = _reused(kind, metric) or _encode(kind, metric, fmt)
+            _ENCODED.current[metric.name] = metric
         return text
     return _encode(kind, metric, fmt)
+
+
+class _Encoded:
+    """The families encoded from the current and the previous snapshot, by name (two generations)."""
+
+    __slots__ = ("current", "previous")
+
+    def __init__(self) -> None:
+        self.current: dict[str, Family] = {}
+        self.previous: dict[str, Family] = {}
+
+
+_ENCODED = _Encoded()
+
+
+def _reused(kind: str, metric: Family) -> str | None:
+    """The text of the last family of that name encoded in ``kind``, when its output would be the same."""
+    last = _ENCODED.current.get(metric.name) or _ENCODED.previous.get(metric.name)
+    if last is None or last is metric:
+        return None
+    text = last.encoded.get(kind)
+    if (
+        text is not None
+        and last.values == metric.values  # floats: equal values have one repr (no -0.0 is stored)
+        and last.texts == metric.texts
+        and last.names == metric.names
+        and last.type == metric.type
+        and last.documentation == metric.documentation
+        and last.unit == metric.unit
+        and last.error is None
+        and metric.error is None
+    ):
+        return text
+    return None
 
 
 def _encode(kind: str, metric: Metric, fmt: Lines) -> str:
@@ -98,7 +139,7 @@ def _text_family(metric: Metric, fmt: Lines) -> str:
 
 
 def _openmetrics_family(metric: Metric, fmt: Lines) -> str:
-    out = [f"# HELP {metric.name} {_escape(metric.documentation)}\n", f"# TYPE {metric.name} {metric.type}\n"]
+    out = [f"# HELP {metric.name} {escape(metric.documentation)}\n", f"# TYPE {metric.name} {metric.type}\n"]
     if metric.unit:
         out.append(f"# UNIT {metric.name} {metric.unit}\n")
     if isinstance(metric, Family):
@@ -134,92 +175,80 @@ def wants_openmetrics(accept_header: str | None) -> bool:
 
 
 class _Values(dict[float, str]):
-    """Formatted values, kept across scrapes: most values repeat (0, 1, limits, totals), each is formatted
-    once. Bounded: emptied when it grows past ``_MAX_CACHED`` (values of counters keep changing)."""
+    """Formatted values of one snapshot's families: most values repeat (0, 1, limits, totals), each is
+    formatted once. ``rotate`` (a new snapshot) starts a new generation that takes over what the previous
+    one formatted, so the cache holds at most the distinct values of the last two snapshots."""
+
+    previous: dict[float, str] = {}
 
     def __missing__(self, value: float) -> str:
-        if len(self) >= _MAX_CACHED:
-            self.clear()
-        # floatToGoString's result is repr() below 1e6 (Go switches to exponents sooner, and +Inf, NaN).
-        text = self[value] = repr(value) if -_INF < value < 1e6 else floatToGoString(value)
+        text = self.previous.get(value)
+        if text is None:
+            # floatToGoString's result is repr() below 1e6 (Go switches to exponents sooner, +Inf, NaN).
+            text = repr(value) if -_INF < value < 1e6 else floatToGoString(value)
+        self[value] = text
         return text
 
 
-class _LabelTexts(dict[tuple[tuple[str, str], ...], str]):
-    """Formatted label sets, kept across scrapes: label sets barely change between polls, values do."""
-
-    def __missing__(self, labels: tuple[tuple[str, str], ...]) -> str:
-        if len(self) >= _MAX_CACHED:
-            self.clear()
-        text = self[labels] = _label_set(labels)
-        return text
-
-
-_MAX_CACHED = 50_000
 _INF = float("inf")
 _VALUES = _Values()
-_LABEL_TEXTS = _LabelTexts()
+
+
+def rotate_caches() -> None:
+    """A new snapshot is being rendered: values and families only the one before last used are dropped."""
+    global _VALUES
+    fresh = _Values()
+    fresh.previous = _VALUES
+    _VALUES.previous = {}  # two generations, never a chain
+    _VALUES = fresh
+    _ENCODED.previous, _ENCODED.current = _ENCODED.current, {}
+
+
+def cache_sizes() -> dict[str, int]:
+    """What the encoder's caches hold (both generations), for tests and the footprint bench."""
+    return {
+        "values": len(_VALUES) + len(_VALUES.previous),
+        "families": len(_ENCODED.current) + len(_ENCODED.previous),
+        "family_rows": sum(len(m.values) for m in (*_ENCODED.current.values(), *_ENCODED.previous.values())),
+    }
 
 
 class Lines:
-    """Sample lines of one scrape. Each distinct label dict and value is formatted once: a GPU's dozens of
-    series share one label dict, and most values repeat (0, 1).
-
-    Label dicts are keyed by identity, which is safe because every sample (and so its dict) lives until the
-    scrape ends; ``_keep`` holds them to make that explicit.
-    """
+    """Sample lines of one scrape: a :class:`Family`'s rows are already label text; values are formatted
+    through the snapshot's value cache."""
 
     __slots__ = ("_keep", "_labels")
 
     def __init__(self) -> None:
+        # client_python samples' label dicts, by identity: ``_keep`` holds them, so no id is reused.
         self._labels: dict[int, str] = {}
-        self._keep: list[Mapping[str, str]] = []
+        self._keep: list[dict[str, str]] = []
 
-    def rows(self, metric: Family) -> list[str]:
+    @staticmethod
+    def rows(metric: Family) -> list[str]:
         """The lines of a family's rows, without building a ``Sample`` for each."""
-        texts, keep = self._labels, self._keep
-        for labels in metric.labels:
-            if id(labels) not in texts:
-                texts[id(labels)] = _LABEL_TEXTS[tuple(labels.items())]
-                keep.append(labels)
+        if metric.error is not None:
+            raise metric.error
         values = _VALUES
         if metric.names is None:
             name = metric.sample_name
-            pairs = zip(metric.labels, metric.values, strict=True)
-            return [f"{name}{texts[id(lab)]} {values[v]}\n" for lab, v in pairs]
+            return [f"{name}{t} {values[v]}\n" for t, v in zip(metric.texts, metric.values, strict=True)]
         return [
-            f"{name}{texts[id(lab)]} {values[v]}\n"
-            for name, lab, v in zip(metric.names, metric.labels, metric.values, strict=True)
+            f"{name}{t} {values[v]}\n"
+            for name, t, v in zip(metric.names, metric.texts, metric.values, strict=True)
         ]
 
     def line(self, sample: Sample, timestamp: Callable[[float], str]) -> str:
         labels = sample.labels
         text = self._labels.get(id(labels))
         if text is None:
-            text = self._labels[id(labels)] = _LABEL_TEXTS[tuple(labels.items())]
+            text = self._labels[id(labels)] = label_text(labels)
             self._keep.append(labels)
         # -0.0 == 0.0: a cached "0.0" must not answer for it (our families store no -0.0, see families.add)
         value = _VALUES[sample.value] if sample.value else floatToGoString(sample.value)
         if sample.timestamp is None:
             return f"{sample.name}{text} {value}\n"
         return f"{sample.name}{text} {value} {timestamp(float(sample.timestamp))}\n"
-
-
-def _label_set(labels: tuple[tuple[str, str], ...]) -> str:
-    if not labels:
-        return ""
-    for name, value in labels:
-        # Plain str only: a str subclass (a str-mixin Enum) may format as "Health.OK".
-        if type(name) is not str or type(value) is not str:
-            raise TypeError(f"label names and values must be strings: {dict(labels)!r}")
-    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in labels) + "}"
-
-
-def _escape(value: str) -> str:
-    """A label value (both formats) or an OpenMetrics HELP text."""
-    if "\\" not in value and "\n" not in value and '"' not in value:
-        return value  # the common case, and most of a scrape's work
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def _escape_help_text(value: str) -> str:

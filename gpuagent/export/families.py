@@ -1,13 +1,15 @@
 """Building metric families for custom collectors.
 
 Our families can mix label sets (a GPU series and its MIG-instance series share one family), so samples are
-added by label dict rather than with ``GaugeMetricFamily.add_metric``'s fixed label names. The sample name
+added by label set rather than with ``GaugeMetricFamily.add_metric``'s fixed label names. The sample name
 is derived from the family type the way client_python's own families do it (``_total`` for counters,
 ``_info`` for info), so every encoder (ours in ``exposition``, client_python's) renders them correctly.
 
-A :class:`Family` keeps its samples as parallel lists of label dicts and float values rather than
-client_python ``Sample`` tuples: building ~2,000 tuples a scrape cost more than encoding them. Our encoder
-reads the lists directly; ``samples`` builds the tuples on demand for client_python's encoders and tests.
+A :class:`Family` keeps its samples as parallel lists of formatted label sets (``{gpu="0",UUID="…"}``) and
+float values rather than client_python ``Sample`` tuples: building ~2,000 tuples and label dicts a scrape cost
+more than encoding them. The label helpers (``labels.GpuLabels``) format a GPU's label set once per snapshot
+and renderers extend it (``extend``, ``join``), so the encoder only joins strings; ``samples`` builds the
+tuples (parsing the label text back) on demand for client_python's encoders and tests.
 """
 
 from __future__ import annotations
@@ -19,40 +21,53 @@ from prometheus_client.metrics_core import METRIC_TYPES, Metric
 from prometheus_client.samples import Sample
 
 _SAMPLE_SUFFIX = {"counter": "_total", "info": "_info"}
+_CHECKED: set[tuple[str, str]] = set()  # (name, type) pairs already validated
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # our names are legacy ones (exposition's docstring)
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ESCAPE_SEQUENCE = re.compile(r'\\([\\n"])')
+_UNESCAPED = {"\\": "\\", "n": "\n", '"': '"'}
+
+Labels = Mapping[str, str] | str  # a label dict, or a label set already formatted by ``label_text``
 
 
 class Family(Metric):
-    """A metric family whose samples are (labels, value) rows; the encoder formats them without tuples.
+    """A metric family whose samples are (label text, value) rows; the encoder joins them without tuples.
 
-    ``labels`` and ``values`` are parallel lists; ``names`` is None while every row uses the family's
+    ``texts`` and ``values`` are parallel lists; ``names`` is None while every row uses the family's
     ``sample_name``, else the sample name of each row (summaries and histograms: ``_sum``, ``_bucket``, ...).
+    ``error`` is the first label set that could not be formatted: the encoder then leaves the family out.
     A family is filled by its renderer, then only read: the encoder may remember its text.
     """
 
     def __init__(self, name: str, documentation: str, typ: str) -> None:
         # Metric.__init__ is not called: it assigns ``samples``, which is a computed property here.
-        if not _LEGACY_NAME.match(name):
-            raise ValueError(f"invalid metric name {name!r}")
-        if typ not in METRIC_TYPES:
-            raise ValueError(f"invalid metric type {typ!r} of {name}")
+        if (name, typ) not in _CHECKED:
+            if not _LEGACY_NAME.match(name):
+                raise ValueError(f"invalid metric name {name!r}")
+            if typ not in METRIC_TYPES:
+                raise ValueError(f"invalid metric type {typ!r} of {name}")
+            if len(_CHECKED) < 10_000:  # the code's own names: a few hundred
+                _CHECKED.add((name, typ))
         self.name = name
         self.documentation = documentation
         self.unit = ""
         self.type = typ
         self.sample_name = name + _SAMPLE_SUFFIX.get(typ, "")
-        self.labels: list[Mapping[str, str]] = []
+        self.texts: list[str] = []
         self.values: list[float] = []
         self.names: list[str] | None = None
+        self.error: Exception | None = None
         self.encoded: dict[str, str] = {}  # format -> text, filled by the encoder
         self.stable = False  # set by the guard: served again, unchanged, until the next snapshot
 
     @property  # type: ignore[override]
     def samples(self) -> list[Sample]:
         """client_python's view of the rows (built on each access)."""
+        if self.error is not None:
+            raise self.error
         names = self.names or [self.sample_name] * len(self.values)
-        rows = zip(names, self.labels, self.values, strict=True)
-        return [Sample(name, dict(labels), value) for name, labels, value in rows]
+        rows = zip(names, self.texts, self.values, strict=True)
+        return [Sample(name, parse_label_text(text), value) for name, text, value in rows]
 
 
 def family(name: str, documentation: str, typ: str) -> Family:
@@ -71,13 +86,26 @@ def counter(name: str, documentation: str) -> Family:
     return family(name, documentation, "counter")
 
 
-def add(metric: Family, labels: Mapping[str, str], value: float, *, suffix: str = "") -> None:
+def add(metric: Family, labels: Labels, value: float, *, suffix: str = "") -> None:
     """One sample; ``suffix`` is for the parts of summaries and histograms (``_sum``, ``_count``, ...).
 
-    ``labels`` is kept, not copied: samples of one GPU share one dict, which the encoder formats once.
-    A negative zero is stored as 0.0: the encoder's cache of formatted values cannot tell them apart.
+    ``labels`` is a label set formatted by ``label_text`` (the fast path: renderers share a GPU's text), or
+    a dict, formatted here. A dict that cannot be formatted (a value that is no string) leaves the family
+    out of the scrape, alone (``Family.error``). A negative zero is stored as 0.0: the encoder's cache of
+    formatted values cannot tell them apart.
     """
     value = float(value) + 0.0  # first: a value that is no number fails here, adding nothing; -0.0 reads 0.0
+    if type(labels) is not str:
+        try:
+            labels = label_text(labels)
+        except TypeError as error:
+            if metric.error is None:
+                metric.error = error
+            return
+    if not suffix and metric.names is None:  # the common case
+        metric.values.append(value)
+        metric.texts.append(labels)
+        return
     if suffix:
         if metric.names is None:
             metric.names = [metric.sample_name] * len(metric.values)
@@ -85,19 +113,136 @@ def add(metric: Family, labels: Mapping[str, str], value: float, *, suffix: str 
     elif metric.names is not None:
         metric.names.append(metric.sample_name)
     metric.values.append(value)
-    metric.labels.append(labels)
+    metric.texts.append(labels)
 
 
-def add_known(metric: Family, labels: Mapping[str, str], value: float | None) -> None:
+def add_known(metric: Family, labels: Labels, value: float | None) -> None:
     """One sample, or none when the value is unknown: ``None`` never renders as 0."""
     if value is not None:
         add(metric, labels, value)
 
 
+def add_rows(metric: Family, rows: Iterable[tuple[str, float | None]]) -> None:
+    """``add_known`` for each (label text, value) row: a whole family in one call."""
+    texts, values = metric.texts, metric.values
+    if metric.names is not None:
+        raise ValueError(f"add_rows: {metric.name} has suffixed samples")
+    for text, value in rows:
+        if value is not None:
+            value = float(value) + 0.0
+            if type(text) is not str:
+                raise TypeError(f"label set of {metric.name} must be text: {text!r}")
+            values.append(value)
+            texts.append(text)
+
+
 def non_empty(metrics: Iterable[Metric]) -> list[Metric]:
     """Families that have samples: a family with nothing to report is left out, not rendered bare."""
-    return [m for m in metrics if (m.values if isinstance(m, Family) else m.samples)]
+    return [m for m in metrics if (m.values or m.error if isinstance(m, Family) else m.samples)]
 
 
 def flag(value: bool) -> float:
     return 1.0 if value else 0.0
+
+
+# --- label text --------------------------------------------------------------------------------------------
+
+
+def label_text(labels: Mapping[str, str]) -> str:
+    """``{name="value",...}`` in the dict's order, values escaped as both formats say; "" for no labels."""
+    return label_pairs(tuple(labels.items())) if labels else ""
+
+
+def label_pairs(pairs: tuple[tuple[str, str], ...]) -> str:
+    """``label_text`` of (name, value) pairs: what renderers use for label sets of their own."""
+    if not pairs:
+        return ""
+    try:
+        return _texts[("l", pairs)]
+    except TypeError:  # a value that cannot even be hashed: say which labels were wrong
+        return _format(pairs)
+
+
+def join(*texts: str) -> str:
+    """Label sets concatenated in order (what ``{**a, **b}`` gives for label dicts whose names differ)."""
+    return _texts[("j", *texts)]
+
+
+def extend(text: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    """``text``'s labels followed by the (name, value) ``pairs``."""
+    return _texts[("e", text, pairs)] if pairs else text
+
+
+def with_label(text: str, name: str, value: str) -> str:
+    """``text``'s labels followed by one more (``name`` must be a valid label name)."""
+    return _texts[("w", text, name, value)]
+
+
+class _Texts(dict[tuple, str]):
+    """Label texts built by the helpers above, keyed by what they were built from.
+
+    Label sets barely change between polls, so most are found here (at the cost of a dict lookup) instead
+    of formatted again. Bounded by the live series: ``rotate_label_texts`` (each new snapshot) empties it
+    once it holds twice what one snapshot used, i.e. once as many texts are dead (churn) as alive.
+    """
+
+    live = 0  # texts one snapshot used, measured after the last emptying (0: not measured yet)
+
+    def __missing__(self, key: tuple) -> str:
+        text = self[key] = _BUILD[key[0]](key)
+        return text
+
+
+def _format(items: tuple[tuple[str, str], ...]) -> str:
+    for name, value in items:
+        # Plain str only: a str subclass (a str-mixin Enum) may format as "Health.OK".
+        if type(name) is not str or type(value) is not str:
+            raise TypeError(f"label names and values must be strings: {dict(items)!r}")
+    return "{" + ",".join([f'{name}="{escape(value)}"' for name, value in items]) + "}"
+
+
+def _join(texts: tuple[str, ...]) -> str:
+    inner = [text[1:-1] for text in texts if text]
+    return "{" + ",".join(inner) + "}" if inner else ""
+
+
+_BUILD = {
+    "l": lambda key: _format(key[1]),
+    "j": lambda key: _join(key[1:]),
+    "e": lambda key: _join((key[1], _format(key[2]))),
+    "w": lambda key: _join((key[1], _format(((key[2], key[3]),)))),
+}
+_texts = _Texts()
+
+
+def rotate_label_texts() -> None:
+    """A new snapshot is about to be rendered: see ``_Texts``."""
+    size = len(_texts)
+    if not _texts.live:
+        _texts.live = max(size, _MIN_LIVE_TEXTS)
+    elif size > 2 * _texts.live:
+        _texts.clear()
+        _texts.live = 0
+
+
+_MIN_LIVE_TEXTS = 256  # a small node's churn empties the cache no more often than every 256 new texts
+
+
+def label_text_cache_size() -> int:
+    """Label texts held, for tests and the footprint bench."""
+    return len(_texts)
+
+
+def escape(value: str) -> str:
+    """A label value (both formats) or an OpenMetrics HELP text."""
+    if "\\" not in value and "\n" not in value and '"' not in value:
+        return value  # the common case
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def parse_label_text(text: str) -> dict[str, str]:
+    """The dict of a label set formatted by ``label_text`` (for ``Family.samples``)."""
+    return {
+        name: _ESCAPE_SEQUENCE.sub(lambda m: _UNESCAPED[m.group(1)], value)
+        for name, value in _LABEL_PAIR.findall(text)
+    }

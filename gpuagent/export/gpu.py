@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, counter, flag, gauge, non_empty
+from gpuagent.export.families import add, add_known, counter, flag, gauge, non_empty, with_label
 from gpuagent.export.labels import GpuLabels, GpuRenderer
 from gpuagent.snapshot import Health, NodeSnapshot
 
@@ -53,7 +53,8 @@ class GpuCollector(GpuRenderer):
             add_known(pcie_rx, series, gpu.pcie_rx_bytes_total)
             if gpu.clock_event_reasons is not None:
                 for reason, bit in CLOCK_EVENT_REASONS:
-                    add(clock_event, {**series, "reason": reason}, flag(gpu.clock_event_reasons & bit))
+                    active = flag(gpu.clock_event_reasons & bit)
+                    add(clock_event, with_label(series, "reason", reason), active)
             if gpu.remapped_rows is not None:
                 add(remap_pending, series, flag(gpu.remapped_rows.pending))
         return non_empty(

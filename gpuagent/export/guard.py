@@ -21,7 +21,8 @@ from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import Family, add, flag, gauge
+from gpuagent.export.exposition import rotate_caches
+from gpuagent.export.families import Family, add, flag, gauge, rotate_label_texts
 from gpuagent.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,10 @@ class SnapshotCollector:
         with self._lock:
             last, rendered = self._rendered
             if last is not snapshot or snapshot is None:
+                if last is not snapshot:
+                    # Caches keep what the previous snapshot formatted, and nothing older.
+                    rotate_caches()
+                    rotate_label_texts()
                 rendered = {}
                 self._rendered = (snapshot, rendered)
             return rendered

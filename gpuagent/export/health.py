@@ -16,7 +16,17 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from gpuagent import __version__
-from gpuagent.export.families import add, counter, family, flag, gauge, non_empty
+from gpuagent.export.families import (
+    add,
+    counter,
+    extend,
+    family,
+    flag,
+    gauge,
+    label_pairs,
+    non_empty,
+    with_label,
+)
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, describe
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, PollHistogram
 
@@ -34,20 +44,29 @@ class HealthCollector:
     ) -> None:
         self._clock = clock
         self._hostname_label = hostname_label
+        # The last snapshot and its families but the age: every scrape of it serves them again (their text
+        # is cached with them), so only the age is rendered and encoded on each scrape.
+        self._last: tuple[NodeSnapshot, list[Metric], list[Metric]] | None = None
 
     def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
-        up = gauge("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.")
-        build = family("gpuagent_build_info", "The agent's version.", "info")
-        add(build, {"version": __version__}, 1)
         if snapshot is None:
+            up = gauge("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.")
             add(up, {}, 0)
-            return [up, build]
-        add(up, {}, flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources)))
-        return non_empty([up, build, *self._poll(snapshot), *_nvml(snapshot), *self._gpus(snapshot)])
+            return [up, _build_info()]
+        last = self._last
+        if last is None or last[0] is not snapshot:
+            last = self._last = (snapshot, *self._of_snapshot(snapshot))
+        age = gauge("gpuagent_snapshot_age_seconds", "Time since the snapshot being served was taken.")
+        add(age, "", self._clock() - snapshot.taken_at_unix)
+        return non_empty([*last[1], age, *last[2]])
+
+    def _of_snapshot(self, snapshot: NodeSnapshot) -> tuple[list[Metric], list[Metric]]:
+        """The families before the age and those after it, which depend on the snapshot alone."""
+        up = gauge("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.")
+        add(up, "", flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources)))
+        return [up, _build_info()], [*self._poll(snapshot), *_nvml(snapshot), *self._gpus(snapshot)]
 
     def _poll(self, snapshot: NodeSnapshot) -> list[Metric]:
-        age = gauge("gpuagent_snapshot_age_seconds", "Time since the snapshot being served was taken.")
-        add(age, {}, self._clock() - snapshot.taken_at_unix)
         stale = gauge("gpuagent_snapshot_stale", "1 when a GPU's last read did not finish in time, else 0.")
         add(stale, {}, flag(snapshot.stale))
         polls = counter("gpuagent_polls_total", "Polls since the agent started.")
@@ -57,9 +76,10 @@ class HealthCollector:
         success = gauge("gpuagent_source_success", "1 when the source's last run succeeded, else 0.")
         duration = gauge("gpuagent_source_duration_seconds", "Duration of the source's last run.")
         for source in snapshot.sources:
-            add(success, {"source": source.name}, flag(source.ok))
-            add(duration, {"source": source.name}, source.duration_seconds)
-        return [age, stale, _histogram(snapshot.poll_histogram), polls, interval, success, duration]
+            labels = label_pairs((("source", source.name),))
+            add(success, labels, flag(source.ok))
+            add(duration, labels, source.duration_seconds)
+        return [stale, _histogram(snapshot.poll_histogram), polls, interval, success, duration]
 
     def _gpus(self, snapshot: NodeSnapshot) -> list[Metric]:
         labels = GpuLabels.of(snapshot, self._hostname_label)
@@ -73,22 +93,29 @@ class HealthCollector:
         for gpu in snapshot.gpus:
             series = labels.gpu(gpu)
             for state in Health:
-                add(health, {**series, "state": state.value}, flag(gpu.health is state))
+                add(health, with_label(series, "state", state.value), flag(gpu.health is state))
             add(stale, series, flag(gpu.stale))
             for code, count in sorted(gpu.xid.totals.items()):
-                add(xids, {**series, "xid": str(code)}, count)
-            add(info, {**series, **_gpu_facts(snapshot, gpu)}, 1)
+                add(xids, with_label(series, "xid", str(code)), count)
+            add(info, extend(series, tuple(_gpu_facts(snapshot, gpu).items())), 1)
         return [health, stale, xids, info]
+
+
+def _build_info() -> Metric:
+    build = family("gpuagent_build_info", "The agent's version.", "info")
+    add(build, label_pairs((("version", __version__),)), 1)
+    return build
 
 
 def _nvml(snapshot: NodeSnapshot) -> list[Metric]:
     calls = family("gpuagent_nvml_call_duration_seconds", "Time spent in each NVML function.", "summary")
     for stats in snapshot.nvml_calls:
-        add(calls, {"function": stats.function}, stats.calls_total, suffix="_count")
-        add(calls, {"function": stats.function}, stats.seconds_total, suffix="_sum")
+        labels = label_pairs((("function", stats.function),))
+        add(calls, labels, stats.calls_total, suffix="_count")
+        add(calls, labels, stats.seconds_total, suffix="_sum")
     errors = counter("gpuagent_nvml_errors_total", "NVML calls that failed, by function and error.")
     for error in snapshot.nvml_errors:
-        add(errors, {"function": error.function, "code": error.code}, error.count)
+        add(errors, label_pairs((("function", error.function), ("code", error.code))), error.count)
     return [calls, errors]
 
 
@@ -96,8 +123,8 @@ def _histogram(histogram: PollHistogram) -> Metric:
     metric = family("gpuagent_poll_duration_seconds", "Duration of the agent's polls.", "histogram")
     for bound, count in zip(histogram.upper_bounds, histogram.cumulative_counts, strict=True):
         if not math.isinf(bound):  # +Inf is the total count, added below
-            add(metric, {"le": floatToGoString(bound)}, count, suffix="_bucket")
-    add(metric, {"le": "+Inf"}, histogram.count, suffix="_bucket")
+            add(metric, label_pairs((("le", floatToGoString(bound)),)), count, suffix="_bucket")
+    add(metric, label_pairs((("le", "+Inf"),)), histogram.count, suffix="_bucket")
     add(metric, {}, histogram.count, suffix="_count")
     add(metric, {}, histogram.sum_seconds, suffix="_sum")
     return metric

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, family, gauge, non_empty
-from gpuagent.export.labels import GpuLabels, GpuRenderer
+from gpuagent.export.families import add, add_known, family, gauge, non_empty, with_label
+from gpuagent.export.labels import GpuLabels, GpuRenderer, host_labels
 from gpuagent.snapshot import Health, NodeSnapshot
 
 
@@ -53,13 +53,13 @@ class HintsCollector(GpuRenderer):
             add(share, series, gpu.schedulable_share_ratio)
             add_known(sm_short, series, gpu.sm_util_short_ratio)
             add_known(sm_long, series, gpu.sm_util_long_ratio)
-            add(mode, {**series, "mode": gpu.sharing_mode}, 1)
+            add(mode, with_label(series, "mode", gpu.sharing_mode), 1)
             add(tenants, series, len(gpu.tenants))
             add_known(numa, series, gpu.numa_node)
             for profile in gpu.free_mig_profiles:
-                add(mig_free, {**series, "profile": profile.profile},
+                add(mig_free, with_label(series, "profile", profile.profile),
                     len(profile.idle_instances) + profile.creatable_count)
-        node = {self._hostname_label: hints.hostname} if self._hostname_label and hints.hostname else {}
+        node = host_labels(hints.hostname, self._hostname_label)
         taken = gauge("gpuagent_hints_timestamp_seconds", "When the snapshot the hints come from was taken.")
         free_gpus = gauge("gpuagent_node_free_gpus", "Healthy GPUs without MIG and without any tenant.")
         schedulable = gauge("gpuagent_node_schedulable_gpus",

@@ -1,13 +1,14 @@
-"""The label sets of every per-GPU series, in dcgm-exporter's fixed order.
+"""The label sets of every per-GPU series, in dcgm-exporter's fixed order, formatted once per snapshot.
 
 dcgm-exporter's families: ``gpu, UUID, pci_bus_id, device, modelName, [GPU_I_PROFILE, GPU_I_ID], <host>,
 DCGM_FI_DRIVER_VERSION``. Our ``gpuagent_*`` per-GPU families keep its join keys only (``gpu, UUID,
 [GPU_I_PROFILE, GPU_I_ID], <host>``), so ``on(gpu, UUID, Hostname)`` joins them with dcgm's series; the
 descriptive labels (``pci_bus_id``, ``device``, ``modelName``) are on ``gpuagent_gpu_info`` alone.
 
-Label dicts keep that insertion order, and our encoder (``exposition``) keeps it on the wire. A label is left
-out when its value is unknown, except the five that dcgm-exporter always has. The dicts are memoised per
-snapshot, so a GPU's ~40 series share one dict, which the encoder formats once: never mutate a returned dict.
+The helpers return label *text* (``{gpu="0",UUID="…",Hostname="…"}``, see ``families.label_text``) in that
+order, memoised per snapshot: a GPU's ~40 series share one string, and renderers add their own labels with
+``families.join``/``extend``/``with_label``. A label is left out when its value is unknown, except the five
+that dcgm-exporter always has.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 
 from prometheus_client.metrics_core import Metric
 
+from gpuagent.export.families import label_pairs, label_text
 from gpuagent.snapshot import GpuSample, MigSample, NodeSnapshot
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
@@ -23,19 +25,21 @@ DEFAULT_HOSTNAME_LABEL = "Hostname"  # dcgm-exporter <= 4.5.3-4.8.2; 4.6.0-4.8.3
 
 
 class GpuLabels:
-    """Label dicts for the GPUs of one snapshot.
+    """Label texts for the GPUs of one snapshot.
 
-    :meth:`of` shares one instance among every renderer of a scrape, so a GPU's families all carry the very
-    same dict objects (the encoder formats each once) and the exclusive owners are worked out once.
+    :meth:`of` shares one instance among every renderer of a scrape, so a GPU's label text is formatted
+    once per snapshot and the exclusive owners are worked out once. It lives as long as the snapshot is the
+    latest rendered: its memo is bounded by the snapshot's GPUs and instances.
     """
 
-    __slots__ = ("_cache", "_driver", "_host", "_owner")
+    __slots__ = ("_cache", "_driver", "_host", "_owner", "host")
 
     def __init__(self, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         # An empty hostname_label drops the host label, like dcgm-exporter's --no-hostname.
+        self.host = host_labels(snapshot.hostname, hostname_label)  # the node's host label alone
         self._host = {hostname_label: snapshot.hostname} if hostname_label and snapshot.hostname else {}
         self._driver = {DRIVER_VERSION: snapshot.driver_version} if snapshot.driver_version else {}
-        self._cache: dict[tuple[str, int, int | None], dict[str, str]] = {}
+        self._cache: dict[tuple[str, int, int | None], str] = {}
         self._owner = exclusive_owners(snapshot)
 
     _last: tuple[NodeSnapshot, str, GpuLabels] | None = None  # the one most recently built, per process
@@ -49,7 +53,7 @@ class GpuLabels:
         cls._last = (snapshot, hostname_label, labels)
         return labels
 
-    def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
+    def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> str:
         """dcgm-exporter's labels of a GPU or of one of its MIG instances."""
         return self._memo("dcgm", gpu, mig, self._dcgm)
 
@@ -59,12 +63,12 @@ class GpuLabels:
         gpu: GpuSample,
         mig: MigSample | None,
         build: Callable[[GpuSample, MigSample | None], dict[str, str]],
-    ) -> dict[str, str]:
+    ) -> str:
         key = (kind, gpu.info.index, None if mig is None else mig.gpu_instance_id)
-        labels = self._cache.get(key)
-        if labels is None:
-            labels = self._cache[key] = build(gpu, mig)
-        return labels
+        text = self._cache.get(key)
+        if text is None:
+            text = self._cache[key] = label_text(build(gpu, mig))
+        return text
 
     def _dcgm(self, gpu: GpuSample, mig: MigSample | None) -> dict[str, str]:
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, **describe(gpu)}
@@ -73,7 +77,7 @@ class GpuLabels:
         owner = self._owner.get(mig.uuid if mig is not None else gpu.info.uuid, {})
         return {**labels, **self._host, **self._driver, **owner}
 
-    def gpu(self, gpu: GpuSample, mig: MigSample | None = None) -> dict[str, str]:
+    def gpu(self, gpu: GpuSample, mig: MigSample | None = None) -> str:
         """The join keys of a GPU or of one of its MIG instances, for ``gpuagent_*`` series."""
         return self._memo("gpu", gpu, mig, self._gpu)
 
@@ -83,7 +87,7 @@ class GpuLabels:
             labels.update(_mig(mig.profile, mig.gpu_instance_id))
         return {**labels, **self._host}
 
-    def instance(self, gpu: GpuSample, gpu_instance_id: int | None) -> dict[str, str]:
+    def instance(self, gpu: GpuSample, gpu_instance_id: int | None) -> str:
         """The join keys of what runs in ``gpu_instance_id`` (None: the whole GPU)."""
         if gpu_instance_id is None:
             return self.gpu(gpu)
@@ -92,7 +96,12 @@ class GpuLabels:
             return self.gpu(gpu, mig)
         # An instance the snapshot does not list: keep its id, there is no profile to name.
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, "GPU_I_ID": str(gpu_instance_id)}
-        return {**labels, **self._host}
+        return label_text({**labels, **self._host})
+
+
+def host_labels(hostname: str | None, hostname_label: str) -> str:
+    """The node's host label as text ("" without a hostname or with the label turned off)."""
+    return label_text({hostname_label: hostname}) if hostname_label and hostname else ""
 
 
 def exclusive_owners(snapshot: NodeSnapshot) -> dict[str, dict[str, str]]:
@@ -119,9 +128,9 @@ def exclusive_owners(snapshot: NodeSnapshot) -> dict[str, dict[str, str]]:
     }
 
 
-def pod_labels(namespace: str | None, pod: str) -> dict[str, str]:
-    """``namespace, pod`` of a pod (a pod known only by its UID has no namespace label)."""
-    return {"namespace": namespace, "pod": pod} if namespace else {"pod": pod}
+def pod_labels(namespace: str | None, pod: str) -> str:
+    """``namespace, pod`` of a pod as label text (a pod known only by its UID has no namespace label)."""
+    return label_pairs((("namespace", namespace), ("pod", pod)) if namespace else (("pod", pod),))
 
 
 def describe(gpu: GpuSample) -> dict[str, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, family, gauge, non_empty
+from gpuagent.export.families import add, add_known, extend, family, gauge, non_empty
 from gpuagent.export.labels import GpuLabels, GpuRenderer
 from gpuagent.snapshot import Health, NodeSnapshot
 
@@ -27,10 +27,10 @@ class MigCollector(GpuRenderer):
                 continue
             for mig in gpu.migs:
                 series = labels.gpu(gpu, mig)
-                details = {"mig_uuid": mig.uuid}
+                details: tuple[tuple[str, str], ...] = (("mig_uuid", mig.uuid),)
                 if mig.compute_instance_id is not None:
-                    details["compute_instance_id"] = str(mig.compute_instance_id)
-                add(info, {**series, **details}, 1)
+                    details += (("compute_instance_id", str(mig.compute_instance_id)),)
+                add(info, extend(series, details), 1)
                 add(slices, series, mig.slice_fraction)
                 add_known(memory_total, series, mig.memory_total_bytes)
         return non_empty([info, slices, memory_total])

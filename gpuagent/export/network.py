@@ -12,8 +12,20 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, counter, family, flag, gauge, non_empty
-from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, pod_labels
+from gpuagent.export.families import (
+    add,
+    add_known,
+    counter,
+    extend,
+    family,
+    flag,
+    gauge,
+    join,
+    label_text,
+    non_empty,
+    with_label,
+)
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, host_labels, pod_labels
 from gpuagent.snapshot import LinkSample, NetworkState, NodeSnapshot, PodNetwork, RdmaPort
 
 _BITS_PER_BYTE = 8
@@ -30,12 +42,12 @@ class NetworkCollector:
     def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
         if snapshot is None or snapshot.network is None or snapshot.network.error:
             return []
-        host = {self._hostname_label: snapshot.hostname} if self._hostname_label and snapshot.hostname else {}
+        host = host_labels(snapshot.hostname, self._hostname_label)
         network = snapshot.network
         return non_empty([*_links(network, host), *_rdma(network, host), *_pods(network, host)])
 
 
-def _links(network: NetworkState, host: dict[str, str]) -> list[Metric]:
+def _links(network: NetworkState, host: str) -> list[Metric]:
     info = family("gpuagent_network_link_info", "A network link of the node and its operational state.",
                   "info")
     up = gauge("gpuagent_network_link_up", "1 when the link's operational state is up, else 0.")
@@ -54,7 +66,7 @@ def _links(network: NetworkState, host: dict[str, str]) -> list[Metric]:
                     "Bytes transmitted per second on the link over the agent's last poll window.")
     for link in network.links:
         series = _link_labels(link, host)
-        add(info, {**series, "oper_state": link.oper_state}, 1)
+        add(info, with_label(series, "oper_state", link.oper_state), 1)
         add(up, series, flag(link.oper_state == "up"))
         if link.speed_bits_per_second is not None:
             add(speed, series, link.speed_bits_per_second / _BITS_PER_BYTE)
@@ -70,11 +82,11 @@ def _links(network: NetworkState, host: dict[str, str]) -> list[Metric]:
     return [info, up, speed, mtu, rx, tx, rx_errors, tx_errors, rx_drops, tx_drops, rx_rate, tx_rate]
 
 
-def _link_labels(link: LinkSample, host: dict[str, str]) -> dict[str, str]:
-    return {"device": link.name, "kind": link.kind, **host}
+def _link_labels(link: LinkSample, host: str) -> str:
+    return join(label_text({"device": link.name, "kind": link.kind}), host)
 
 
-def _rdma(network: NetworkState, host: dict[str, str]) -> list[Metric]:
+def _rdma(network: NetworkState, host: str) -> list[Metric]:
     info = family("gpuagent_network_rdma_port_info",
                   "An RDMA (InfiniBand or RoCE) port: its state, link layer and network interface.", "info")
     active = gauge("gpuagent_network_rdma_port_active", "1 when the RDMA port's state is ACTIVE, else 0.")
@@ -89,8 +101,8 @@ def _rdma(network: NetworkState, host: dict[str, str]) -> list[Metric]:
                     "Data bytes transmitted per second on the RDMA port over the agent's last poll window.")
     for port in network.rdma:
         series = _port_labels(port, host)
-        facts = {"state": port.state, "link_layer": port.link_layer}
-        add(info, {**series, **facts, **({"netdev": port.netdev} if port.netdev else {})}, 1)
+        facts = (("state", port.state), ("link_layer", port.link_layer))
+        add(info, extend(series, (*facts, ("netdev", port.netdev)) if port.netdev else facts), 1)
         add(active, series, flag(port.state == "active"))
         if port.rate_bits_per_second is not None:
             add(rate, series, port.rate_bits_per_second / _BITS_PER_BYTE)
@@ -101,11 +113,11 @@ def _rdma(network: NetworkState, host: dict[str, str]) -> list[Metric]:
     return [info, active, rate, rx, tx, rx_rate, tx_rate]
 
 
-def _port_labels(port: RdmaPort, host: dict[str, str]) -> dict[str, str]:
-    return {"device": port.device, "port": str(port.port), **host}
+def _port_labels(port: RdmaPort, host: str) -> str:
+    return join(label_text({"device": port.device, "port": str(port.port)}), host)
 
 
-def _pods(network: NetworkState, host: dict[str, str]) -> list[Metric]:
+def _pods(network: NetworkState, host: str) -> list[Metric]:
     rx = counter("gpuagent_pod_network_receive_bytes_total",
                  "Bytes received by the pod's network namespace (every interface but lo).")
     tx = counter("gpuagent_pod_network_transmit_bytes_total",
@@ -125,5 +137,5 @@ def _pods(network: NetworkState, host: dict[str, str]) -> list[Metric]:
     return [rx, tx, rx_rate, tx_rate, interfaces]
 
 
-def _pod_labels(pod: PodNetwork, host: dict[str, str]) -> dict[str, str]:
-    return {**pod_labels(pod.namespace, pod.pod), **host}
+def _pod_labels(pod: PodNetwork, host: str) -> str:
+    return join(pod_labels(pod.namespace, pod.pod), host)

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, family, gauge, non_empty
+from gpuagent.export.families import add, extend, family, gauge, join, non_empty, with_label
 from gpuagent.export.labels import GpuLabels, GpuRenderer, pod_labels
 from gpuagent.snapshot import GpuSample, NodeSnapshot
 
@@ -46,11 +46,12 @@ class PodCollector(GpuRenderer):
         allocations_known = any(s.name == "pod_resources" and s.ok for s in snapshot.sources)
         for pod in snapshot.pods:
             ident = pod_labels(pod.namespace, pod.name)
-            add(info, {**ident, "uid": pod.uid or "", "qos": pod.qos or "", "names_from": pod.names_from}, 1)
+            facts = (("uid", pod.uid or ""), ("qos", pod.qos or ""), ("names_from", pod.names_from))
+            add(info, extend(ident, facts), 1)
             add(allocated, ident, len(pod.allocated_gpus))
             for container in pod.containers:
                 for device_id in container.allocated_devices:
-                    add(device, {**ident, "container": container.name, "device_id": device_id}, 1)
+                    add(device, extend(ident, (("container", container.name), ("device_id", device_id))), 1)
             for uuid in {*pod.allocated_gpus, *pod.used_gpus}:
                 if pod.names_from == "cgroup":
                     unnamed[uuid] += 1
@@ -62,7 +63,7 @@ class PodCollector(GpuRenderer):
                 for uuid in pod.unallocated_use:
                     gpu = by_uuid.get(uuid)
                     if gpu is not None:
-                        add(unallocated, {**ident, **labels.gpu(gpu)}, 1)
+                        add(unallocated, join(ident, labels.gpu(gpu)), 1)
         for gpu in snapshot.gpus:
             if snapshot.pods:
                 # A pod known only by its UID is most likely one of the allocated pods whose use could not
@@ -88,13 +89,14 @@ class PodCollector(GpuRenderer):
             if w.container:
                 _accumulate(containers, (w.namespace, w.name, w.container, instance), memory, sm)
         for (namespace, pod, instance), (memory, count, sm) in pods.items():
-            series = {**pod_labels(namespace, pod), **labels.instance(gpu, instance)}
+            series = join(pod_labels(namespace, pod), labels.instance(gpu, instance))
             add(pod_memory, series, memory)
             add(pod_procs, series, count)
             if sm is not None:
                 add(pod_sm, series, min(sm, 100.0) / 100)
         for (namespace, pod, container, instance), (memory, _, sm) in containers.items():
-            series = {**pod_labels(namespace, pod), "container": container, **labels.instance(gpu, instance)}
+            owner = with_label(pod_labels(namespace, pod), "container", container)
+            series = join(owner, labels.instance(gpu, instance))
             add(ctr_memory, series, memory)
             if sm is not None:
                 add(ctr_sm, series, min(sm, 100.0) / 100)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, gauge, non_empty
+from gpuagent.export.families import add, add_known, extend, gauge, non_empty
 from gpuagent.export.labels import GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
 
@@ -37,7 +37,7 @@ class ProcessCollector(GpuRenderer):
                 continue
             processes = _unique(gpu)
             for process in processes:
-                series = {**labels.instance(gpu, process.gpu_instance_id), **_identity(process)}
+                series = extend(labels.instance(gpu, process.gpu_instance_id), _identity(process))
                 add_known(memory, series, process.used_memory_bytes)
                 add_known(sm, series, _ratio(process.sm_util_percent))
                 add_known(mem_util, series, _ratio(process.memory_util_percent))
@@ -57,26 +57,23 @@ def _unique(gpu: GpuSample) -> list[ProcessSample]:
     return unique
 
 
-def _identity(process: ProcessSample) -> dict[str, str]:
-    labels = {"pid": str(process.pid)}
-    if process.comm:
-        labels["comm"] = process.comm
-    labels["kind"] = process.kind
-    return {**labels, **_owner(process)}
+def _identity(process: ProcessSample) -> tuple[tuple[str, str], ...]:
+    pid, kind = ("pid", str(process.pid)), ("kind", process.kind)
+    return ((pid, ("comm", process.comm), kind) if process.comm else (pid, kind)) + _owner(process)
 
 
-def _owner(process: ProcessSample) -> dict[str, str]:
+def _owner(process: ProcessSample) -> tuple[tuple[str, str], ...]:
     """Whose process it is: ``namespace, pod, container`` for a pod, else ``workload_kind, workload``."""
     w = process.workload
     if w is None:
-        return {}
+        return ()
     if w.kind == "pod":
-        labels = {"namespace": w.namespace} if w.namespace else {}
-        labels["pod"] = w.name
+        labels = (("namespace", w.namespace),) if w.namespace else ()
+        labels += (("pod", w.name),)
         if w.container:
-            labels["container"] = w.container
+            labels += (("container", w.container),)
         return labels
-    return {"workload_kind": w.kind, "workload": w.name}
+    return (("workload_kind", w.kind), ("workload", w.name))
 
 
 def _ratio(percent: float | None) -> float | None:
