@@ -11,6 +11,13 @@ Ended workloads keep their accounting series for ``accounting_retention`` second
 series count rises for that long after the first pods end and must then stay flat. The verdict compares the
 series and RSS of the run's last third with its middle third.
 
+With ``--backend sim`` the simulated NVML lives inside the agent process, and a churn scenario lists every
+process the run will ever start (about 5,500 for 10 minutes). The scenario is written as JSON (a YAML subset
+the simulator reads with ``json.loads``; PyYAML's parse graph would leave ~30-48 MiB in the agent), and
+the simulator's own footprint (its module imports, the loaded scenario and a ``SimulatedNvml``) is measured
+in a separate interpreter and reported as ``simulator_mib``, with the RSS net of it: what a real node's
+agent, which has no simulator, would hold.
+
     .venv/bin/python bench/bench_soak.py --minutes 10     # the soak; --minutes 2 for a quick look
 """
 
@@ -119,6 +126,39 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for PID {pid}")
 
 
+SIMULATOR_FOOTPRINT = """
+import gc, sys
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+import gpuagent.agent  # everything the agent imports anyway
+before = rss()
+from gpuagent.devices.sim import SimulatedNvml, load_scenario
+nvml = SimulatedNvml(load_scenario(sys.argv[1]))
+nvml.nvmlInit()
+gc.collect()
+print(rss() - before)
+"""
+
+
+def simulator_footprint_bytes(scenario_path: Path) -> int:
+    """RSS the simulator adds to an agent that has imported everything else: its modules (jsonschema
+    among them), the loaded scenario and an initialised ``SimulatedNvml``, in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", SIMULATOR_FOOTPRINT, str(scenario_path)], check=True,
+                         capture_output=True, text=True, timeout=120)
+    return int(out.stdout.split()[-1])
+
+
+def with_simulator(result: dict[str, object], simulator_bytes: int, processes: int) -> dict[str, object]:
+    """``result`` plus the simulator's footprint and the agent's RSS net of it."""
+    rss: dict[str, float] = result["rss_mib"]  # type: ignore[assignment]
+    sim_mib = round(simulator_bytes / 2**20, 1)
+    net = {k: round(v - sim_mib, 1) for k, v in rss.items()}
+    return {**result, "scenario_processes": processes, "simulator_mib": sim_mib,
+            "rss_net_of_simulator_mib": net}
+
+
 def series_by_family(body: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in body.splitlines():
@@ -136,8 +176,9 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
                 "processes": processes}
     with tempfile.TemporaryDirectory(prefix="gpuagent-soak-") as tmp, short_socket_dir() as sockets:
         work = Path(tmp)
-        scenario_path = work / "soak.yaml"
-        scenario_path.write_text(yaml.safe_dump(scenario))
+        scenario_path = work / "soak.json"
+        scenario_path.write_text(json.dumps(scenario))
+        simulator_bytes = simulator_footprint_bytes(scenario_path)
         nvml = SimulatedNvml(load_scenario(scenario_path))
         nvml.nvmlInit()
         uuids = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(GPUS)]
@@ -163,7 +204,8 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
             )
             started = time.monotonic()  # the simulator's t = 0 is within a second or two of this
             try:
-                return await drive(args, url, agent, started, pods, uuids, kubelet, api)
+                result = await drive(args, url, agent, started, pods, uuids, kubelet, api)
+                return with_simulator(result, simulator_bytes, len(processes))
             finally:
                 agent.send_signal(signal.SIGTERM)
                 try:
