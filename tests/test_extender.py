@@ -403,11 +403,11 @@ async def test_hints_not_refreshed_in_time_are_stale(harness: Any) -> None:
 async def test_new_nodes_are_fetched_within_one_deadline_then_cached(harness: Any) -> None:
     h = await harness(timeout=0.3)
     fixture_nodes(h.agents)
-    h.agents.delay_seconds[NODES[1]] = 1.0  # slower than the deadline
+    h.agents.delay_seconds[NODES[1]] = 2.0  # far slower than the deadline
     started = asyncio.get_running_loop().time()
     _, reply = await h.post("filter", filter_request())
     elapsed = asyncio.get_running_loop().time() - started
-    assert elapsed < 0.9, elapsed  # one deadline for all, not one per node
+    assert elapsed < 1.8, elapsed  # answered at the deadline, without waiting for the slow node
     assert reply["NodeNames"] == [NODES[0]]
     assert "first fetch is still running after 0.3s" in reply["FailedAndUnresolvableNodes"][NODES[1]]
     # The slow node's fetch was given up by the client's own timeout; it is cached as failing and

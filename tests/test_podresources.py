@@ -258,7 +258,7 @@ async def test_missing_socket_fails_fast_without_grpc(sock):
     start = time.monotonic()
     with pytest.raises(PodResourcesUnavailable, match="does not exist") as info:
         await client.fetch()
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 2.0  # no connection attempt, no gRPC deadline
     assert sock in str(info.value)
     await client.close()
 
@@ -323,7 +323,7 @@ async def test_slow_server_hits_the_deadline(server, sock):
     start = time.monotonic()
     with pytest.raises(PodResourcesUnavailable, match=r"deadline of 0\.2 s exceeded") as info:
         await client.fetch()
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 1.8  # the 0.2 s deadline, not the server's 2 s delay
     assert "DEADLINE_EXCEEDED" in str(info.value)
     server.delays.clear()
     assert (await client.fetch()).pods_seen == 0  # the next poll works again

@@ -699,9 +699,9 @@ def test_xid_events_in_time_order_once_each_and_a_storm_drains_fast() -> None:
     assert events[0].gpuInstanceId == 0xFFFFFFFF
     assert drain(nvml, event_set) == []  # delivered once each
     clock.t = 100.0
-    started = time.perf_counter()
+    slept = len(clock.slept)
     storm = drain(nvml, event_set)
-    assert time.perf_counter() - started < 0.5
+    assert clock.slept[slept:] == []  # a storm's events are all there at once: no wait between them
     assert len(storm) == 5000 and {e.eventData for e in storm} == {13}
 
 
@@ -722,7 +722,7 @@ def test_event_wait_times_out_in_real_time_and_ecc_events_need_their_type() -> N
     started = time.perf_counter()
     with pytest.raises(pynvml.NVMLError_Timeout):
         nvml.nvmlEventSetWait(event_set, 50)
-    assert 0.04 < time.perf_counter() - started < 0.5
+    assert 0.04 < time.perf_counter() - started < 5.0  # waited its 50 ms, not a scenario's worth
     laptop = make(example("laptop-1gpu.yaml"))
     with pytest.raises(pynvml.NVMLError_NotSupported):
         laptop.nvmlDeviceRegisterEvents(laptop.nvmlDeviceGetHandleByIndex(0),
