@@ -107,6 +107,7 @@ class Agent:
             timeout=config.nvml_timeout,
             slow_interval=config.slow_poll_interval,
             energy_interval=config.energy_interval,
+            profiling_interval=config.profiling_interval,
             xid_window=config.xid_window,
             process_names=ProcessNames(config.proc_root, fallback=fallback),
             clock=clock,

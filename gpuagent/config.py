@@ -342,6 +342,13 @@ class Config:
         "<= poll_interval: every poll",
         "SECONDS",
     )
+    profiling_interval: float = _key(
+        5.0,
+        _number(0),
+        "seconds between GPM samples for the DCGM_FI_PROF_* figures, averaged over that interval (about "
+        "1.7 ms of NVML a GPU on an H100); <= poll_interval: every poll",
+        "SECONDS",
+    )
     nvml_timeout: float = _key(
         5.0, _number(0), "seconds one GPU's read may take before that GPU is marked stale", "SECONDS"
     )

@@ -90,7 +90,9 @@ def sim_agent(tmp_path: Path, scenario: dict[str, Any], clock: FakeClock, **over
     path.write_text(yaml.safe_dump(scenario))
     settings = {"backend": "sim", "scenario": str(path), "poll_interval": 1.0, "slow_poll_interval": 1.0,
                 "nvml_timeout": 5.0, "idle_events": "off", "kubernetes_api": "off",
-                "pod_resources_socket": None, "network": False, **overrides}
+                "pod_resources_socket": None, "network": False,
+                # MIG busy comes from GPM: sampled every poll here, so the integrals are checked poll by poll
+                "profiling_interval": 1.0, **overrides}
     config = load_config(None, env={}, overrides=settings)
     nvml = SimulatedNvml(load_scenario(path), clock=clock)
     agent = Agent(config, nvml=nvml, backend="sim", clock=lambda: WALL + clock(), monotonic=clock)

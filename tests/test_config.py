@@ -64,6 +64,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "poll_interval",
         "slow_poll_interval",
         "energy_interval",
+        "profiling_interval",
         "nvml_timeout",
         "backend",
         "scenario",

@@ -6,8 +6,9 @@ driver lock is held briefly (DESIGN.md, "Do no harm"):
 
 - every poll: utilization, memory, clocks, temperature, one batched field-value call (power, memory
   temperature, PCIe, NVLink), clock-event reasons, each process list once, per-process
-  utilization (with its timestamp cursor), one GPM sample;
+  utilization (with its timestamp cursor);
 - every ``energy_interval`` (10 s): the energy counter (about 3 ms a read on an H100);
+- every ``profiling_interval`` (5 s): a GPM sample and the profiling metrics since the last (1.7 ms);
 - every slow poll: static info (name, serial, PCI, power limit, MIG mode and layout, NVLink peers, NUMA
   node, compute mode, the MIG profiles and how many more of each can be created), ECC and retired pages
   (batched field values), remapped rows.
@@ -86,9 +87,11 @@ class GpuReader:
         clock: Callable[[], float] = time.time,
         sys_root: str = "/sys",
         energy_interval: float = 10.0,
+        profiling_interval: float = 5.0,
     ) -> None:
         self.guard = guard
         self.energy_interval = energy_interval
+        self.profiling_interval = profiling_interval
         self._energy_joules: float | None = None
         self._energy_read_at: float | None = None  # wall time of the last energy read
         self._sys_root = sys_root
@@ -243,13 +246,15 @@ class GpuReader:
             for gi in set(self._mig_gpm) - wanted:
                 self._mig_gpm.pop(gi).close()
             for gi in wanted - set(self._mig_gpm):
-                self._mig_gpm[gi] = GpmSampler(self.guard, self.handle, (self.index, "gpm", gi), gi)
+                self._mig_gpm[gi] = GpmSampler(self.guard, self.handle, (self.index, "gpm", gi), gi,
+                                               interval=self.profiling_interval, clock=self._clock)
         else:
             for sampler in self._mig_gpm.values():
                 sampler.close()
             self._mig_gpm.clear()
             if self._gpm is None:
-                self._gpm = GpmSampler(self.guard, self.handle, self.index)
+                self._gpm = GpmSampler(self.guard, self.handle, self.index,
+                                       interval=self.profiling_interval, clock=self._clock)
 
     def _read_health_counters(self) -> None:
         g, s = self.guard, self.index

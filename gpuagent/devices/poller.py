@@ -54,6 +54,7 @@ class DevicePoller:
         timeout: float = 5.0,
         slow_interval: float = 30.0,
         energy_interval: float = 10.0,
+        profiling_interval: float = 5.0,
         xid_window: float = 300.0,
         process_names: ProcessNames | None = None,
         clock: Callable[[], float] = time.time,
@@ -64,6 +65,7 @@ class DevicePoller:
         self.timeout = timeout
         self.slow_interval = slow_interval
         self.energy_interval = energy_interval
+        self.profiling_interval = profiling_interval
         self.xids = XidBook(xid_window, clock=clock)
         self.names = process_names or ProcessNames()
         self._clock = clock
@@ -122,7 +124,8 @@ class DevicePoller:
             previous = self._gpus.get(index)
             gpus[index] = _Gpu(
                 reader=GpuReader(self.guard, index, handle, process_names=self.names, clock=self._clock,
-                                 energy_interval=self.energy_interval),
+                                 energy_interval=self.energy_interval,
+                                 profiling_interval=self.profiling_interval),
                 worker=worker,
                 last=previous.last if previous else None,
             )

@@ -1,5 +1,6 @@
-"""The energy counter is read every ``energy_interval`` (it costs about 3 ms a read on an H100), and the
-ledger shares each reading's delta out over the polls since the last one, weighted by the power then."""
+"""NVML reads that cost milliseconds on a real GPU run on their own cadence: the energy counter every
+``energy_interval`` (about 3 ms a read on an H100), the ledger sharing each reading's delta out over the polls
+since the last one, weighted by the power then; GPM samples every ``profiling_interval`` (1.7 ms)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,25 @@ def test_a_gap_drops_what_was_pending_and_restarts_at_the_next_reading() -> None
     (series,) = [s for k, s in ledger if k.level == "pod"]
     assert series.energy_joules == pytest.approx(200.0)  # only the 30 -> 32 readings, nothing of the gap
     assert ledger.gpus["GPU-0"].gap_seconds == pytest.approx(29.0)
+
+
+@pytest.mark.parametrize(("interval", "samples"), [(5.0, 5), (0.5, 21)])
+async def test_gpm_is_sampled_every_profiling_interval(interval: float, samples: int) -> None:
+    """Samples at t=0 (nothing to compare yet), t=1 (the first metrics), then once 5 s have passed."""
+    clock = FakeClock(start=1.0)
+    h100 = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
+    config = load_config(None, env={}, overrides={
+        "backend": "sim", "scenario": str(h100), "poll_interval": 1.0, "profiling_interval": interval})
+    nvml = SimulatedNvml(load_scenario(h100), clock=clock)
+    clock.t = clock.start
+    agent = Agent(config, nvml=nvml, backend="sim", clock=clock, monotonic=clock)
+    profiles = []
+    try:
+        for _ in range(21):
+            snapshot = await agent.poll_once()
+            profiles.append(snapshot.gpus[0].profiling)
+            clock.advance(1.0)
+    finally:
+        await agent.devices.close()
+    assert nvml.call_counts()["nvmlGpmSampleGet"] == samples * len(snapshot.gpus)
+    assert profiles[0] is None and all(p is not None for p in profiles[1:])  # carried between samples
