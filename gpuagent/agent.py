@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpuagent.accounting import Accountant, AccountingSettings
 from gpuagent.accounting.events import IdleEventPoster
 from gpuagent.api.admin import AdminActions, bind_admin_socket, build_admin_app
-from gpuagent.api.app import build_app, json_errors
+from gpuagent.api.app import build_app
 from gpuagent.api.tls import load_web_config, server_ssl_context
 from gpuagent.config import Config, ConfigError, load_config
 from gpuagent.devices.loader import load_nvml
@@ -35,6 +35,7 @@ from gpuagent.enforce.policy import PolicyValueError, node_defaults, parse_rules
 from gpuagent.enforce.timeslice import DutyCycler, ShareController
 from gpuagent.export import build_registry
 from gpuagent.hints.engine import HintsEngine
+from gpuagent.httperrors import json_errors
 from gpuagent.network.podnet import pod_pids
 from gpuagent.network.source import network_source
 from gpuagent.pods.cgroup import CgroupReader

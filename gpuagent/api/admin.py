@@ -22,13 +22,14 @@ import math
 import os
 import socket
 import stat
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from gpuagent.config import ConfigError
+from gpuagent.httperrors import Handler, json_error
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ RELOAD_PATH = "/v1/admin/reload-policies"
 MAX_PAUSE_SECONDS = 3600.0
 MAX_ADMIN_BODY_BYTES = 4096
 SOCKET_MODE = 0o600
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -97,12 +96,6 @@ class TokenFile:
         return hmac.compare_digest(presented.strip().encode("utf-8", "surrogateescape"), token)
 
 
-def _error(status: int, message: str, field: str | None = None,
-           headers: Mapping[str, str] | None = None) -> web.Response:
-    body = {"error": message} | ({"field": field} if field is not None else {})
-    return web.json_response(body, status=status, headers=headers)
-
-
 def _guarded(handler: Handler, tokens: TokenFile | None) -> Handler:
     """``handler`` behind the bearer token (``tokens`` None: no token, the unix socket's case)."""
     if tokens is None:
@@ -116,7 +109,7 @@ def _guarded(handler: Handler, tokens: TokenFile | None) -> Handler:
         if header:
             challenge += ', error="invalid_token"'
         message = "wrong bearer token" if header else "this endpoint needs Authorization: Bearer <token>"
-        return _error(401, message, "Authorization", headers={"WWW-Authenticate": challenge})
+        return json_error(401, message, "Authorization", headers={"WWW-Authenticate": challenge})
 
     return checked
 
@@ -163,7 +156,7 @@ def _handlers(actions: AdminActions) -> tuple[Handler, Handler]:
         try:
             pause = parse_pause_seconds(await _body(request))
         except _BadRequest as bad:
-            return _error(bad.status, bad.message, bad.field)
+            return json_error(bad.status, bad.message, bad.field)
         result = actions.thaw(pause)
         log.warning("admin: thawed everything, throttling paused for %gs (from %s)", pause,
                     request.remote or "the admin socket")
@@ -173,15 +166,15 @@ def _handlers(actions: AdminActions) -> tuple[Handler, Handler]:
         try:
             body = await _body(request)
         except _BadRequest as bad:
-            return _error(bad.status, bad.message, bad.field)
+            return json_error(bad.status, bad.message, bad.field)
         if body:
             key = sorted(body)[0]
-            return _error(400, f"unknown key {key!r}; this endpoint takes no parameters", key)
+            return json_error(400, f"unknown key {key!r}; this endpoint takes no parameters", key)
         try:
             result = actions.reload_policies()
         except ConfigError as exc:
             log.warning("admin: policy reload rejected, old policies kept: %s", exc)
-            return _error(400, f"{exc.source}: {exc.message}; the previous policies are kept",
+            return json_error(400, f"{exc.source}: {exc.message}; the previous policies are kept",
                           exc.key_path or "policies")
         log.warning("admin: policies reloaded (%s)", result)
         return web.json_response(dict(result))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -16,37 +16,16 @@ from prometheus_client import CollectorRegistry
 from gpuagent.api.admin import AdminActions, add_admin_routes
 from gpuagent.api.hints import add_routes as add_hint_routes
 from gpuagent.export import scrape
+from gpuagent.httperrors import json_error, json_errors
 from gpuagent.snapshot import NodeSnapshot, allocation_view, to_jsonable
 
 LatestSnapshot = Callable[[], NodeSnapshot | None]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MAX_REQUEST_BYTES = 64 * 1024
 _LATEST = web.AppKey("latest", object)
 _REGISTRY = web.AppKey("registry", CollectorRegistry)
 _CLOCK = web.AppKey("clock", object)
 _STATE_CACHE = web.AppKey("state_cache", dict)
-
-
-def json_error(status: int, message: str, field: str | None = None) -> web.Response:
-    body: dict[str, str] = {"error": message}
-    if field is not None:
-        body["field"] = field
-    return web.json_response(body, status=status)
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own 404/405/413 pages become JSON errors like ours."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        response = json_error(exc.status, exc.reason or "error")
-        if "Allow" in exc.headers:  # a 405 says which methods the path takes (RFC 9110)
-            response.headers["Allow"] = exc.headers["Allow"]
-        return response
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gpuagent.hints.codec import hints_to_jsonable
 from gpuagent.hints.score import RequestError, parse_fit_request, score_node
+from gpuagent.httperrors import json_error
 from gpuagent.snapshot import NodeHints, NodeSnapshot
 
 MAX_SCORE_BYTES = 64 * 1024
@@ -31,13 +32,6 @@ _LATEST = web.AppKey("hints_latest", object)
 _CLOCK = web.AppKey("hints_clock", object)
 _CACHE = web.AppKey("hints_cache", dict)
 _OPENAPI = web.AppKey("openapi_body", bytes)
-
-
-def _error(status: int, message: str, field: str | None = None) -> web.Response:
-    body: dict[str, str] = {"error": message}
-    if field is not None:
-        body["field"] = field
-    return web.json_response(body, status=status)
 
 
 def _dumps(value: Any) -> bytes:
@@ -52,9 +46,9 @@ def _max_age_seconds(snapshot: NodeSnapshot) -> float:
 def _current(request: web.Request) -> tuple[NodeSnapshot, NodeHints] | web.Response:
     snapshot: NodeSnapshot | None = request.app[_LATEST]()  # type: ignore[operator]
     if snapshot is None:
-        return _error(503, "no snapshot yet: the first poll has not finished")
+        return json_error(503, "no snapshot yet: the first poll has not finished")
     if snapshot.hints is None:
-        return _error(503, "no hints for the last snapshot: computing them failed (see the agent's log)")
+        return json_error(503, "no hints for the last snapshot: computing them failed (see the agent's log)")
     return snapshot, snapshot.hints
 
 
@@ -72,7 +66,7 @@ async def get_hints(request: web.Request) -> web.Response:
     age = request.app[_CLOCK]() - snapshot.taken_at_unix  # type: ignore[operator]
     if age > _max_age_seconds(snapshot):
         # A stuck poller must not look fresh to a cache revalidating with If-None-Match (a 304 would).
-        return _error(503, f"the hints are {age:.0f} s old: the agent's poller is stuck (see /healthz)")
+        return json_error(503, f"the hints are {age:.0f} s old: the agent's poller is stuck (see /healthz)")
     cache = request.app[_CACHE]
     if cache.get("snapshot") is not snapshot:
         body = hints_to_jsonable(hints)
@@ -89,26 +83,26 @@ async def get_hints(request: web.Request) -> web.Response:
 
 async def post_score(request: web.Request) -> web.Response:
     if request.content_type != "application/json":
-        return _error(415, f"expected Content-Type application/json, got {request.content_type or 'none'}",
-                      "Content-Type")
+        got = request.content_type or "none"
+        return json_error(415, f"expected Content-Type application/json, got {got}", "Content-Type")
     if request.content_length is not None and request.content_length > MAX_SCORE_BYTES:
-        return _error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
+        return json_error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
+        return json_error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
     if len(raw) > MAX_SCORE_BYTES:
-        return _error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
+        return json_error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        return _error(400, "the body is not UTF-8", "body")
+        return json_error(400, "the body is not UTF-8", "body")
     except (json.JSONDecodeError, RecursionError) as exc:
-        return _error(400, f"the body is not JSON: {exc}"[:200], "body")
+        return json_error(400, f"the body is not JSON: {exc}"[:200], "body")
     try:
         fit = parse_fit_request(body)
     except RequestError as exc:
-        return _error(400, exc.message, exc.field)
+        return json_error(400, exc.message, exc.field)
     current = _current(request)
     if isinstance(current, web.Response):
         return current

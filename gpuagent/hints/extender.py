@@ -50,6 +50,7 @@ from gpuagent.hints.extender_protocol import (
 )
 from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_request, pod_name
 from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, node_index
+from gpuagent.httperrors import Handler, json_error, json_errors
 from gpuagent.snapshot import NodeHints
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,6 @@ MAX_BODY_BYTES = 256 * 1024 * 1024  # a NodeList of 5,000 full Node objects (nod
 MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
 YIELD_EVERY_NODES = 250
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,22 +272,6 @@ _EXTENDER = web.AppKey("extender", Extender)
 _REGISTRY = web.AppKey("registry", CollectorRegistry)
 
 
-def _json_error(status: int, message: str, field: str | None = None) -> web.Response:
-    body = {"error": message, **({"field": field} if field is not None else {})}
-    return web.json_response(body, status=status)
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own 404/405/413 become JSON errors, as the agent's are."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _json_error(exc.status, exc.reason or "error")
-
-
 def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         extender = request.app[_EXTENDER]
@@ -300,13 +284,13 @@ def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handl
                 body = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as exc:
                 outcome = "bad_request"
-                return _json_error(400, f"the body is not JSON: {exc}"[:300], "body")
+                return json_error(400, f"the body is not JSON: {exc}"[:300], "body")
             try:
                 reply = await answer(extender, body)
             except ArgsError as err:
                 outcome = "bad_request"
                 log.info("%s: bad ExtenderArgs: %s", verb, err)
-                return _json_error(400, err.message, err.field)
+                return json_error(400, err.message, err.field)
             return web.Response(
                 body=json.dumps(reply, separators=(",", ":")).encode(), content_type="application/json"
             )
@@ -334,7 +318,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 def build_app(extender: Extender, registry: CollectorRegistry, *, prefix: str = "") -> web.Application:
     """The extender's routes: ``<prefix>/filter``, ``<prefix>/prioritize``, ``/healthz``, ``/metrics``."""
-    app = web.Application(middlewares=[_json_errors], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
     app[_EXTENDER] = extender
     app[_REGISTRY] = registry
     prefix = prefix.rstrip("/")
