@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuagent.hints.podrequest import json_kind
 from gpuagent.hints.score import RequestError
 
 MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY = 0, 10
@@ -47,29 +48,30 @@ def _get(body: Mapping[str, Any], key: str) -> Any:
 def parse_args(body: Any) -> ExtenderArgs:
     """Check an ExtenderArgs body; raises ``ArgsError`` naming the field."""
     if not isinstance(body, Mapping):
-        raise ArgsError("body", f"expected an ExtenderArgs object (Pod, Nodes, NodeNames), got {_kind(body)}")
+        raise ArgsError("body",
+                        f"expected an ExtenderArgs object (Pod, Nodes, NodeNames), got {json_kind(body)}")
     pod = _get(body, "Pod")
     if not isinstance(pod, Mapping):
-        raise ArgsError("Pod", f"expected the pod being scheduled (a v1 Pod object), got {_kind(pod)}")
+        raise ArgsError("Pod", f"expected the pod being scheduled (a v1 Pod object), got {json_kind(pod)}")
     raw_names = _get(body, "NodeNames")
     raw_nodes = _get(body, "Nodes")
     names: list[str] = []
     if raw_names is not None:
         if not isinstance(raw_names, list):
-            raise ArgsError("NodeNames", f"expected a list of node names or null, got {_kind(raw_names)}")
+            raise ArgsError("NodeNames", f"expected a list of node names or null, got {json_kind(raw_names)}")
         for index, name in enumerate(raw_names):
             if not isinstance(name, str) or not name:
-                raise ArgsError(f"NodeNames[{index}]", f"expected a node name, got {_kind(name)}")
+                raise ArgsError(f"NodeNames[{index}]", f"expected a node name, got {json_kind(name)}")
         names = raw_names
     nodes: Mapping[str, Any] | None = None
     if raw_nodes is not None:
         if not isinstance(raw_nodes, Mapping):
-            raise ArgsError("Nodes", f"expected a v1 NodeList object or null, got {_kind(raw_nodes)}")
+            raise ArgsError("Nodes", f"expected a v1 NodeList object or null, got {json_kind(raw_nodes)}")
         items = raw_nodes.get("items")
         if items is None:
             items = []
         if not isinstance(items, list):
-            raise ArgsError("Nodes.items", f"expected a list of v1 Node objects, got {_kind(items)}")
+            raise ArgsError("Nodes.items", f"expected a list of v1 Node objects, got {json_kind(items)}")
         node_names = [_node_name(item, index) for index, item in enumerate(items)]
         if raw_names is None:
             names = node_names
@@ -81,7 +83,7 @@ def _node_name(item: Any, index: int) -> str:
     meta = item.get("metadata") if isinstance(item, Mapping) else None
     name = meta.get("name") if isinstance(meta, Mapping) else None
     if not isinstance(name, str) or not name:
-        raise ArgsError(f"Nodes.items[{index}].metadata.name", f"expected a node name, got {_kind(name)}")
+        raise ArgsError(f"Nodes.items[{index}].metadata.name", f"expected a node name, got {json_kind(name)}")
     return name
 
 
@@ -121,13 +123,3 @@ def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]
 def extender_score(score_0_100: int) -> int:
     """A 0-100 fit score as an extender priority, 0-10 (rounded half up)."""
     return max(MIN_EXTENDER_PRIORITY, min(MAX_EXTENDER_PRIORITY, (int(score_0_100) + 5) // 10))
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)[:64]

@@ -76,7 +76,7 @@ def pod_fit_request(
     Raises ``MalformedPod`` for a body that is not a Pod and ``PodRequestError`` for a bad value.
     """
     if not isinstance(pod, Mapping):
-        raise MalformedPod(field, f"expected a Pod object, got {_kind(pod)}")
+        raise MalformedPod(field, f"expected a Pod object, got {json_kind(pod)}")
     counts = gpu_counts(pod, gpu_resource_names=gpu_resource_names, field=field)
     if not counts.by_resource:
         return None
@@ -109,7 +109,7 @@ def gpu_counts(
     """The pod's effective count of every GPU resource (configured names and ``nvidia.com/mig-*``)."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
-        raise MalformedPod(f"{field}.spec", f"expected a PodSpec object, got {_kind(spec)}")
+        raise MalformedPod(f"{field}.spec", f"expected a PodSpec object, got {json_kind(spec)}")
     containers = _containers(spec, "containers", f"{field}.spec", required=True)
     init_containers = _containers(spec, "initContainers", f"{field}.spec", required=False)
     names = frozenset(gpu_resource_names)
@@ -158,12 +158,13 @@ def _containers(
     if value is None and not required:
         return []
     if not isinstance(value, list) or (required and not value):
-        raise MalformedPod(f"{field}.{key}", f"expected a non-empty list of containers, got {_kind(value)}")
+        raise MalformedPod(f"{field}.{key}",
+                           f"expected a non-empty list of containers, got {json_kind(value)}")
     out = []
     for index, container in enumerate(value):
         if not isinstance(container, Mapping):
             raise MalformedPod(
-                f"{field}.{key}[{index}]", f"expected a container object, got {_kind(container)}"
+                f"{field}.{key}[{index}]", f"expected a container object, got {json_kind(container)}"
             )
         out.append((f"{field}.{key}[{index}]", container))
     return out
@@ -175,7 +176,7 @@ def _container_counts(container: Mapping[str, Any], names: frozenset[str], path:
         return {}
     if not isinstance(resources, Mapping):
         raise MalformedPod(
-            f"{path}.resources", f"expected a ResourceRequirements object, got {_kind(resources)}"
+            f"{path}.resources", f"expected a ResourceRequirements object, got {json_kind(resources)}"
         )
     found: dict[str, dict[str, int]] = {}
     for kind in ("requests", "limits"):
@@ -184,7 +185,7 @@ def _container_counts(container: Mapping[str, Any], names: frozenset[str], path:
             continue
         if not isinstance(amounts, Mapping):
             raise MalformedPod(
-                f"{path}.resources.{kind}", f"expected a map of quantities, got {_kind(amounts)}"
+                f"{path}.resources.{kind}", f"expected a map of quantities, got {json_kind(amounts)}"
             )
         for name, value in amounts.items():
             if isinstance(name, str) and is_gpu_resource(name, names):
@@ -233,13 +234,13 @@ def _annotations(pod: Mapping[str, Any], field: str) -> Mapping[str, Any]:
     if meta is None:
         return {}
     if not isinstance(meta, Mapping):
-        raise MalformedPod(f"{field}.metadata", f"expected an ObjectMeta object, got {_kind(meta)}")
+        raise MalformedPod(f"{field}.metadata", f"expected an ObjectMeta object, got {json_kind(meta)}")
     annotations = meta.get("annotations")
     if annotations is None:
         return {}
     if not isinstance(annotations, Mapping):
         raise MalformedPod(
-            f"{field}.metadata.annotations", f"expected a map of strings, got {_kind(annotations)}"
+            f"{field}.metadata.annotations", f"expected a map of strings, got {json_kind(annotations)}"
         )
     return annotations
 
@@ -250,7 +251,7 @@ def _annotation(annotations: Mapping[str, Any], key: str, parse: Any, field: str
         return None
     where = f'{field}.metadata.annotations["{key}"]'
     if not isinstance(value, str):
-        raise PodRequestError(where, f"expected a string, got {_kind(value)}")
+        raise PodRequestError(where, f"expected a string, got {json_kind(value)}")
     try:
         return parse(value)
     except PolicyValueError as err:
@@ -272,7 +273,8 @@ def _request_field(request_field: str, field: str, counts: PodGpuCount) -> str:
     return f"{field}.spec (resources {', '.join(counts.by_resource)})"
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a JSON value is, for an error message: "null", "an object", "a list", or the value itself."""
     if value is None:
         return "null"
     if isinstance(value, Mapping):

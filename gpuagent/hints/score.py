@@ -234,14 +234,21 @@ def _unusable(gpu: GpuHints) -> str | None:
     return None
 
 
-def _shared_static(gpu: GpuHints) -> str | None:
-    """Why no shared (time-sliced/MPS) request, of any size, fits this GPU; None: its sizes decide."""
+def _not_whole_gpu(gpu: GpuHints) -> str | None:
+    """Why no request for (a share of) the whole GPU fits it, shared or exclusive; None: it may."""
     if (reason := _unusable(gpu)) is not None:
         return reason
     if gpu.mig_enabled:
         return "MIG is enabled: only a mig_profile request fits it"
     if gpu.compute_mode == "prohibited":
         return "compute mode is prohibited"
+    return None
+
+
+def _shared_static(gpu: GpuHints) -> str | None:
+    """Why no shared (time-sliced/MPS) request, of any size, fits this GPU; None: its sizes decide."""
+    if (reason := _not_whole_gpu(gpu)) is not None:
+        return reason
     if gpu.sharing_mode == "exclusive":
         holder = gpu.tenants[0].name if gpu.tenants else "a tenant"
         return f"held exclusively by {holder}"
@@ -252,12 +259,8 @@ def _shared_static(gpu: GpuHints) -> str | None:
 
 def _exclusive_static(gpu: GpuHints) -> str | None:
     """Why no exclusive request fits this GPU; None: its free memory decides."""
-    if (reason := _unusable(gpu)) is not None:
+    if (reason := _not_whole_gpu(gpu)) is not None:
         return reason
-    if gpu.mig_enabled:
-        return "MIG is enabled: only a mig_profile request fits it"
-    if gpu.compute_mode == "prohibited":
-        return "compute mode is prohibited"
     if gpu.tenants:
         names = ", ".join(t.name for t in gpu.tenants[:3]) + (", ..." if len(gpu.tenants) > 3 else "")
         return f"not free for exclusive use: {len(gpu.tenants)} tenant(s) ({names})"
