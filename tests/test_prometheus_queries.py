@@ -35,14 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
-import signal
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +46,7 @@ from typing import Any
 
 import pytest
 import yaml
+from agent_runner import AgentRunner
 from prometheus_server import (
     PrometheusQueryError,
     PrometheusServer,
@@ -242,48 +239,11 @@ def fake_kubernetes(tenants: Sequence[Tenant], uuids: Sequence[str], workdir: Pa
 
 # -- agents ------------------------------------------------------------------------------------------------
 
-class Agent:
+class Agent(AgentRunner):
+    """An agent on a free loopback port, named ``name`` (its Hostname label)."""
+
     def __init__(self, name: str, config: dict[str, Any], workdir: Path) -> None:
-        self.name = name
-        self.port = free_port()
-        self.target = f"127.0.0.1:{self.port}"
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path = workdir / "gpuagent.yaml"
-        self.config_path.write_text(yaml.safe_dump({**config, "listen": self.target, "hostname": name}))
-        self.log_path = workdir / "agent.log"
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuagent", "run", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")},
-            )
-
-    def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent {self.name} exited with {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{self.target}/readyz", timeout=2) as ready:
-                if ready.status == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"agent {self.name} not ready after {timeout} s:\n{self.log()}")
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://{self.target}/metrics", timeout=5) as response:
-            return response.read().decode()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(name, {**config, "listen": f"127.0.0.1:{free_port()}", "hostname": name}, workdir)
 
 
 # -- the stack ---------------------------------------------------------------------------------------------

@@ -14,19 +14,16 @@ series that ended inside the range must still be counted); then the agent restar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
 import io
 import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from agent_runner import AgentRunner
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
 from prometheus_server import PrometheusServer, free_port, prometheus_binary
 
@@ -128,45 +126,6 @@ class LoopThread:
             self.loop.close()
 
 
-class AgentProcess:
-    """``python -m gpuagent run --config FILE`` with its log in a file."""
-
-    def __init__(self, config: dict[str, Any], workdir: Path, name: str) -> None:
-        self.target = config["listen"]
-        self.config_path = workdir / f"{name}.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = workdir / f"{name}.log"
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuagent", "run", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")})
-
-    def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{self.target}/readyz",
-                                                                      timeout=2) as ready:
-                if ready.status == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"agent not ready after {timeout} s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @dataclass
 class Run:
     prometheus: PrometheusServer
@@ -215,7 +174,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     served = [Pod(t.pod, t.namespace, [Container(t.container, [gpus(uuids[t.gpu])])]) for t in TENANTS]
     target = f"127.0.0.1:{free_port()}"
     loop = LoopThread()
-    agents: list[AgentProcess] = []
+    agents: list[AgentRunner] = []
     try:
         with short_socket_dir() as sockets:
             kubelet = PodResourcesServer(sockets / "kubelet.sock", pods=served,
@@ -228,7 +187,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                       "idle_window": 3, "energy_interval": 0.5}  # energy read every poll: a short run
             with PrometheusServer([target], work / "prometheus") as prom:
                 start = round(time.time(), 3)
-                agents.append(AgentProcess({**config, "scenario": str(scenario_a)}, work, "agent-a"))
+                agents.append(AgentRunner("agent-a", {**config, "scenario": str(scenario_a)}, work))
                 agents[-1].wait_ready()
                 started = time.monotonic()
                 prom.wait_for('count(gpuagent_pod_gpu_allocated_seconds_total{pod="short-0"})',
@@ -239,7 +198,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 prom.wait_for('absent(gpuagent_pod_gpu_allocated_seconds_total{pod="short-0"})',
                               lambda r: r.has_data, 20, "short-0's series retired by the agent")
                 agents[-1].stop()
-                agents.append(AgentProcess({**config, "scenario": str(scenario_b)}, work, "agent-b"))
+                agents.append(AgentRunner("agent-b", {**config, "scenario": str(scenario_b)}, work))
                 agents[-1].wait_ready()
                 prom.wait_for('resets(gpuagent_pod_gpu_allocated_seconds_total{pod="train-0"}[1m]) >= 1 '
                               'and on() gpuagent_pod_gpu_allocated_seconds_total{pod="train-0"} >= 3',
