@@ -298,7 +298,13 @@ class CgroupSandbox:
         return process
 
     def close(self) -> None:
-        """Kill and reap every process, then remove every created directory, deepest first."""
+        """Thaw every created cgroup (a task in a frozen v1 cgroup ignores SIGKILL), kill and reap every
+        process, then remove every created directory, deepest first."""
+        for directory in self.created:
+            for name, value in (("cgroup.freeze", "0"), ("freezer.state", "THAWED")):
+                with contextlib.suppress(OSError):
+                    if (directory / name).exists():
+                        (directory / name).write_text(value)
         for process in self.processes:
             try:
                 process.kill()

@@ -36,17 +36,7 @@ KEYS = {"v2": UNIFIED, "v1": "freezer"}  # our hierarchy names -> the sandbox's
 
 @pytest.fixture
 def cgroup_sandbox() -> Iterator[CgroupSandbox]:
-    """The sandbox, thawed before it is closed (a process in a frozen v1 cgroup does not die of SIGKILL)."""
-    fixture = sandbox_for_test()
-    sandbox = next(fixture)
-    try:
-        yield sandbox
-    finally:
-        for directory in sandbox.created:
-            for name, value in (("cgroup.freeze", "0"), ("freezer.state", "THAWED")):
-                if (directory / name).exists():
-                    (directory / name).write_text(value)
-        next(fixture, None)
+    yield from sandbox_for_test()  # closing the sandbox thaws what a test left frozen
 
 
 @pytest.fixture

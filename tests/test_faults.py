@@ -13,9 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import os
 import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -301,35 +299,7 @@ async def test_pod_resources_socket_disappears_and_returns(tmp_path: Path, caplo
 
 @pytest.fixture
 def cgroup_sandbox() -> Iterator[CgroupSandbox]:
-    """The sandbox, thawed before it is closed whatever the test did (a v1-frozen task ignores SIGKILL)."""
-    fixture = sandbox_for_test()
-    sandbox = next(fixture)
-    try:
-        yield sandbox
-    finally:
-        for directory in sandbox.created:
-            for name, value in (("cgroup.freeze", "0"), ("freezer.state", "THAWED")):
-                with contextlib.suppress(OSError):
-                    if (directory / name).exists():
-                        (directory / name).write_text(value)
-        next(fixture, None)
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs, unmounted at teardown."""
-    mountpoint = tmp_path / "tmpfs"
-    mountpoint.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(mountpoint)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=True)
+    yield from sandbox_for_test()  # closing the sandbox thaws what a test left frozen
 
 
 class Tenants:

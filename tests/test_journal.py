@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -174,23 +173,6 @@ def test_unwritable_place_raises_journal_error_and_changes_nothing(tmp_path: Pat
         with pytest.raises(JournalError, match=str(path)):
             journal.add(A, "x")
         assert A not in journal and journal.entries() == ()
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs (root, a mount namespace we may mount in); skipped where it cannot be mounted."""
-    mountpoint = tmp_path / "tmpfs"
-    mountpoint.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(mountpoint)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=True)
 
 
 def test_disk_full_raises_journal_error_and_keeps_the_old_file(small_tmpfs: Path) -> None:
