@@ -114,9 +114,9 @@ class Agent:
             clock=clock,
             monotonic=monotonic,
         )
-        self.pods = pods_source(config)
+        self.pods = pods_source(config, monotonic=monotonic)
         self.network = network_source(config, monotonic=monotonic)  # None with network: false
-        self.enforcer = build_enforcer(config)
+        self.enforcer = build_enforcer(config, monotonic=monotonic)
         self.accountant = build_accountant(config)
         self._accounting_failure = ""
         self.hints = HintsEngine()  # moving averages of SM use: 10 s and 5 min time constants
@@ -358,7 +358,7 @@ def build_accountant(config: Config) -> Accountant:
     return Accountant(settings, events=events)
 
 
-def build_enforcer(config: Config) -> Enforcer | None:
+def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.monotonic) -> Enforcer | None:
     """The enforcer for ``mode: audit|enforce``; None when off. Bad policies are config errors."""
     if config.mode == "off":
         return None
@@ -383,7 +383,7 @@ def build_enforcer(config: Config) -> Enforcer | None:
                 else "over-share pods are frozen in duty cycles, over-memory pods signalled")
     return Enforcer(
         mode=config.mode, actions=actions, ladder=ladder, defaults=defaults, rules=rules, cycler=cycler,
-        controller=lambda: ShareController(work_conserving=config.work_conserving),
+        controller=lambda: ShareController(work_conserving=config.work_conserving), clock=monotonic,
     )
 
 
@@ -397,7 +397,7 @@ def recover_frozen(config: Config) -> int:
     return actions.recover()
 
 
-def pods_source(config: Config) -> PodsSource:
+def pods_source(config: Config, *, monotonic: Callable[[], float] = time.monotonic) -> PodsSource:
     """Cgroup attribution always; the kubelet's allocations when this is a kubelet node (its pod-resources
     directory exists) or the socket was configured explicitly."""
     socket = config.pod_resources_socket
@@ -407,7 +407,7 @@ def pods_source(config: Config) -> PodsSource:
         client = PodResourcesClient(socket, resource_names=config.gpu_resource_names)
     return PodsSource(
         cgroups=CgroupReader(config.proc_root), podresources=client, metadata=pod_metadata(config),
-        interval=config.pod_resources_interval,
+        interval=config.pod_resources_interval, monotonic=monotonic,
     )
 
 

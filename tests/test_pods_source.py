@@ -191,3 +191,27 @@ async def test_the_api_server_names_pods_the_kubelet_alone_cannot(tmp_path: Path
     assert infer_b.annotations == {"gpuagent.io/gpu-share": "30"} and infer_b.uid == UID_B
     body = generate_text(agent.registry).decode()
     assert 'gpuagent_pod_gpu_memory_used_bytes{namespace="serving",pod="infer-c",gpu="1"' in body
+
+
+async def test_the_kubelet_is_read_every_interval_of_the_agents_clock(tmp_path: Path, proc_root: Path) -> None:
+    path = tmp_path / "pods.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    now = [100.0]
+    with short_socket_dir() as directory:
+        socket = directory / "kubelet.sock"
+        config = load_config(None, env={}, overrides={
+            "backend": "sim", "scenario": str(path), "proc_root": str(proc_root),
+            "pod_resources_socket": str(socket), "pod_resources_interval": 5.0,
+        })
+        agent = Agent(config, nvml=SimulatedNvml(load_scenario(path)), backend="sim", monotonic=lambda: now[0])
+        try:
+            async with PodResourcesServer(socket) as server:
+                reads = []
+                for _ in range(11):  # 10 s of the agent's clock, polled every second, however fast here
+                    await agent.poll_once()
+                    reads.append(server.calls["List"])
+                    now[0] += 1.0
+                assert reads == [1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3]
+        finally:
+            await agent.devices.close()
+            await agent.pods.close()
