@@ -7,12 +7,120 @@ memos that spare re-parsing every pod's annotations on every poll.
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_timeslice import Plant
 
 from gpuagent import quantities
+from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
+
+# -- the share controller -------------------------------------------------------------------------------------
+
+
+class PairwiseController(ShareController):
+    """The controller as it was: every tenant's allowance and excess summed over the others, pair by pair."""
+
+    def _classify(self, decisions: list[_Decision]) -> None:
+        for d in decisions:
+            stderr = d.noise / math.sqrt(max(len(d.state.samples), 1))
+            d.active = d.achieved + stderr >= self.idle_threshold
+        for d in decisions:
+            share = d.tenant.share_ratio
+            if share is None:
+                continue
+            share = min(max(float(share), 0.0), 1.0)
+            others = [o for o in decisions if o is not d]
+            if self.work_conserving:
+                reserved = math.fsum(
+                    max(o.achieved, o.tenant.share_ratio or 0.0) if o.active else o.achieved for o in others
+                )
+                d.allowance = max(share, 1.0 - reserved)
+                d.limited = any(o.active for o in others)
+            else:
+                d.allowance = share
+                d.limited = True
+            d.error = d.use - d.allowance
+            d.state.errors.append(d.error)
+
+    def _effective_errors(self, decisions: list[_Decision]) -> list[float]:
+        return [self._effective_error(d, decisions) for d in decisions]
+
+    def _effective_error(self, d: _Decision, decisions: list[_Decision]) -> float:
+        if d.error <= 0.0:
+            return d.error
+        deficit = 0.0
+        for q in decisions:
+            if q is d or not q.limited:
+                continue
+            if (q.tenant.priority < d.tenant.priority and q.error > self.tolerance
+                    and q.state.fraction < self.max_frozen):
+                return 0.0
+            if q.state.fraction > 0.0:
+                deficit += self._deficit(q)
+        return max(0.0, d.error - deficit)
+
+
+def random_gpu(rng: random.Random) -> tuple[dict[str, float], dict[str, float | None], dict[str, int]]:
+    """Tenants of one GPU: demands, shares (some None) and priorities."""
+    count = rng.choice([2, 3, 5, 8, 14, 31])
+    names = [f"ns/pod-{i}" for i in range(count)]
+    demands = {n: rng.choice([1.0, rng.uniform(0.0, 1.0), rng.uniform(0.0, 0.06)]) for n in names}
+    shares = {n: None if rng.random() < 0.15 else rng.uniform(0.01, 1.5 / count) for n in names}
+    priorities = {n: rng.choice([-100, 0, 0, 0, 100]) for n in names}
+    for name in names[:2]:  # two burners over their shares: someone is throttled
+        demands[name], shares[name] = 1.0, rng.uniform(0.01, 0.4)
+    return demands, shares, priorities
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_linear_controller_decides_what_the_pairwise_one_did(seed: int) -> None:
+    rng = random.Random(seed)
+    demands, shares, priorities = random_gpu(rng)
+    settings = {"work_conserving": rng.random() < 0.8}
+    new, old = ShareController(**settings), PairwiseController(**settings)
+    plant = Plant(demands, seed=seed, noise_model=rng.choice(["binomial", "gaussian"]), noise=0.03)
+    fractions: dict[str, float] = {}
+    engaged = 0
+    for n in range(1, 121):
+        for _ in range(10):
+            plant.run_period(fractions, 0.1)
+        _, measured = plant.measure()
+        present = [k for k in demands if rng.random() > 0.05]  # now and then a tenant misses a poll
+        tenants = [Tenant(k, measured[k], shares[k], priorities[k]) for k in present]
+        fractions = new.update(n * 1.0, tenants)
+        before = old.update(n * 1.0, tenants)
+        assert fractions.keys() == before.keys(), n
+        for key, fraction in fractions.items():
+            assert fraction == pytest.approx(before[key], abs=1e-12), (n, key)
+        for key in demands:
+            assert new.achieved(key) == old.achieved(key)
+            assert new.noise(key) == pytest.approx(old.noise(key), abs=1e-12)
+        engaged += bool(fractions)
+    assert engaged, "the case never throttled anyone: it checked nothing"
+
+
+finite = st.floats(min_value=-1e300, max_value=1e300, allow_nan=False, allow_subnormal=True)
+
+
+@given(st.lists(finite, min_size=1, max_size=40))
+def test_sums_of_the_others_are_what_fsum_gives(values: list[float]) -> None:
+    sums = _SumsOfOthers(values)
+    for index in range(len(values)):
+        expected = math.fsum(v for i, v in enumerate(values) if i != index)
+        assert sums.without(index) == expected
+        assert math.copysign(1.0, sums.without(index)) == math.copysign(1.0, expected) or expected == 0.0
+
+
+def test_sums_of_the_others_fall_back_to_fsum_for_infinities_and_nan() -> None:
+    sums = _SumsOfOthers([1.0, math.inf, 2.0])
+    assert sums.without(1) == 3.0 and sums.without(0) == math.inf
+    assert math.isnan(_SumsOfOthers([math.nan, 1.0]).without(1))
+
 
 # -- remembered limit values ------------------------------------------------------------------------------
 
