@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from snapshots import two_gpu_node
 from test_timeslice import Plant
 
 from gpuagent import quantities
+from gpuagent.agent import build_enforcer
+from gpuagent.config import load_config
+from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
 from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
+from gpuagent.snapshot import ContainerUse, NodeSnapshot, PodUse, ProcessSample, Workload
 
 # -- the share controller -------------------------------------------------------------------------------------
 
@@ -151,3 +158,54 @@ def test_only_short_texts_that_parse_are_remembered() -> None:
     for n in range(3 * quantities._REMEMBERED):
         parse_memory(f"{n + 1}Mi")
     assert quantities._remembered_memory.cache_info().currsize == quantities._REMEMBERED
+
+
+# -- the enforcer's remembered limits -------------------------------------------------------------------------
+
+
+def pod_node(t: float, annotations: dict[str, dict[str, str]]) -> NodeSnapshot:
+    """One GPU whose processes are pods ``ns/<name>`` (one each), with these annotations."""
+    snapshot = two_gpu_node()
+    gpu = snapshot.gpus[0]
+    processes, pods = [], []
+    for pid, (name, pod_annotations) in enumerate(sorted(annotations.items()), start=7000):
+        workload = Workload(kind="pod", name=name, namespace="ns", container="main", pod_uid=f"uid-{name}",
+                            names_from="api_server", cgroup=f"/kubepods/pod{pid}")
+        processes.append(ProcessSample(pid, "python3", "compute", 2 * 2**30, 40.0, 10.0, workload=workload))
+        pods.append(PodUse(name=name, namespace="ns", uid=f"uid-{name}", names_from="api_server",
+                           annotations=pod_annotations, containers=(ContainerUse("main", pids=(pid,)),)))
+    return replace(snapshot, gpus=(replace(gpu, processes=tuple(processes)),), pods=tuple(pods),
+                   taken_at_monotonic=t)
+
+
+def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path) -> None:
+    config = load_config(None, env={}, overrides={
+        "backend": "sim", "mode": "audit", "journal_path": str(tmp_path / "journal.json"),
+        "cgroup_root": str(tmp_path / "cgroup"),
+    })
+    now = [0.0]
+    enforcer = build_enforcer(config, monotonic=lambda: now[0])
+    assert enforcer is not None
+    share, memory = "gpuagent.io/gpu-share", "gpuagent.io/gpu-memory"
+    steps = [
+        {"a": {share: "30%", memory: "4Gi"}, "b": {share: "20"}},
+        {"a": {share: "30%", memory: "4Gi"}, "b": {share: "20"}},  # the same: remembered
+        {"a": {share: "45%", memory: "4Gi"}, "b": {share: "twenty"}},  # a changed, b's is now bad
+        {"a": {share: "45%", memory: "4Gi"}, "b": {share: "twenty"}, "c": {}, "d": {}},
+        {"a": {memory: "1Gi"}, "c": {"gpuagent.io/priorty": "high"}, "d": {}},  # c's key a typo
+    ]
+    for step, pods in enumerate(steps):
+        if step == 4:
+            enforcer.set_rules(parse_rules([{"match_namespace": "ns", "gpu_share": 15}]))
+        now[0] = float(step)
+        snapshot = pod_node(now[0], pods)
+        state = enforcer.update(snapshot)
+        expected = {p.name: limits_for_pod(p, NodeDefaults(), enforcer.rules) for p in snapshot.pods}
+        assert {s.pod: s.limit_ratio for s in state.shares} == {
+            name: limits.share_ratio for name, (limits, _) in expected.items()}, step
+        assert {m.pod: m.limit_bytes for m in state.memory} == {
+            name: limits.memory_bytes for name, (limits, _) in expected.items()}, step
+        assert sorted(state.problems, key=str) == sorted(
+            (p for _, problems in expected.values() for p in problems), key=str), step
+    reloaded = {s.pod: s.limit_ratio for s in state.shares}
+    assert reloaded["a"] == reloaded["d"] == pytest.approx(0.15)  # d's annotations did not change: the rule did
