@@ -47,7 +47,7 @@ class _Owner:
     namespace: str | None
     name: str
     limits: Limits
-    util_by_gpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    util_by_gpu: dict[str, float] = field(default_factory=dict)
     memory_bytes: int = 0
     pids: list[int] = field(default_factory=list)
     targets: set[FreezeTarget] = field(default_factory=set)
@@ -161,7 +161,8 @@ class Enforcer:
                     problems.extend(found)
                     owner = owners[key] = _Owner(w.namespace, w.name, limits)
                 if process.sm_util_percent is not None and not gpu.info.mig_enabled:
-                    owner.util_by_gpu[gpu.info.uuid] += process.sm_util_percent / 100
+                    uuid = gpu.info.uuid
+                    owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + process.sm_util_percent / 100
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
                 target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
