@@ -169,7 +169,6 @@ async def scale_node(pods: int, mode: str, work: Path) -> AsyncIterator[ScaleNod
 async def measure(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     """Every size's node at once, polled in turn (a change of the machine's load meets every size alike),
     then each one's scrapes."""
-    from gpuagent.agent import tune_garbage_collector
     from gpuagent.export import scrape
 
     thresholds = gc.get_threshold()
@@ -177,6 +176,8 @@ async def measure(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         nodes = [await stack.enter_async_context(scale_node(pods, args.mode, work / str(pods)))
                  for pods in args.sizes]
         if args.gc == "agent":
+            from gpuagent.agent import tune_garbage_collector
+
             tune_garbage_collector()
         try:
             if args.profile is not None:  # a pass of its own: the profiler's overhead is in no figure
