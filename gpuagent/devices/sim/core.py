@@ -22,12 +22,13 @@ import pynvml
 
 from gpuagent.devices.sim.cpu import CpuMeter
 from gpuagent.devices.sim.curves import FollowCpu
-from gpuagent.devices.sim.models import unsupported_names
+from gpuagent.devices.sim.models import MIB, unsupported_names
 from gpuagent.devices.sim.node import GpuView, Node
 from gpuagent.devices.sim.scenario import (
     GpuSpec,
     HangFault,
     MigInstanceSpec,
+    ProcessSpec,
     Scenario,
     stable_digest,
 )
@@ -45,6 +46,7 @@ MIG_CALLS = frozenset({
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceIsMigDeviceHandle",
     "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v3",
     "nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetMinorNumber",
 })
 
@@ -132,6 +134,8 @@ class SimCore:
             self._uuid(g, inst): (g.index, inst.id) for g in scenario.gpus for inst in g.mig_instances
         }
         self._hangs = [_Hang(f) for f in scenario.faults if isinstance(f, HangFault)]
+        self._environs = {p.pid: self._render_environ(p) for p in scenario.processes
+                          if not p.real and (p.environ or p.mps)}
 
 
     # -- sim-only extensions -----------------------------------------------------------------------
@@ -139,6 +143,25 @@ class SimCore:
     def process_name(self, pid: int) -> str | None:
         """The scenario's name of process ``pid`` (sim-only: NVML has no process names)."""
         return self._names.get(pid)
+
+    def process_environ(self, pid: int) -> bytes | None:
+        """The simulated environment of made-up PID ``pid`` as ``/proc/PID/environ`` holds it (``NAME=value``
+        entries, each ended by a NUL), sim-only; None when the scenario gives it none. Real PIDs have their
+        own, in /proc."""
+        return self._environs.get(pid)
+
+    def _render_environ(self, p: ProcessSpec) -> bytes:
+        """``environ:`` as given, and an MPS client's ``mps:`` limits as the two variables MPS reads: the
+        memory limit keyed by the UUID of the client's device (MIG instance or GPU), in MiB."""
+        environ = dict(p.environ)
+        if p.mps is not None and p.mps.active_thread_percentage is not None:
+            environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{p.mps.active_thread_percentage:g}"
+        if p.mps is not None and p.mps.pinned_memory_limit_bytes is not None:
+            gpu = self.scenario.gpus[p.gpu]
+            device = self._uuid(gpu, gpu.instance(p.mig_instance) if p.mig_instance is not None else None)
+            mib = p.mps.pinned_memory_limit_bytes // MIB
+            environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{device}={mib}M"
+        return b"".join(f"{name}={value}".encode() + b"\0" for name, value in environ.items())
 
     def release_hangs(self) -> None:
         """Wake every call blocked by a ``hang`` fault now, and end those hangs (sim-only)."""

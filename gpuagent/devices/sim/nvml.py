@@ -23,7 +23,8 @@ Thread-safe: one lock guards the shared state and is never held while a call blo
 wait, injected latency).
 
 Sim-only extensions (not in pynvml; keep them few): ``hostname`` (the scenario's node name),
-``scenario``, ``process_name(pid)`` (the scenario's name of a process), ``release_hangs()`` (wake every
+``scenario``, ``process_name(pid)`` (the scenario's name of a process), ``process_environ(pid)`` (a made-up
+PID's environment, as ``/proc/PID/environ`` would hold it), ``release_hangs()`` (wake every
 call blocked by a ``hang`` fault now) and ``call_counts()`` (calls per function name, for tests that check
 the backend's call discipline).
 """

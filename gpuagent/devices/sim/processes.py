@@ -12,7 +12,10 @@ from gpuagent.devices.sim.core import (
     SimCore,
     nvml_error,
 )
-from gpuagent.devices.sim.node import ProcView
+
+_COMPUTE = ("compute", "both", "mps_server")  # the MPS server is a compute process
+_GRAPHICS = ("graphics", "both")
+_MPS_CLIENTS = ("mps_client",)  # listed by the MPS call only, as the real driver does
 
 
 class ProcessCalls(SimCore):
@@ -36,18 +39,28 @@ class ProcessCalls(SimCore):
         return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Any:
-        return self._running(handle, ("compute", "both"), "nvmlDeviceGetComputeRunningProcesses")
+        return self._running(handle, _COMPUTE, "nvmlDeviceGetComputeRunningProcesses")
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> Any:
-        return self._running(handle, ("compute", "both"), "nvmlDeviceGetComputeRunningProcesses_v3")
+        return self._running(handle, _COMPUTE, "nvmlDeviceGetComputeRunningProcesses_v3")
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Any:
-        return self._running(handle, ("graphics", "both"), "nvmlDeviceGetGraphicsRunningProcesses")
+        return self._running(handle, _GRAPHICS, "nvmlDeviceGetGraphicsRunningProcesses")
 
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any) -> Any:
-        return self._running(handle, ("graphics", "both"), "nvmlDeviceGetGraphicsRunningProcesses_v3")
+        return self._running(handle, _GRAPHICS, "nvmlDeviceGetGraphicsRunningProcesses_v3")
 
-    def _utilization_samples(self, handle: Any, since: int, name: str) -> tuple[int, list[ProcView]]:
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> Any:
+        return self._running(handle, _MPS_CLIENTS, "nvmlDeviceGetMPSComputeRunningProcesses")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any) -> Any:
+        return self._running(handle, _MPS_CLIENTS, "nvmlDeviceGetMPSComputeRunningProcesses_v3")
+
+    def _utilization_samples(
+        self, handle: Any, since: int, name: str
+    ) -> tuple[int, list[tuple[int, int, int]]]:
+        """The sample time and (pid, SM %, memory %) of each process that ran since ``since``. With the
+        scenario's ``driver.mps_utilization: server`` the MPS clients' use is the server's sample."""
         g, _, t = self._device(handle, name)
         if g.mig_enabled:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -55,7 +68,18 @@ class ProcessCalls(SimCore):
         stamp = int(self._epoch * 1_000_000) + tick
         if stamp <= since:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        busy = [pv for pv in self._node.procs(g.index, t) if round(pv.sm_util) > 0 or round(pv.mem_util) > 0]
+        procs = self._node.procs(g.index, t)
+        use = {pv.spec.pid: [pv.sm_util, pv.mem_util] for pv in procs}
+        if self.scenario.driver.mps_utilization == "server":
+            servers = [pv.spec.pid for pv in procs if pv.spec.type == "mps_server"]
+            for pv in procs:
+                if pv.spec.type == "mps_client":
+                    figures = use.pop(pv.spec.pid)
+                    if servers:
+                        use[servers[0]][0] = min(100.0, use[servers[0]][0] + figures[0])
+                        use[servers[0]][1] = min(100.0, use[servers[0]][1] + figures[1])
+        busy = [(pid, round(sm), round(mem)) for pid, (sm, mem) in use.items()
+                if round(sm) > 0 or round(mem) > 0]
         if not busy:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
         return stamp, busy
@@ -63,16 +87,16 @@ class ProcessCalls(SimCore):
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: Any) -> Any:
         stamp, busy = self._utilization_samples(handle, timeStamp, "nvmlDeviceGetProcessUtilization")
         samples = (pynvml.c_nvmlProcessUtilizationSample_t * len(busy))()
-        for s, pv in zip(samples, busy, strict=True):
-            s.pid, s.timeStamp = pv.spec.pid, stamp
-            s.smUtil, s.memUtil, s.encUtil, s.decUtil = round(pv.sm_util), round(pv.mem_util), 0, 0
+        for s, (pid, sm, mem) in zip(samples, busy, strict=True):
+            s.pid, s.timeStamp = pid, stamp
+            s.smUtil, s.memUtil, s.encUtil, s.decUtil = sm, mem, 0, 0
         return samples[0:len(busy)]
 
     def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: Any) -> Any:
         stamp, busy = self._utilization_samples(handle, timeStamp, "nvmlDeviceGetProcessesUtilizationInfo")
         samples = (pynvml.c_nvmlProcessUtilizationInfo_v1_t * len(busy))()
-        for s, pv in zip(samples, busy, strict=True):
-            s.pid, s.timeStamp = pv.spec.pid, stamp
-            s.smUtil, s.memUtil = round(pv.sm_util), round(pv.mem_util)
+        for s, (pid, sm, mem) in zip(samples, busy, strict=True):
+            s.pid, s.timeStamp = pid, stamp
+            s.smUtil, s.memUtil = sm, mem
         return samples[0:len(busy)]
 
