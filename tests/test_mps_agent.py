@@ -10,12 +10,12 @@ shares, accounting holding the thread share instead of 1/N.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
+from simclock import FakeClock
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
@@ -83,13 +83,16 @@ async def test_every_mps_client_is_its_pods_with_its_limits(tmp_path: Path, proc
             "pod_resources_socket": str(sock), "kubernetes_api": "off", "network": "false",
             "idle_events": "off", "hostname": "hgx-mps-01",
         })
-        agent = Agent(config, nvml=SimulatedNvml(load_scenario(SCENARIO)), backend="sim")
+        clock = FakeClock(start=100.0)  # a second between polls: a fresh utilization sample each
+        nvml = SimulatedNvml(load_scenario(SCENARIO), clock=clock)
+        clock.t = clock.start
+        agent = Agent(config, nvml=nvml, backend="sim", clock=clock, monotonic=clock)
         try:
             async with PodResourcesServer(sock, pods=pods, allocatable=[gpus(*uuids)]):
                 snaps = []
                 for _ in range(3):
                     snaps.append(await agent.poll_once())
-                    await asyncio.sleep(0.05)
+                    clock.advance(1.0)
         finally:
             await agent.devices.close()
             await agent.pods.close()

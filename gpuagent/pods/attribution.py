@@ -292,6 +292,7 @@ class Attributor:
         self._name_index = _index_names(_NO_NAMES)
         self._workloads: dict[int, tuple[Identity, _Resolved, Workload]] = {}  # id(identity) -> ...
         self._pod_uses: dict[tuple[str | None, str], tuple[tuple[Any, ...], PodUse]] = {}
+        self._match: tuple[Any, dict[str, PodKey]] = ((), {})  # the join's inputs and its answer
 
     def attribute(
         self,
@@ -330,9 +331,16 @@ class Attributor:
         unnamed = {d: {u for u in uids if u not in names_by_uid} for d, uids in uids_by_device.items()}
         matched: dict[str, PodKey] = {}
         if any(unnamed.values()):  # with none, nothing could match
-            open_pods = {d: pods - names.named_pods for d, pods in index.pods_by_device.items()}
-            evidence = Evidence(environs_by_uid, gpus, index.container_devices, self._node_names)
-            matched = match_pods(unnamed, open_pods, evidence.score)
+            inputs = (index, names, frozenset((d, frozenset(u)) for d, u in unnamed.items()),
+                      frozenset((uid, frozenset(frozenset(e.items()) for e in envs))
+                                for uid, envs in environs_by_uid.items()))
+            if inputs == self._match[0]:  # the same join as last poll (unchanged indexes: the same objects)
+                matched = self._match[1]
+            else:
+                open_pods = {d: pods - names.named_pods for d, pods in index.pods_by_device.items()}
+                evidence = Evidence(environs_by_uid, gpus, index.container_devices, self._node_names)
+                matched = match_pods(unnamed, open_pods, evidence.score)
+                self._match = (inputs, matched)
 
         containers = _containers_by_id(gpus, identities, matched, index) if matched else {}
         previous, workloads = self._workloads, {}
