@@ -17,47 +17,38 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuagent.pods.attribution import Attributor
+from gpuagent.pods.cgroup import CgroupIdentity, parse_proc_cgroup
+from gpuagent.pods.podresources import DeviceAllocation, parse_device_id
 from gpuagent.snapshot import GpuInfo, GpuSample, ProcessSample
 
 GPUS, PODS_PER_GPU = 8, 8
 
 
-@dataclass(frozen=True)
-class Identity:
-    pod_uid: str
-    container_id: str
-    is_k8s: bool = True
-    qos: str | None = "burstable"
-    workload_kind: str = "pod"
-    unit: str | None = None
-    path: str = "/kubepods.slice/x"
-    unified_path: str | None = "/kubepods.slice/x"
-    freezer_path: str | None = None
+Node = tuple[list[GpuSample], dict[int, CgroupIdentity], list[DeviceAllocation], dict[int, dict[str, str]]]
 
 
-@dataclass(frozen=True)
-class Allocation:
-    namespace: str
-    pod: str
-    container: str
-    device_id: str
-    gpu_uuid: str | None
-    mig_uuid: str | None = None
+def identity(uid: str, container: str) -> CgroupIdentity:
+    """What the agent reads from a kubelet-shaped /proc/PID/cgroup file."""
+    slice_uid = uid.replace("-", "_")
+    return parse_proc_cgroup(f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}"
+                             f".slice/cri-containerd-{container}.scope\n")
 
 
-Node = tuple[list[GpuSample], dict[int, Identity], list[Allocation], dict[int, dict[str, str]]]
+def allocation(namespace: str, pod: str, container: str, device_id: str) -> DeviceAllocation:
+    parsed = parse_device_id(device_id)
+    return DeviceAllocation(namespace, pod, container, "nvidia.com/gpu", device_id, parsed.gpu_uuid,
+                            parsed.mig_uuid, parsed.replica)
 
 
 def node(straying: bool) -> Node:
     gpus: list[GpuSample] = []
-    identities: dict[int, Identity] = {}
-    allocations: list[Allocation] = []
+    identities: dict[int, CgroupIdentity] = {}
+    allocations: list[DeviceAllocation] = []
     environs: dict[int, dict[str, str]] = {}
     for g in range(GPUS + 1):  # the last GPU is nobody's
         uuid = f"GPU-{g:08x}-0000-0000-0000-000000000000"
@@ -66,8 +57,8 @@ def node(straying: bool) -> Node:
             pid = 1000 + g * PODS_PER_GPU + n
             name = f"infer-{g}-{n}-7d9f8"
             procs.append(ProcessSample(pid, "python", "compute", 1 << 30, 10.0, 5.0))
-            identities[pid] = Identity(f"uid-{g}-{n}", f"{pid:064x}")
-            allocations.append(Allocation("serving", name, "main", f"{uuid}::{n}", uuid))
+            identities[pid] = identity(f"{g:08x}-{n:04x}-4000-8000-000000000000", f"{pid:064x}")
+            allocations.append(allocation("serving", name, "main", f"{uuid}::{n}"))
             environs[pid] = {"HOSTNAME": name, "NVIDIA_VISIBLE_DEVICES": uuid}
         if g == GPUS and straying:
             procs.append(ProcessSample(9999, "python", "compute", 1 << 30, 10.0, 5.0))

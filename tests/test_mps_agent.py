@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
 from simclock import FakeClock
+from test_pods_source import kubepods_line
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
@@ -45,12 +46,6 @@ def uid(offset: int) -> str:
     return f"{offset:08x}-aaaa-4bbb-8ccc-dddddddddddd"
 
 
-def cgroup_line(pod_uid: str, container: str, qos: str = "burstable") -> str:
-    slice_uid = pod_uid.replace("-", "_")
-    return (f"0::/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slice_uid}.slice/"
-            f"cri-containerd-{container}.scope\n")
-
-
 @pytest.fixture
 def proc_root(tmp_path: Path) -> Path:
     """Cgroup files only: the clients' environments come from the simulator (``process_environ``), as
@@ -59,7 +54,7 @@ def proc_root(tmp_path: Path) -> Path:
     for offset in [*CLIENTS, 7, *SERVERS]:
         owner = DAEMON_UID if offset in SERVERS else uid(offset)
         (root / str(FAKE + offset)).mkdir(parents=True)
-        (root / str(FAKE + offset) / "cgroup").write_text(cgroup_line(owner, f"{offset:064x}"))
+        (root / str(FAKE + offset) / "cgroup").write_text(kubepods_line(owner, f"{offset:064x}"))
     return root
 
 

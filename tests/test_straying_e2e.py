@@ -26,6 +26,7 @@ import pytest
 import yaml
 from fake_apiserver import NODE, FakeApiServer, container_id, make_pod
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
+from test_pods_source import kubepods_line
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
@@ -47,12 +48,6 @@ SCENARIO = {
         {"name": "squatter", "gpu": 3, "memory": "5Gi", "sm_util": 20},  # FAKE_PID + 2: on idle owner's GPU 3
     ],
 }
-
-
-def kubepods_line(uid: str, container: str) -> str:
-    slice_uid = uid.replace("-", "_")
-    return (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}.slice/"
-            f"cri-containerd-{container}.scope\n")
 
 
 def environ(**variables: str) -> bytes:
