@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gpuagent.pods.metadata import PodMetadata
 
 METADATA_SOURCE = "api_server"  # gpuagent_source_success{source=...}
+ENVIRON_RETRIES = 3  # polls in a row a PID's unknown environment is read again
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class PodsSource:
         self._cgroups = cgroups
         self._environ_reader = environs if environs is not None else EnvironReader(cgroups.proc_root)
         self._environs: dict[int, Environ | None] = {}  # read once per PID, while it stays on a GPU
+        self._environ_misses: dict[int, int] = {}  # PID -> reads that found it unknown (retried a few times)
         self._bad_limits: set[tuple[int, str]] = set()  # MPS limits that did not resolve, logged once each
         self._client = podresources
         self._metadata = metadata
@@ -94,37 +96,41 @@ class PodsSource:
         return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses))
 
     async def _identify(self, pids: set[int], clients: set[int]) -> dict[int, CgroupIdentity | None]:
-        """Each PID's identity, and the environment of a pod's process or MPS client until it is read (an
-        environment that reads as unknown is tried again next poll: a process that just started may not
-        show it yet)."""
+        """Each PID's identity, and the environment of a pod's process or MPS client until it is read (one
+        that reads as unknown is tried again the next polls, ENVIRON_RETRIES of them: a process that just
+        started may not show it yet; after that, with its identity every ``identity_ttl``)."""
         now = self._monotonic()
         for pid in [p for p in self._identities if p not in pids]:
             del self._identities[pid]  # gone from the GPUs: forget it (a reused PID is read afresh)
             self._environs.pop(pid, None)
+            self._environ_misses.pop(pid, None)
             self._unparsable.discard(pid)
             self._bad_limits = {seen for seen in self._bad_limits if seen[0] != pid}
         known = self._identities
         due = {p for p in pids if p not in known or now - known[p][1] >= self._ttl}
         missing = {p for p in pids - due
-                   if p not in self._environs and _wants_environ(known[p][0], p in clients)}
+                   if p not in self._environs and self._environ_misses.get(p, 0) < ENVIRON_RETRIES
+                   and _wants_environ(known[p][0], p in clients)}
         if due or missing:
             read = await asyncio.to_thread(
                 lambda: [self._read_one(pid, pid in due, pid in clients) for pid in sorted(due | missing)])
-            for pid, identity, environ in read:
+            for pid, identity, environ, tried in read:
                 if pid in due:
                     self._identities[pid] = (identity, now)
                 if environ is not None:
                     self._environs[pid] = environ
+                elif tried:
+                    self._environ_misses[pid] = self._environ_misses.get(pid, 0) + 1
         return {pid: self._identities[pid][0] for pid in pids}
 
     def _read_one(
         self, pid: int, identify: bool, client: bool
-    ) -> tuple[int, CgroupIdentity | None, Environ | None]:
-        """(pid, identity, environment or None): on the worker thread."""
+    ) -> tuple[int, CgroupIdentity | None, Environ | None, bool]:
+        """(pid, identity, environment or None, whether it was read): on the worker thread."""
         identity = self._identify_one(pid) if identify else self._identities[pid][0]
         if pid in self._environs or not _wants_environ(identity, client):
-            return pid, identity, None
-        return pid, identity, self._environ_reader.read(pid)
+            return pid, identity, None, False
+        return pid, identity, self._environ_reader.read(pid), True
 
     def _limits_failed(self, pid: int, error: MpsLimitError) -> None:
         if (pid, str(error)) not in self._bad_limits:
