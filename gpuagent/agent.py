@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from socket import gethostname
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.accounting import Accountant, AccountingSettings
@@ -39,6 +40,7 @@ from gpuagent.httperrors import json_errors
 from gpuagent.network.podnet import pod_pids
 from gpuagent.network.source import network_source
 from gpuagent.pods.cgroup import CgroupReader
+from gpuagent.pods.environ import EnvironReader
 from gpuagent.pods.podresources import PodResourcesClient
 from gpuagent.pods.source import PodsSource
 
@@ -114,7 +116,7 @@ class Agent:
             clock=clock,
             monotonic=monotonic,
         )
-        self.pods = pods_source(config)
+        self.pods = pods_source(config, environ_fallback=getattr(nvml, "process_environ", None))
         self.network = network_source(config, monotonic=monotonic)  # None with network: false
         self.enforcer = build_enforcer(config)
         self.accountant = build_accountant(config)
@@ -397,9 +399,10 @@ def recover_frozen(config: Config) -> int:
     return actions.recover()
 
 
-def pods_source(config: Config) -> PodsSource:
+def pods_source(config: Config, environ_fallback: Callable[[int], bytes | None] | None = None) -> PodsSource:
     """Cgroup attribution always; the kubelet's allocations when this is a kubelet node (its pod-resources
-    directory exists) or the socket was configured explicitly."""
+    directory exists) or the socket was configured explicitly. ``environ_fallback``: the simulator's
+    environments of its made-up PIDs."""
     socket = config.pod_resources_socket
     explicit = config.sources.get("pod_resources_socket", "default") != "default"
     client = None
@@ -407,6 +410,8 @@ def pods_source(config: Config) -> PodsSource:
         client = PodResourcesClient(socket, resource_names=config.gpu_resource_names)
     return PodsSource(
         cgroups=CgroupReader(config.proc_root), podresources=client, metadata=pod_metadata(config),
+        environs=EnvironReader(config.proc_root, fallback=environ_fallback),
+        node_names=frozenset({config.hostname, gethostname()}),
         interval=config.pod_resources_interval,
     )
 

@@ -25,7 +25,7 @@ from gpuagent.config import load_config
 
 pytestmark = pytest.mark.integration
 
-BURN_CPU = max(os.sched_getaffinity(0))  # the tenants contend for this one CPU; the agent runs elsewhere
+BURN_CPU = max(os.sched_getaffinity(0))  # the tenants contend for this one CPU (conftest's agent_off_the_burn_cpu)
 
 
 def burner(cpu: int) -> tuple[str, ...]:
@@ -35,19 +35,6 @@ def burner(cpu: int) -> tuple[str, ...]:
 @pytest.fixture
 def cgroup_sandbox() -> Iterator[CgroupSandbox]:
     yield from sandbox_for_test()
-
-
-@pytest.fixture
-def agent_off_the_burn_cpu() -> Iterator[None]:
-    before = os.sched_getaffinity(0)
-    others = before - {BURN_CPU}
-    if not others:
-        pytest.skip("needs two CPUs: one for the tenants, one for the agent")
-    os.sched_setaffinity(0, others)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def free_port() -> int:

@@ -34,7 +34,9 @@ from gpuagent.devices.fields import (
 )
 from gpuagent.devices.gpm import GpmSampler
 from gpuagent.devices.guard import GpuLostError, NvmlGuard
+from gpuagent.devices.mps import MPS_LIST, ClientUtilization, is_mps_daemon, process_kind
 from gpuagent.snapshot import (
+    MPS_CLIENT,
     EccCounts,
     GpuInfo,
     GpuSample,
@@ -105,6 +107,7 @@ class GpuReader:
         self._ecc: EccCounts | None = None
         self._remapped: RemappedRows | None = None
         self._process_cursor = 0
+        self._mps_clients = ClientUtilization()  # whether this driver samples MPS clients (devices/mps.py)
         self._gpm: GpmSampler | None = None
         self._mig_gpm: dict[int, GpmSampler] = {}
         self._fast_ids = field_ids(self.nvml, FAST_FIELDS)
@@ -350,7 +353,8 @@ class GpuReader:
         return memory
 
     def _processes(self) -> tuple[ProcessSample, ...]:
-        """Both process lists once each, joined with per-process utilization since the last poll."""
+        """Both process lists once each (and the MPS clients' where an MPS server runs), joined with
+        per-process utilization since the last poll."""
         g, h, nvml, s = self.guard, self.handle, self.nvml, self.index
         found: dict[int, tuple[str, Any]] = {}
         for kind, function in (
@@ -361,6 +365,9 @@ class GpuReader:
                 previous = found.get(proc.pid)
                 if previous is None or _memory(proc) > _memory(previous[1]):
                     found[proc.pid] = (kind, proc)
+        if any(is_mps_daemon(self._names(pid)) for pid in found):
+            for proc in g.call(MPS_LIST, h, scope=s) or ():
+                found[proc.pid] = (MPS_CLIENT, proc)
         sm: dict[int, list[float]] = {}
         mem: dict[int, list[float]] = {}
         if not (self.info and self.info.mig_enabled):  # NVML has no per-process utilization on MIG
@@ -380,7 +387,7 @@ class GpuReader:
                 ProcessSample(
                     pid=pid,
                     comm=self._names(pid),
-                    kind=kind,
+                    kind=process_kind(kind, self._names(pid)),
                     used_memory_bytes=proc.usedGpuMemory,
                     # A process without a sample since the last poll did not run kernels: 0, not unknown.
                     sm_util_percent=_mean(sm.get(pid)) if per_process_util else None,
@@ -388,7 +395,7 @@ class GpuReader:
                     gpu_instance_id=None if gi in (None, NO_INSTANCE) else gi,
                 )
             )
-        return tuple(out)
+        return self._mps_clients.settle(tuple(out), sm.keys())
 
     def _read_migs(self, processes: tuple[ProcessSample, ...]) -> tuple[MigSample, ...]:
         out = []

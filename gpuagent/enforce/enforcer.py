@@ -5,6 +5,13 @@ node defaults), its measured SM use per GPU and its GPU memory. One :class:`Shar
 frozen fractions; the :class:`DutyCycler` applies them between polls (enforce mode only); the
 :class:`MemoryLadder` decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit
 mode only counts, every step. MIG instances are hard isolation already: no shares there.
+
+On an MPS GPU the server is infrastructure and never acted on; clients are frozen per cgroup like any
+process. MPS's own limits are not fought (docs/mps.md): an MPS client held to a share of the SMs is
+measured in SMs (``sm_share_ratio``), so a client whose MPS share is within its share limit is never
+throttled, and one above it is time-sliced down to it; a workload whose MPS memory limits add up to no more
+than its GPU memory limit is left to MPS (its allocations fail past that limit), since NVML's memory figure
+also counts what the pinned limit does not (the CUDA context) and would put it over a limit it keeps.
 """
 
 from __future__ import annotations
@@ -22,12 +29,16 @@ from gpuagent.enforce.memory import MemoryLadder, pod_key
 from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
 from gpuagent.enforce.timeslice import DutyCycler, ShareController, Tenant
 from gpuagent.snapshot import (
+    MPS_SERVER,
     EnforcementState,
     NodeSnapshot,
     PodUse,
     PolicyProblem,
+    ProcessSample,
     ShareState,
     Workload,
+    combined_mps_limits,
+    sm_share_ratio,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +62,7 @@ class _Owner:
     memory_bytes: int = 0
     pids: list[int] = field(default_factory=list)
     targets: set[FreezeTarget] = field(default_factory=set)
+    processes: list[ProcessSample] = field(default_factory=list)
 
 
 class Enforcer:
@@ -147,18 +159,20 @@ class Enforcer:
         for gpu in snapshot.gpus:
             for process in gpu.processes:
                 w = process.workload
-                if w is None:
-                    continue
+                if w is None or process.kind == MPS_SERVER:
+                    continue  # the MPS server serves every tenant: never throttled, never killed
                 key = owner_key(w)
                 owner = owners.get(key)
                 if owner is None:
                     limits, found = self._limits(w, pods.get((w.namespace, w.name)))
                     problems.extend(found)
                     owner = owners[key] = _Owner(w.namespace, w.name, limits)
-                if process.sm_util_percent is not None and not gpu.info.mig_enabled:
-                    owner.util_by_gpu[gpu.info.uuid] += process.sm_util_percent / 100
+                share = sm_share_ratio(process)
+                if share is not None and not gpu.info.mig_enabled:
+                    owner.util_by_gpu[gpu.info.uuid] += share
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
+                owner.processes.append(process)
                 target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
                 if target is not None:
                     owner.targets.add(target)
@@ -246,8 +260,7 @@ class Enforcer:
         # The ladder keys pods as "ns/name"; a non-pod workload goes in under its owner key ("kind:name"),
         # so two workloads of different kinds with one name stay apart.
         items = [
-            (o.name if o.namespace else key, o.namespace, None if o.limits.exempt else o.limits.memory_bytes,
-             o.memory_bytes, tuple(o.pids))
+            (o.name if o.namespace else key, o.namespace, _ladder_limit(o), o.memory_bytes, tuple(o.pids))
             for key, o in owners.items()
         ]
         for step in self._ladder.update(items):
@@ -265,3 +278,14 @@ class Enforcer:
                 task = asyncio.ensure_future(eviction)
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
+
+
+def _ladder_limit(owner: _Owner) -> int | None:
+    """The limit the ladder holds a workload to: its GPU memory limit, unless its processes are all MPS
+    clients whose pinned limits add up to no more (MPS holds it to those already: see the module)."""
+    limit = None if owner.limits.exempt else owner.limits.memory_bytes
+    if limit is None:
+        return None
+    mps = combined_mps_limits(owner.processes)
+    held = mps.pinned_memory_limit_bytes if mps is not None else None
+    return None if held is not None and held <= limit else limit
