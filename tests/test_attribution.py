@@ -98,11 +98,11 @@ def test_ambiguous_sharing_keeps_uids_and_says_so():
     assert names == {("ns", "a"), ("ns", "b"), (None, "uid-a"), (None, "uid-b")}
 
 
-def test_a_pod_on_a_gpu_it_was_not_allocated_is_not_given_the_idle_owners_name():
-    # uid-x runs on GPU-0 (allocated to idle pod "owner") and on GPU-1 (allocated to nobody).
+def test_without_evidence_a_uid_also_on_another_pods_gpu_is_not_given_either_name():
+    # uid-x runs on GPU-0 (allocated to idle pod "owner") and on GPU-1 (allocated to idle pod "other").
     gpus = [gpu(0, 10), gpu(1, 11)]
     identities = {10: Ident("uid-x"), 11: Ident("uid-x")}
-    out, pods = attribute(gpus, identities, [Alloc("ns", "owner", "c", "GPU-0")])
+    out, pods = attribute(gpus, identities, [Alloc("ns", "owner", "c", "GPU-0"), Alloc("ns", "other", "c", "GPU-1")])
     assert workloads(out)[10].name == "uid-x"
     interloper = next(p for p in pods if p.name == "uid-x")
     assert interloper.unallocated_use == ("GPU-0", "GPU-1")
@@ -154,7 +154,9 @@ def test_mig_devices_match_their_instance_and_count_their_parent():
 
 def test_match_pods_needs_consistency_on_every_device():
     assert match_pods({"G0": {"u"}, "G1": {"u"}}, {"G0": {("n", "p")}, "G1": {("n", "p")}}) == {"u": ("n", "p")}
-    assert match_pods({"G0": {"u"}, "G1": {"u"}}, {"G0": {("n", "p")}}) == {}
+    # G1 allocated to nobody: u is p straying onto a free GPU; allocated to another pod: u is neither
+    assert match_pods({"G0": {"u"}, "G1": {"u"}}, {"G0": {("n", "p")}}) == {"u": ("n", "p")}
+    assert match_pods({"G0": {"u"}, "G1": {"u"}}, {"G0": {("n", "p")}, "G1": {("n", "q")}}) == {}
 
 
 def test_exported_pod_labels_and_families():
@@ -220,10 +222,13 @@ def test_a_pod_straying_onto_an_unallocated_gpu_keeps_its_name(environ: dict[str
     assert {p.name for p in pods} == {"trainer-0"}  # no UID-named shadow of it
 
 
-def test_without_evidence_a_straying_pod_keeps_its_uid_and_says_so() -> None:
+def test_without_evidence_a_pod_straying_onto_a_free_gpu_is_named_by_its_devices() -> None:
+    # No environment readable (no CAP_SYS_PTRACE): GPU 7 is allocated to nobody, so the likelier reading wins.
     out, pods = attribute(STRAY_GPUS, STRAY_IDS, STRAY_ALLOC, environs={10: {}, 11: None})
-    assert workloads(out)[10].names_from == "cgroup"
-    assert {p.name for p in pods} == {"trainer-0", "uid-a"}
+    w = workloads(out)
+    assert [(w[p].name, w[p].names_from) for p in (10, 11)] == [("trainer-0", "pod_resources")] * 2
+    (trainer,) = pods
+    assert trainer.name == "trainer-0" and trainer.unallocated_use == ("GPU-7",)
 
 
 @pytest.mark.parametrize("environ", [
@@ -319,8 +324,11 @@ def test_a_pod_straying_from_its_mig_device_onto_another_instance() -> None:
     assert out[0].migs[1].processes[0].workload.name == "a"
     a = next(p for p in pods if p.name == "a")
     assert a.allocated_gpus == ("GPU-0",) and a.unallocated_use == ()  # MIG-0-2 is on the GPU it holds a slice of
-    # without evidence the devices refuse, as before: a is seen in an instance it does not hold
+    # without evidence the devices tell the same: the instance a strays into is held by nobody
     out, _ = attribute(gpus, identities, allocations)
+    assert workloads(out)[10].name == "a" and workloads(out)[20].name == "b"
+    # ... but an instance held by another pod leaves it unnamed
+    out, _ = attribute(gpus, identities, [*allocations, Alloc("ns", "idle", "c", "MIG-0-2")])
     assert workloads(out)[10].name == "uid-a" and workloads(out)[20].name == "b"
 
 

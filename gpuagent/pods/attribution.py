@@ -93,9 +93,11 @@ def match_pods(
     """Pod UID -> (namespace, pod), by elimination over the devices both sides name, weighing ``score``.
 
     A device left with one open UID and one open pod pairs them when the evidence confirms it, or when it
-    says nothing and the pod holds every device the UID is seen on (seen elsewhere without evidence, the
-    UID may be another pod using this GPU while its pod idles). A device left with several pairs each UID
-    with the one pod its evidence confirms best, where no other UID there claims that pod.
+    says nothing and every other device the UID is seen on is the pod's own or allocated to nobody: a pod
+    that strays onto a free GPU (privileged, ``NVIDIA_VISIBLE_DEVICES=all``) keeps its name, and the free
+    GPU is its unallocated use. Seen without evidence on a device allocated to another pod, the UID is
+    left unnamed: it may be a third pod using both while their owners idle. A device left with several
+    pairs each UID with the one pod its evidence confirms best, where no other UID there claims that pod.
     """
     matched: dict[str, PodKey] = {}
     taken: set[PodKey] = set()
@@ -114,8 +116,9 @@ def match_pods(
             if len(open_uids) == 1 and len(open_pods) == 1:
                 (uid,), (pod,) = open_uids, open_pods
                 verdict = score(uid, pod)
-                holds_all = all(pod in pods_by_device.get(d, set()) for d in devices_of_uid[uid])
-                pairs = {uid: pod} if verdict > 0 or (verdict == 0 and holds_all) else {}
+                consistent = all(pod in pods_by_device.get(d, ()) or not pods_by_device.get(d)
+                                 for d in devices_of_uid[uid])
+                pairs = {uid: pod} if verdict > 0 or (verdict == 0 and consistent) else {}
             else:
                 pairs = _best_confirmed(open_uids, open_pods, score)
             for uid, pod in pairs.items():
