@@ -116,11 +116,15 @@ async def test_the_first_list_names_this_nodes_pods_by_uid(api: FakeApiServer, s
 
     view = metadata.names_by_uid()
     assert set(view) == {uid_of(train), uid_of(infer), uid_of(legacy), uid_of(pending)}
+    # owners are walked beside the list (their ReplicaSets are not served here: they stay the owners)
+    await eventually(lambda: all(n.owner_kind for n in metadata.names_by_uid().values()))
+    view = metadata.names_by_uid()
     t = uid_of(train)
     assert view[t] == PodName(
         namespace="ml", name="train-0",
         containers_by_id={container_id(t, c): c for c in ("trainer", "logger", "fetch-weights", "debugger")},
-        annotations={"gpuagent.io/gpu-share": "0.5", "gpuagent.io/priority": "high"}, qos="guaranteed")
+        annotations={"gpuagent.io/gpu-share": "0.5", "gpuagent.io/priority": "high"}, qos="guaranteed",
+        owner_kind="ReplicaSet", owner_name="train-0-rs")
     assert view[uid_of(infer)].containers_by_id == {container_id(uid_of(infer), "main"): "main"}
     assert view[uid_of(infer)].qos == "besteffort"
     assert view[uid_of(legacy)].containers_by_id == {container_id(uid_of(legacy), "main"): "main"}
@@ -356,7 +360,7 @@ async def test_a_bug_is_reported_and_retried_not_raised(
 ) -> None:
     import gpuagent.pods.metadata as module
 
-    def broken(pod: object) -> PodName:
+    def broken(pod: object, owner: object = None) -> PodName:
         raise KeyError("surprise")
 
     api.add_pod(make_pod("a"))
