@@ -137,8 +137,9 @@ def test_a_workload_pools_its_pods_and_adds_what_they_held_at_once() -> None:
     s = build_stats(DEPLOYMENT, {"a": a, "b": b}, {"GPU-a": H100, "MIG-b": H100}, {H100: H100_MEMORY},
                     start, step, 99)
     assert s.pods == ("a", "b") and s.containers == ("main", "side") and s.gpu_model == H100
-    assert s.gpus_held == pytest.approx(1 + 2 / 7, abs=1e-3) and s.devices == 2 and s.devices_per_pod == 1
-    assert s.device_size == 1.0  # the median step: a whole GPU
+    assert s.devices == 2 and s.devices_per_pod == 1
+    assert s.device_size == 1.0  # the median of its pods' steps: a whole GPU (288 of 432)
+    assert s.gpus_held == 2.0  # 2 devices at once, of that size
     assert s.allocated_gpu_seconds == pytest.approx(86400 + 43200 * 2 / 7)
     assert s.busy_gpu_seconds == 22280.0 and s.idle_gpu_seconds == 0.0 and s.throttled_seconds == 60.0
     assert s.sm.samples == 288 + 144 and s.sm.max == 0.7 and s.sm.p50 == 0.2 and s.sm.p99 == 0.6

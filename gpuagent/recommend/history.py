@@ -3,7 +3,8 @@ samples pooled into distributions, their GPU time added up (pure functions; no I
 
 Samples are read every step: a pod's SM use and memory at that instant (its busiest and fullest device),
 how many GPUs and devices it held over the step. A workload's distributions pool its pods' samples (three
-replicas give three samples a step); what it held at once is the sum over its pods at the same instant.
+replicas give three samples a step); what it held at once is the most devices its pods held at the same
+instant, each of the size its devices usually have (the median over the steps).
 Percentiles interpolate linearly between the nearest samples; the peak is the largest value any scrape
 saw (``max_over_time`` over each step), never only the samples.
 """
@@ -100,13 +101,15 @@ def build_stats(key: WorkloadKey, pods: Mapping[str, PodHistory], models: Mappin
     held = _sum_at_times(h.held for h in histories)
     devices = _sum_at_times(h.devices for h in histories)
     seen = sorted(t for t, gpus in held.items() if gpus > 0)
-    gpus_held = max(held.values(), default=0.0)
     devices_held = max(devices.values(), default=0.0)
     # one device's size in GPUs (1 whole, 2/7 a MIG slice, 1/N a replica): the median over its pods' steps
     # of GPUs over devices held (steps where a pod starts or stops, held for part of the step, do not move it)
     sizes = sorted(h.held[t] / h.devices[t] for h in histories for t, gpus in h.held.items()
                    if gpus > 0 and h.devices.get(t))
     device_size = min(1.0, percentile(sizes, 50)) if sizes else 1.0
+    # the most GPUs held at once: devices (a count, exact) at that size; a rate's maximum would carry the
+    # scrapes' jitter (a counter read 1.5 s after the last, by an agent that counts every 0.5 s)
+    gpus_held = round(devices_held) * device_size
     per_pod = [max(h.devices.values(), default=0.0) for h in histories]
 
     mig_profiles = sorted(set().union(*(h.mig_profiles for h in histories)))
