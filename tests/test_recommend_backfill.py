@@ -505,6 +505,12 @@ def kubectl_binary() -> str:
     return path
 
 
+def kubectl_minor(kubectl: str) -> int:
+    done = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True,
+                          timeout=30)
+    return int(json.loads(done.stdout)["clientVersion"]["minor"].rstrip("+"))
+
+
 @pytest.mark.parametrize("file_name", sorted(PATCHED))
 def test_patches_apply_with_kubectl_and_validate_against_the_schemas(patches: Path, file_name: str,
                                                                      tmp_path: Path) -> None:
@@ -517,7 +523,11 @@ def test_patches_apply_with_kubectl_and_validate_against_the_schemas(patches: Pa
     original = workload_object(kind, name, namespace, containers[name])
     source = tmp_path / "object.yaml"
     source.write_text(yaml.safe_dump(original))
-    done = subprocess.run([kubectl_binary(), "patch", "--local", "--dry-run=client", "-f", str(source),
+    kubectl = kubectl_binary()
+    if kind == "CronJob" and kubectl_minor(kubectl) < 21:
+        pytest.skip("this kubectl (< 1.21: Debian 12's kubernetes-client is 1.20) has no batch/v1 CronJob to "
+                    "merge a strategic patch into locally; a newer kubectl, or the API server, does")
+    done = subprocess.run([kubectl, "patch", "--local", "--dry-run=client", "-f", str(source),
                            "--type", "strategic", "-p", (patches / file_name).read_text(), "-o", "yaml"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
