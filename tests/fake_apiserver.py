@@ -24,6 +24,9 @@ from the requested ``resourceVersion`` and then live. It honours ``fieldSelector
         api.owner_gets                                 # owner GETs seen (not in api.requests)
         api.owner_delay = 0.5                          # owner GETs answered after this long
 
+For the agent's watcher against it: ``async with metadata_runner(api) as start: metadata = start()`` (a
+running ``PodMetadata`` of NODE with quick retries, cancelled on exit), and ``await eventually(predicate)``.
+
 Pods are plain dicts in the API's JSON; :func:`make_pod` builds realistic ones (spec, status, managed
 fields, a large last-applied annotation), and :func:`container_id` gives the bare ID of a container.
 A pod's controller is a ReplicaSet ``<name>-rs`` unless ``owner=`` names one (an object of
@@ -46,12 +49,13 @@ after the API server's validation of the fields it requires (``eventTime``, ``re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -648,3 +652,40 @@ def pod_list(pods: Iterable[Mapping[str, Any]], resource_version: str = "1000") 
     """A PodList body of these pods."""
     return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": resource_version},
             "items": list(pods)}
+
+
+# -- the agent's watcher against it --------------------------------------------------------------------------
+FAST_RETRIES = {"relist_backoff": 0.02, "max_backoff": 0.1}
+
+
+async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> None:
+    """Until ``predicate()`` is true, polling every 5 ms; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {predicate}")
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def metadata_runner(api: FakeApiServer) -> AsyncIterator[Callable[..., Any]]:
+    """``start(**kwargs)`` -> a running ``PodMetadata`` of NODE against ``api`` (quick retries unless given);
+    every one started is cancelled on exit."""
+    from gpuagent.pods.metadata import PodMetadata
+
+    tasks: list[asyncio.Task] = []
+
+    def start(**kwargs: Any) -> PodMetadata:
+        kwargs.setdefault("config", api.kubeconfig())
+        for key, value in FAST_RETRIES.items():
+            kwargs.setdefault(key, value)
+        metadata = PodMetadata(NODE, **kwargs)
+        tasks.append(asyncio.create_task(metadata.run()))
+        return metadata
+
+    try:
+        yield start
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

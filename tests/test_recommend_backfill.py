@@ -32,15 +32,13 @@ import math
 import os
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_server import PrometheusServer, prometheus_binary, promtool_binary
+from prometheus_server import Backfilled, backfill
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_S = 300
@@ -213,46 +211,17 @@ def _stage(pod: Pod, k: int, stage: str) -> float:
     return 0.0
 
 
-@dataclass
-class Backfilled:
-    prometheus: PrometheusServer
-    start_unix: int
-    end_unix: int
-    workdir: Path
-
-    def recommend(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gpuagent", "recommend", "--prometheus", self.prometheus.url,
-             "--start", str(self.start_unix), "--end", str(self.end_unix), "--step", "5m", "--chunk", "7d", *args],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")})
-
-    def document(self, *args: str) -> dict:
-        done = self.recommend("--format", "json", *args)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-
 @pytest.fixture(scope="module")
 def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]:
-    prometheus_binary()
-    work = tmp_path_factory.mktemp("recommend-backfill")
-    end = int(time.time()) // 3600 * 3600 - 3600
-    start = end - DAYS * 86400
-    source = work / "week.om"
-    source.write_text(openmetrics(start, pods()))
-    data = work / "prometheus" / "data"
-    data.mkdir(parents=True)
-    done = subprocess.run([promtool_binary(), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-                           str(source), str(data)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    with PrometheusServer([], work / "prometheus") as prom:
-        yield Backfilled(prom, start, end, work)
+    """The week in a real Prometheus; ``run``/``json`` run ``gpuagent recommend`` over it, sampled as scraped."""
+    with backfill(tmp_path_factory.mktemp("recommend-backfill"), DAYS, lambda start: openmetrics(start, pods()),
+                  "recommend", ("--step", "5m", "--chunk", "7d")) as filled:
+        yield filled
 
 
 @pytest.fixture(scope="module")
 def document(backfilled: Backfilled) -> dict:
-    return backfilled.document()
+    return backfilled.json()
 
 
 def by_workload(document: dict) -> dict[str, dict]:
@@ -350,7 +319,7 @@ def test_the_figures_behind_them_are_the_samples(document: dict) -> None:
 def test_the_savings_arithmetic(backfilled: Backfilled) -> None:
     prices = backfilled.workdir / "prices.yaml"
     prices.write_text(yaml.safe_dump({"currency": "USD", "gpu_hour": {m: p for m, p in PRICES.items()}}))
-    document = backfilled.document("--prices", str(prices))
+    document = backfilled.json("--prices", str(prices))
     rows = by_workload(document)
     slack = 0.0
     for workload, (now, after) in SAVINGS.items():
@@ -393,33 +362,33 @@ def test_the_packing_per_gpu_model(document: dict) -> None:
 
 def test_a_coarser_step_keeps_the_peaks(backfilled: Backfilled) -> None:
     """Sampled every 10 minutes, half the samples are read, but the peaks still come from every scrape."""
-    rows = by_workload(backfilled.document("--step", "10m"))
+    rows = by_workload(backfilled.json("--step", "10m"))
     ranker = rows["ml/Deployment/ranker"]
     assert ranker["memory_bytes"]["max"] == 15.6 * GIB  # at an odd sample: not among the 10-minute ones
     assert ranker["memory_bytes"]["samples"] < 1100
 
 
 def test_policy_flags_change_the_answers(backfilled: Backfilled) -> None:
-    rows = by_workload(backfilled.document("--sharing", "share", "--headroom", "50%", "--percentile", "50"))
+    rows = by_workload(backfilled.json("--sharing", "share", "--headroom", "50%", "--percentile", "50"))
     llm = rows["serving/Deployment/llm-api"]["recommendation"]
     assert llm["summary"] == "share 30% 14Gi"  # p50 20 % x 1.5; 9 GiB x 1.5 = 13.5 -> 14 GiB
     assert rows["research/Notebook/alice"]["recommendation"]["action"] == "release"
-    looser = by_workload(backfilled.document("--release-idle", "95%", "--min-history", "2h"))
+    looser = by_workload(backfilled.json("--release-idle", "95%", "--min-history", "2h"))
     assert looser["research/Notebook/alice"]["recommendation"]["action"] != "release"
     # 3 hours are enough now: 60 % SM x 1.2 = 72 %, more than 4g's 4/7, steady: MPS
     assert looser["batch/Job/smoke-test"]["recommendation"]["summary"] == "MPS 75% 24Gi"
 
 
 def test_namespace_and_selector_narrow_it(backfilled: Backfilled) -> None:
-    document = backfilled.document("--namespace", "serving")
+    document = backfilled.json("--namespace", "serving")
     assert set(by_workload(document)) == {"serving/Deployment/llm-api", "serving/Deployment/embedder",
                                           "serving/~/legacy-infer"}
-    document = backfilled.document("--selector", 'job="elsewhere"')
+    document = backfilled.json("--selector", 'job="elsewhere"')
     assert document["workloads"] == [] and "no GPU workloads" in document["warnings"][0]
 
 
 def test_table_and_csv_say_the_same(backfilled: Backfilled, document: dict) -> None:
-    table = backfilled.recommend("--format", "table")
+    table = backfilled.run("--format", "table")
     assert table.returncode == 0, table.stderr
     text = table.stdout
     assert text.startswith("GPU right-sizing ") and "Why:" in text and "Node pool" in text
@@ -427,7 +396,7 @@ def test_table_and_csv_say_the_same(backfilled: Backfilled, document: dict) -> N
         line = next(line for line in text.splitlines() if line.startswith(workload + " "))
         assert summary in line, (workload, line)
     assert "warning: 1 workload(s) grouped by pod name" in text
-    csv_done = backfilled.recommend("--format", "csv")
+    csv_done = backfilled.run("--format", "csv")
     import csv as csvlib
     import io
 
@@ -452,7 +421,7 @@ PATCHED = {  # file -> the object's kind
 @pytest.fixture(scope="module")
 def patches(backfilled: Backfilled) -> Path:
     directory = backfilled.workdir / "patches"
-    done = backfilled.recommend("--format", "json", "--output", str(backfilled.workdir / "out.json"),
+    done = backfilled.run("--format", "json", "--output", str(backfilled.workdir / "out.json"),
                                 "--patch", str(directory))
     assert done.returncode == 0, done.stderr
     assert "5 patch(es) in" in done.stderr and "serving/~/legacy-infer: grouped by pod name" in done.stderr

@@ -13,18 +13,17 @@ server, walking ReplicaSet -> Deployment, StatefulSet -> Notebook and Job -> Cro
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import agent_runner
 import pytest
 import yaml
-from agent_runner import AgentRunner
+from agent_runner import AgentRunner, run_gpuagent
 from fake_apiserver import FakeApiServer, container_id, make_owner, make_pod
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
 from prometheus_server import PrometheusServer, free_port, prometheus_binary
@@ -79,18 +78,9 @@ def scenario() -> dict[str, Any]:
 
 
 def write_proc(root: Path) -> Path:
-    """``/proc/<pid>/cgroup`` of every scenario process: kubelet's cgroup v2 layout, the API server's
-    container IDs, and a service."""
-    lines = {}
-    for i, t in enumerate(TENANTS):
-        slice_uid = t.uid.replace("-", "_")
-        lines[FAKE_PID + i] = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}"
-                               f".slice/cri-containerd-{container_id(t.uid, t.container)}.scope\n")
-    lines[FAKE_PID + len(TENANTS)] = f"0::/system.slice/{SERVICE}\n"
-    for pid, line in lines.items():
-        (root / str(pid)).mkdir(parents=True)
-        (root / str(pid) / "cgroup").write_text(line)
-    return root
+    """``/proc/<pid>/cgroup`` of every scenario process, with the API server's container IDs."""
+    return agent_runner.write_proc(root, FAKE_PID, [(t.uid, container_id(t.uid, t.container)) for t in TENANTS],
+                                   SERVICE)
 
 
 def cluster(api: FakeApiServer) -> None:
@@ -124,12 +114,9 @@ class Run:
         return round((self.end_unix - self.start_unix) * 1000)
 
     def recommend(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gpuagent", "recommend", "--prometheus", self.prometheus.url,
-             "--start", f"{self.start_unix:.3f}", "--end", f"{self.end_unix:.3f}", "--step", "1s",
-             "--chunk", "1h", "--min-history", "8s", *args],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")})
+        return run_gpuagent("recommend", "--prometheus", self.prometheus.url, "--start", f"{self.start_unix:.3f}",
+                            "--end", f"{self.end_unix:.3f}", "--step", "1s", "--chunk", "1h", "--min-history", "8s",
+                            *args, timeout=120)
 
 
 @pytest.fixture(scope="module")

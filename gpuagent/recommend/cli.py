@@ -20,10 +20,10 @@ from gpuagent.report.cliargs import (
     add_output_arguments,
     add_price_arguments,
     add_source_arguments,
+    guarded,
 )
 from gpuagent.report.errors import ReportError
 
-EXIT_ERROR = 2
 DEFAULT_SINCE = "7d"
 STEP_POINTS = 2016  # samples per workload over the range: 7 days at 5 minutes
 SHARINGS = ("auto", "share", "mps", "mig")
@@ -77,11 +77,7 @@ def add_recommend_parser(commands: Any) -> None:
 
 
 def run_recommend(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ReportError as err:
-        print(f"gpuagent recommend: {err}", file=sys.stderr)
-        return EXIT_ERROR
+    return guarded("recommend", _run, args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -15,11 +15,9 @@ from gpuagent.report.cliargs import (
     add_output_arguments,
     add_price_arguments,
     add_source_arguments,
+    guarded,
 )
-from gpuagent.report.errors import ReportError
 from gpuagent.report.formats import FORMATS
-
-EXIT_REPORT_ERROR = 2
 
 EPILOG = """\
 examples:
@@ -52,11 +50,7 @@ def add_report_parser(commands: Any) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ReportError as err:
-        print(f"gpuagent report: {err}", file=sys.stderr)
-        return EXIT_REPORT_ERROR
+    return guarded("report", _run, args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,17 @@ from gpuagent.report.queries import check_matchers
 from gpuagent.report.timerange import TimeRange, parse_duration_seconds, resolve_range
 
 DEFAULT_CHUNK = "1d"
+EXIT_ERROR = 2
+
+
+def guarded(command: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``run(args)``; a :class:`ReportError` becomes one line on stderr (``gpuagent <command>: ...``) and
+    exit 2."""
+    try:
+        return run(args)
+    except ReportError as err:
+        print(f"gpuagent {command}: {err}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def add_source_arguments(parser: argparse.ArgumentParser, *, default_since: str | None = None) -> Any:

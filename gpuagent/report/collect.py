@@ -48,11 +48,7 @@ class Request:
 
 def collect(client: PrometheusClient, request: Request, progress: Progress) -> Report:
     pieces = chunks(request.time_range, request.chunk_seconds)
-    pod_matchers = list(request.matchers)
-    if request.namespaces:
-        pod_matchers.append(q.namespace_matcher(request.namespaces))
-    subjects = (q.PODS,) if request.namespaces else q.SUBJECTS
-    matchers = {q.PODS.kind: tuple(pod_matchers), q.WORKLOADS.kind: request.matchers}
+    subjects, matchers = q.subjects_and_matchers(request.matchers, request.namespaces)
     timeline_windows = step_windows(request.time_range, request.step_seconds)
 
     plan: Plan = []

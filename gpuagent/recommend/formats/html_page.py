@@ -52,13 +52,11 @@ def render_html(result: Recommendations) -> str:
     parts.append(_pool(result))
     parts.append('<h2 id="figures">Every figure</h2>')
     parts.append(f'<div class="wide">{_figures(result.rows)}</div>')
-    parts.append(f"<footer>gpuagent recommend; {result.queries} queries. SM use: NVML's share of time "
-                 "kernels ran, of the workload's busiest device, while it ran processes; memory: of its "
-                 "fullest device; idle: allocated time under the agents' idle threshold; savings: allocated "
-                 "GPU-hours scaled to a week, at the recommended size; the pool: first-fit decreasing per "
-                 "GPU model.</footer>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    footer = (f"gpuagent recommend; {result.queries} queries. SM use: NVML's share of time kernels ran, of "
+              "the workload's busiest device, while it ran processes; memory: of its fullest device; idle: "
+              "allocated time under the agents' idle threshold; savings: allocated GPU-hours scaled to a "
+              "week, at the recommended size; the pool: first-fit decreasing per GPU model.")
+    return page.finish(parts, footer)
 
 
 def _cards(result: Recommendations) -> str:

@@ -63,11 +63,10 @@ def render_html(report: Report) -> str:
         parts.append(_table(report, "workloads-table", ["kind", "workload", "GPU models"],
                             [([r.workload_kind, r.workload, ", ".join(r.gpu_models)], r.usage)
                              for r in report.workloads]))
-    parts.append(f"<footer>gpuagent report; {report.queries} queries. GPU-hours allocated: time GPUs were "
-                 "allocated to the pod; busy: time they ran its kernels; idle: allocated time under the "
-                 "agent's idle threshold; efficiency: busy / allocated.</footer>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    footer = (f"gpuagent report; {report.queries} queries. GPU-hours allocated: time GPUs were allocated "
+              "to the pod; busy: time they ran its kernels; idle: allocated time under the agent's idle "
+              "threshold; efficiency: busy / allocated.")
+    return page.finish(parts, footer)
 
 
 def _cards(report: Report) -> str:

@@ -50,5 +50,10 @@ def cards(items: Sequence[tuple[str, str]], div_id: str = "summary") -> str:
     return f'<div class="cards" id="{div_id}">{body}</div>'
 
 
+def finish(parts: list[str], footer: str) -> str:
+    """The whole page: ``parts`` (from :func:`head` on), the footer (text), the end."""
+    return "\n".join([*parts, f"<footer>{escape(footer)}</footer>", "</body></html>"]) + "\n"
+
+
 def plot(name: str, svg: str) -> str:
     return f'<div class="plot" id="plot-{name}">{svg}</div>'
