@@ -453,6 +453,7 @@ async def test_deployment_pods_are_owned_by_their_deployment_with_one_get_per_ow
     await eventually(known(metadata, third), timeout=5)
     assert owner_of(metadata, third) == ("Deployment", "web") and len(api.owner_gets) == 2
     assert all(r.authorization == "Bearer test-token" for r in api.owner_gets)
+    assert all(r.query == {"resourceVersion": "0"} for r in api.owner_gets)  # the API server's cache
 
 
 async def test_jobs_of_a_cronjob_statefulsets_of_a_notebook_and_other_controllers(

@@ -22,7 +22,7 @@ async def test_the_cache_is_bounded_and_forgets_the_least_recently_used() -> Non
     assert len(resolver._wanted) == 2  # more than max_entries pending: asked again on the next look
 
     class Http:  # what the resolver uses of httpx2.AsyncClient: get(path) -> a 404 response
-        async def get(self, path: str) -> object:
+        async def get(self, path: str, params: object = None) -> object:
             return type("R", (), {"status_code": 404, "content": b"{}"})()
 
     resolved: list[str] = []

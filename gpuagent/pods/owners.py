@@ -3,8 +3,9 @@
 A pod's ``ownerReferences`` name its direct controller; the workload people know is often one level up: a
 Deployment above the ReplicaSet, a CronJob above the Job, a Kubeflow Notebook above the StatefulSet. Each
 step up is one GET of an owner of a built-in kind (``apps/v1`` ReplicaSet, Deployment, StatefulSet;
-``batch/v1`` Job), made by this resolver's own tasks, never by the poll: until the answer comes, the pod's
-owner is unknown (``None``), and :meth:`OwnerResolver.owner` never waits.
+``batch/v1`` Job, asked with ``resourceVersion=0``: served from the API server's cache), made by this
+resolver's own tasks, never by the poll: until the answer comes, the pod's owner is unknown (``None``), and
+:meth:`OwnerResolver.owner` never waits.
 
 The answers are cached by the owner's UID (a ReplicaSet's Deployment does not change; its pods come and
 go), at most ``max_entries`` of them (least recently used dropped first), and refreshed in the background
@@ -247,8 +248,8 @@ class OwnerResolver:
         path = WALKED[(ref.group, ref.kind)].format(namespace=namespace, name=ref.name)
         what = f"get {ref.kind} {namespace}/{ref.name}"
         self.gets += 1
-        try:
-            response = await http.get(path)
+        try:  # resourceVersion=0: from the API server's watch cache, not a quorum read of etcd
+            response = await http.get(path, params={"resourceVersion": "0"})
         except httpx2.RequestError as exc:
             raise _WalkFailed("unreachable", f"{what}: API server unreachable: {exc or type(exc).__name__}") \
                 from exc
