@@ -57,6 +57,7 @@ def distributions(rows: Sequence[Row]) -> str:
     sm_axes.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     sm_axes.set_title("SM use of its busiest device", loc="left", fontsize=11)
     sm_axes.set_xlabel("p50 to p99 (bar), to the peak (line); orange: the size recommended")
+    memory_axes.set_xlim(left=0)
     memory_axes.set_title("GPU memory of its fullest device, GiB", loc="left", fontsize=11)
     memory_axes.set_xlabel("p50 to p99, to the peak; orange: what it gets")
     for axes in (sm_axes, memory_axes):
