@@ -470,8 +470,10 @@ def test_the_command_over_nothing_says_so(prometheus: EmptyPrometheus, capsys: p
     assert "warning: no GPU workloads in Prometheus" in out and err == ""
     queries = [form["query"] for _, form, _ in prometheus.requests]
     assert any("gpuagent_pod_info" in q for q in queries) and any("rate(gpuagent_pod_gpu_allocated" in q for q in queries)
-    code, out, err = run_cli(capsys, "--prometheus", prometheus.url, "--since", "1d", "--format", "json")
+    code, out, err = run_cli(capsys, "--prometheus", prometheus.url, "--since", "1d", "--format", "json",
+                             "--price-kwh", "0.2", "--price-gpu-hour", "3")
     assert code == 0 and json.loads(out)["step_seconds"] == 60 and "warning: no GPU workloads" in err
+    assert "warning: the kWh price is not used" in err and json.loads(out)["prices"]["gpu_hour_default"] == 3
 
 
 @pytest.mark.parametrize(("args", "message"), [

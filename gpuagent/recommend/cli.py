@@ -71,7 +71,7 @@ def add_recommend_parser(commands: Any) -> None:
     out = add_output_arguments(recommend, FORMATS)
     out.add_argument("--patch", metavar="DIR",
                      help="write one YAML patch per workload to change, and a kustomize Component, here")
-    add_price_arguments(recommend, kwh=False)  # energy follows use, not allocation: no kWh is claimed
+    add_price_arguments(recommend)  # report's; a kWh price is read but unused: energy follows use
     add_access_arguments(recommend)
     recommend.set_defaults(command=run_recommend)
 
@@ -104,6 +104,9 @@ def _run(args: argparse.Namespace) -> int:
             else default_step_seconds(source.time_range.seconds, STEP_POINTS))
     request = Request(source.time_range, step, source.chunk_seconds, source.matchers, source.namespaces,
                       prices_from(args), options)
+    if request.prices.kwh is not None:
+        print("gpuagent recommend: warning: the kWh price is not used: energy follows use, not allocation, "
+              "so no energy is counted as freed", file=sys.stderr)
     result = collect(source.client, request, progress_from(args))
     write_output(renderer(args.format)(result), args.output)
     if args.output or args.format != "table":  # the table shows them itself

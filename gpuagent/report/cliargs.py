@@ -71,16 +71,13 @@ def add_output_arguments(parser: argparse.ArgumentParser, formats: tuple[str, ..
     return out
 
 
-def add_price_arguments(parser: argparse.ArgumentParser, *, kwh: bool = True) -> None:
-    """``kwh`` False: no --price-kwh (a command that prices GPU-hours only; a file's kwh is then unused)."""
+def add_price_arguments(parser: argparse.ArgumentParser) -> None:
     money = parser.add_argument_group("prices")
     money.add_argument("--price-gpu-hour", metavar="PRICE",
                        help="price of one allocated GPU-hour (any model)")
-    if kwh:
-        money.add_argument("--price-kwh", metavar="PRICE", help="price of one kWh of GPU energy")
-    per_kwh = ", per kWh" if kwh else ""
+    money.add_argument("--price-kwh", metavar="PRICE", help="price of one kWh of GPU energy")
     money.add_argument("--prices", metavar="FILE",
-                       help=f"YAML/JSON price file: per GPU model{per_kwh}, currency")
+                       help="YAML/JSON price file: per GPU model, per kWh, currency")
     money.add_argument("--currency", metavar="CODE", help="currency printed with costs (e.g. EUR)")
 
 
@@ -133,8 +130,7 @@ def source_from(args: argparse.Namespace, now_unix: float) -> Source:
 
 def prices_from(args: argparse.Namespace) -> Prices:
     gpu_hour = None if args.price_gpu_hour is None else parse_price(args.price_gpu_hour, "--price-gpu-hour")
-    price_kwh = getattr(args, "price_kwh", None)
-    kwh = None if price_kwh is None else parse_price(price_kwh, "--price-kwh")
+    kwh = None if args.price_kwh is None else parse_price(args.price_kwh, "--price-kwh")
     prices = load_prices(args.prices, gpu_hour, kwh)
     if args.currency is not None:
         prices = replace(prices, currency=args.currency.strip())
