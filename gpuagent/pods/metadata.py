@@ -30,7 +30,6 @@ of kind, and the return to health once.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import os
@@ -423,21 +422,8 @@ class PodMetadata:
 
     def _owner_resolved(self, owner_uid: str) -> None:
         """An owner's walk has an answer: the pods under it get their owner (one new view for them all)."""
-        view = None
-        for uid, ref in self._controller_of.items():
-            if ref is None or ref.uid != owner_uid:
-                continue
-            for key in self._uids_of.get(uid, ()):
-                name = self._view.get(key)
-                if name is None:
-                    continue
-                owner = self.owners.owner(name.namespace, ref)
-                if owner is None or (name.owner_kind, name.owner_name) == (owner.kind, owner.name):
-                    continue
-                view = dict(self._view) if view is None else view
-                view[key] = dataclasses.replace(name, owner_kind=owner.kind, owner_name=owner.name)
-        if view is not None:
-            self._view = view
+        under = ((ref, self._uids_of.get(uid, ())) for uid, ref in self._controller_of.items())
+        self._view = self.owners.named(self._view, under, owner_uid)
 
     # -- health ------------------------------------------------------------------------------------------
     def _healthy(self) -> None:

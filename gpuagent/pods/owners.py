@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+
+from gpuagent.pods.attribution import PodName
 
 if TYPE_CHECKING:
     import httpx2
@@ -153,6 +156,24 @@ class OwnerResolver:
         if ref is None or ref.kind in NOT_OWNERS:
             return Owner("Pod", name)
         return self.owner(namespace, ref)
+
+    def named(self, view: Mapping[str, PodName], pods: Iterable[tuple[OwnerRef | None, Sequence[str]]],
+              owner_uid: str) -> Mapping[str, PodName]:
+        """``view`` (key -> PodName) with the pods under ``owner_uid`` (``pods``: each one's controller and
+        its keys in the view) given the owner known now: a new mapping if any changed, else ``view``."""
+        changed: dict[str, PodName] | None = None
+        for ref, keys in pods:
+            if ref is None or ref.uid != owner_uid:
+                continue
+            for key in keys:
+                name = view.get(key)
+                owner = None if name is None else self.owner(name.namespace, ref)
+                if name is None or owner is None or (name.owner_kind, name.owner_name) == (
+                        owner.kind, owner.name):
+                    continue
+                changed = dict(view) if changed is None else changed
+                changed[key] = dataclasses.replace(name, owner_kind=owner.kind, owner_name=owner.name)
+        return view if changed is None else changed
 
     def forget(self, keep: set[str]) -> None:
         """Drop pending requests for owner UIDs no pod refers to any more (the cache keeps its answers)."""
