@@ -242,6 +242,10 @@ class PodUse:
     sm_util_percent: float | None = None
     process_count: int = 0
     annotations: Mapping[str, str] = field(default_factory=dict)  # gpuagent.io/* only (the API server's)
+    # The top of its controller chain from the API server (Deployment, CronJob, ...; "Pod" for a bare pod);
+    # None without the API server or while it is being asked
+    owner_kind: str | None = None
+    owner_name: str | None = None
 
     @property
     def unallocated_use(self) -> tuple[str, ...]:

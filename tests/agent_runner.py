@@ -1,4 +1,6 @@
-"""A real agent process for integration tests: ``python -m gpuagent run --config FILE``, log in a file."""
+"""A real agent process for integration tests: ``python -m gpuagent run --config FILE``, log in a file; the
+other commands as processes (:func:`run_gpuagent`); and the ``/proc`` a simulated node's processes are
+attributed from (:func:`write_proc`)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,37 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def clean_env() -> dict[str, str]:
+    """The test's environment without its GPUAGENT_* variables (a command reads its own flags only)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+
+
+def run_gpuagent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m gpuagent ARGS`` from the repository, its output captured."""
+    return subprocess.run([sys.executable, "-m", "gpuagent", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=clean_env())
+
+
+def write_proc(root: Path, first_pid: int, pods: Sequence[tuple[str, str]], service: str) -> Path:
+    """``root/<pid>/cgroup`` of the simulated processes ``first_pid``, ``first_pid + 1``, ...: one per pod
+    (UID, container ID) in the kubelet's cgroup v2 layout (systemd driver, containerd), then ``service``, a
+    systemd service."""
+    lines = [f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}"
+             f".slice/cri-containerd-{container}.scope\n" for uid, container in pods]
+    lines.append(f"0::/system.slice/{service}\n")
+    for pid, line in enumerate(lines, start=first_pid):
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "cgroup").write_text(line)
+    return root
 
 
 class AgentRunner:
@@ -32,7 +59,7 @@ class AgentRunner:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuagent", "run", "--config", str(self.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")},
+                env=clean_env(),
             )
 
     def wait_ready(self, timeout: float = 30) -> None:

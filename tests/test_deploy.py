@@ -71,6 +71,11 @@ AGENT_RBAC = {
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
+    # the owners walked above a pod (gpuagent.pods.owners.WALKED), one GET each
+    ("apps", "replicasets", "get"),
+    ("apps", "deployments", "get"),
+    ("apps", "statefulsets", "get"),
+    ("batch", "jobs", "get"),
 }
 NOT_CORE = {"ServiceMonitor", "Kustomization"}
 
@@ -303,6 +308,14 @@ def test_daemonset_service_account_exists_and_is_bound_to_the_least_privilege_ro
     assert granted == AGENT_RBAC
     # Only the node agent holds a role: nothing else in deploy/ is bound to anything.
     assert [doc["metadata"]["name"] for _, doc in _all_docs() if doc["kind"] in {"ClusterRoleBinding", "RoleBinding"}] == ["gpuagent"]
+
+
+def test_the_role_allows_a_get_of_every_owner_kind_the_agent_walks() -> None:
+    from gpuagent.pods.owners import WALKED
+
+    walked = {(group, path.split("/")[-2], "get") for (group, _), path in WALKED.items()}
+    assert walked and walked <= AGENT_RBAC
+    assert {r for r in AGENT_RBAC if r[0] in ("apps", "batch")} == walked  # and no more
 
 
 def test_workload_selectors_match_their_pod_labels(daemonset: dict) -> None:

@@ -44,7 +44,8 @@ class PodCollector(GpuRenderer):
         allocated = gauge("gpuagent_pod_allocated_gpus", "GPUs the kubelet allocated to the pod.")
         device = gauge("gpuagent_pod_gpu_allocated",
                        "1 for each device the kubelet allocated to a container (device_id as allocated).")
-        info = family("gpuagent_pod_info", "A pod holding or using GPUs; where its names came from.", "info")
+        info = family("gpuagent_pod_info", "A pod holding or using GPUs; where its names came from; its "
+                      "owner (the top of its controller chain, from the API server).", "info")
         unallocated = gauge("gpuagent_pod_gpu_unallocated_use",
                             "1 when the pod runs on a GPU the kubelet did not allocate to it.")
         by_uuid = {g.info.uuid: g for g in snapshot.gpus}
@@ -54,7 +55,8 @@ class PodCollector(GpuRenderer):
         allocations_known = any(s.name == "pod_resources" and s.ok for s in snapshot.sources)
         for pod in snapshot.pods:
             ident = pod_labels(pod.namespace, pod.name)
-            facts = (("uid", pod.uid or ""), ("qos", pod.qos or ""), ("names_from", pod.names_from))
+            facts = (("uid", pod.uid or ""), ("qos", pod.qos or ""), ("names_from", pod.names_from),
+                     ("owner_kind", pod.owner_kind or ""), ("owner_name", pod.owner_name or ""))
             add(info, extend(ident, facts), 1)
             add(allocated, ident, len(pod.allocated_gpus))
             for container in pod.containers:

@@ -63,6 +63,10 @@ class PodName:
     containers_by_id: Mapping[str, str] = field(default_factory=dict)  # container ID -> container name
     annotations: Mapping[str, str] = field(default_factory=dict)  # gpuagent.io/* annotations
     qos: str | None = None
+    # The top of its controller chain (Deployment, CronJob, StatefulSet, ...; "Pod" for a bare pod); None
+    # while the API server is being asked (pods/owners.py)
+    owner_kind: str | None = None
+    owner_name: str | None = None
 
 
 def device_key(gpu: GpuSample, process: ProcessSample) -> str:
@@ -482,9 +486,11 @@ def _pod_use(
     if totals is not None:
         uid, qos, names_from = totals.uid, totals.qos, totals.names_from
     annotations: dict[str, str] = {}
+    owner_kind = owner_name = None
     if known is not None:  # the API server knows the pod, idle or not
         uid, name = known
         qos, names_from, annotations = name.qos or qos, "api_server", dict(name.annotations)
+        owner_kind, owner_name = name.owner_kind, name.owner_name
     return PodUse(
         name=key[1], namespace=key[0], uid=uid, qos=qos, names_from=names_from, annotations=annotations,
         containers=containers, allocated_gpus=allocated_gpus,
@@ -492,4 +498,5 @@ def _pod_use(
         gpu_memory_used_bytes=sum(c.gpu_memory_used_bytes for c in containers),
         sm_util_percent=sum(sm_values) if sm_values else None,
         process_count=sum(len(c.pids) for c in containers),
+        owner_kind=owner_kind, owner_name=owner_name,
     )
