@@ -38,6 +38,7 @@ def test_defaults_without_file_or_env() -> None:
     assert config.poll_interval == 1.0
     assert config.slow_poll_interval == 30.0
     assert config.nvml_timeout == 5.0
+    assert config.shutdown_timeout == 10.0
     assert config.backend == "auto"
     assert config.scenario is None
     assert config.xid_window == 300.0
@@ -66,6 +67,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "energy_interval",
         "profiling_interval",
         "nvml_timeout",
+        "shutdown_timeout",
         "backend",
         "scenario",
         "hostname",

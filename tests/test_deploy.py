@@ -32,8 +32,8 @@ import jsonschema
 import pytest
 import yaml
 
-from gpuagent import agent
 from gpuagent.config import CONFIG_ENV, KEYS, NODE_NAME_ENV, Config, load_config
+from gpuagent.shutdown import BACKSTOP_GRACE_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -59,9 +59,9 @@ NAMESPACE = "gpuagent"
 DEFAULT = Config(hostname="test-node")
 AGENT_PORT = DEFAULT.listen_port  # 9402
 KEY_ENVS = {key.env for key in KEYS}
-# The agent's shutdown after SIGTERM: thaw (immediate), then 4 steps (tasks, http, nvml, pods) of at
-# most SHUTDOWN_STEP_SECONDS each; the grace periods must cover that with room to spare.
-SHUTDOWN_BOUND_SECONDS = 4 * agent.SHUTDOWN_STEP_SECONDS + 10
+# The agent's shutdown after SIGTERM: thaw (immediate), then everything else within shutdown_timeout, and
+# faulthandler's backstop a little after; the grace periods must cover that with room to spare.
+SHUTDOWN_BOUND_SECONDS = DEFAULT.shutdown_timeout + BACKSTOP_GRACE_SECONDS + 10
 
 # The least privilege of the node agent: (API group, resource, verb).
 AGENT_RBAC = {
