@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class AgentRunner:
     """Started with ``config`` (which names its ``listen`` address) as ``<workdir>/<name>.yaml``, logging
-    to ``<workdir>/<name>.log``; GPUAGENT_* variables of the test's environment are not passed on."""
+    to ``<workdir>/<name>.log``; GPUAGENT_* variables of the test's environment are not passed on.
+    ``command`` is what runs ``gpuagent`` (``tests/stuck_agent.py`` for the shutdown tests)."""
 
-    def __init__(self, name: str, config: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, name: str, config: dict[str, Any], workdir: Path,
+                 command: Sequence[str] = (sys.executable, "-m", "gpuagent")) -> None:
         self.name = name
         self.target = config["listen"]
         workdir.mkdir(parents=True, exist_ok=True)
@@ -30,7 +33,7 @@ class AgentRunner:
         self.log_path = workdir / f"{name}.log"
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuagent", "run", "--config", str(self.config_path)],
+                [*command, "run", "--config", str(self.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                 env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")},
             )

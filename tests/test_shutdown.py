@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from agent_runner import AgentRunner
 from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
 from prometheus_server import free_port
 
@@ -143,30 +144,6 @@ def cgroup_sandbox() -> Iterator[CgroupSandbox]:
     yield from sandbox_for_test()
 
 
-def start(command: list[str], config: dict, workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    config_path, log_path = workdir / "gpuagent.yaml", workdir / "agent.log"
-    config_path.write_text(yaml.safe_dump(config))
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([*command, "run", "--config", str(config_path)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")})
-    return proc, log_path
-
-
-def wait_ready(proc: subprocess.Popen[bytes], listen: str, log_path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log_path.read_text()
-        try:
-            with urllib.request.urlopen(f"http://{listen}/readyz", timeout=2) as ready:
-                if ready.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"not ready:\n{log_path.read_text()}")
-
-
 def request_in_background(url: str) -> None:
     """A request that will never be answered; its thread ends with the agent."""
     def call() -> None:
@@ -175,28 +152,33 @@ def request_in_background(url: str) -> None:
     threading.Thread(target=call, daemon=True).start()
 
 
-def stop(proc: subprocess.Popen[bytes], bound: float, *signals: signal.Signals) -> tuple[int, float]:
-    """Send ``signals`` (SIGTERM by default) and wait at most ``bound`` s; (exit code, seconds it took)."""
-    started = time.monotonic()
+def stop(proc: subprocess.Popen[bytes], bound: float, *signals: signal.Signals) -> int:
+    """Send ``signals`` (SIGTERM by default) and wait at most ``bound`` s for the exit code."""
     for sig in signals or (signal.SIGTERM,):
         proc.send_signal(sig)
         time.sleep(0.3)
     try:
-        code = proc.wait(timeout=bound)
+        return proc.wait(timeout=bound)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         raise AssertionError(f"still running {bound} s after SIGTERM") from None
-    return code, time.monotonic() - started
 
 
-def stuck_agent(tmp_path: Path, timeout: float) -> tuple[subprocess.Popen[bytes], Path, str]:
+def stuck_agent(tmp_path: Path, route: str | None, timeout: float, bound: float,
+                *signals: signal.Signals) -> tuple[int, str]:
+    """``tests/stuck_agent.py`` with ``shutdown_timeout``, a request to ``route`` left hanging (none: a
+    clean stop), then ``signals``: (exit code, log)."""
     listen = f"127.0.0.1:{free_port()}"
-    config = {"listen": listen, "backend": "sim", "pod_resources_socket": None, "network": False,
-              "journal_path": str(tmp_path / "journal.json"), "shutdown_timeout": timeout}
-    proc, log_path = start([sys.executable, str(STUCK_AGENT)], config, tmp_path)
-    wait_ready(proc, listen, log_path)
-    return proc, log_path, listen
+    agent = AgentRunner("agent", {"listen": listen, "backend": "sim", "pod_resources_socket": None,
+                                  "network": False, "journal_path": str(tmp_path / "journal.json"),
+                                  "shutdown_timeout": timeout}, tmp_path, command=(sys.executable, str(STUCK_AGENT)))
+    agent.wait_ready()
+    if route is not None:
+        request_in_background(f"http://{listen}{route}")
+        time.sleep(0.5)
+    code = stop(agent.proc, bound, *signals)
+    return code, agent.log_path.read_text()
 
 
 @pytest.mark.integration
@@ -217,24 +199,21 @@ def test_a_hung_nvml_call_while_enforcing_exits_thawed_within_the_deadline(
         "faults": [{"hang": {"gpu": 1, "at": 2.0, "seconds": 600}}],  # every call on GPU 1, for 10 min
     }))
     journal = tmp_path / "journal.json"
-    listen = f"127.0.0.1:{free_port()}"
-    proc, log_path = start([sys.executable, "-m", "gpuagent"], {
-        "listen": listen, "backend": "sim", "scenario": str(scenario), "mode": "enforce", "poll_interval": 0.5,
-        "nvml_timeout": 0.5, "shutdown_timeout": 3, "journal_path": str(journal), "pod_resources_socket": None,
-        "kubernetes_api": "off", "network": False, "work_conserving": False,
+    agent = AgentRunner("agent", {
+        "listen": f"127.0.0.1:{free_port()}", "backend": "sim", "scenario": str(scenario), "mode": "enforce",
+        "poll_interval": 0.5, "nvml_timeout": 0.5, "shutdown_timeout": 3, "journal_path": str(journal),
+        "pod_resources_socket": None, "kubernetes_api": "off", "network": False, "work_conserving": False,
         "policies": [{"match_pod": uid, "gpu_share": 10}],  # far over it: frozen 90 % of every period
     }, tmp_path)
     try:
         deadline = time.monotonic() + 30
-        while "is unresponsive" not in log_path.read_text() or not journal_entries(journal):
-            assert time.monotonic() < deadline, f"never throttling with GPU 1 hung:\n{log_path.read_text()}"
+        while "is unresponsive" not in agent.log_path.read_text() or not journal_entries(journal):
+            assert time.monotonic() < deadline, f"never throttling with GPU 1 hung:\n{agent.log()}"
             time.sleep(0.1)
-        code, _ = stop(proc, 3 + SLACK_SECONDS)
+        code = stop(agent.proc, 3 + SLACK_SECONDS)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    log = log_path.read_text()
+        agent.stop()
+    log = agent.log_path.read_text()
     assert code == EXIT_FORCED, log
     assert (tenant.paths["unified"] / "cgroup.freeze").read_text().strip() == "0"  # thawed, not left
     assert journal_entries(journal) == []  # and off the journal: nothing for the next start to do
@@ -252,52 +231,35 @@ def journal_entries(journal: Path) -> list:
 
 @pytest.mark.integration
 def test_a_request_stuck_in_a_thread_is_named_and_the_exit_forced(tmp_path: Path) -> None:
-    proc, log_path, listen = stuck_agent(tmp_path, timeout=2)
-    request_in_background(f"http://{listen}/test/stuck-thread")
-    time.sleep(0.5)
-    code, _ = stop(proc, 2 + SLACK_SECONDS)
-    log = log_path.read_text()
+    code, log = stuck_agent(tmp_path, "/test/stuck-thread", 2, 2 + SLACK_SECONDS)
     assert code == EXIT_FORCED, log
     assert "thread gpuagent-io_0 (non-daemon):" in log and "in blocking_read_that_never_returns" in log
 
 
 @pytest.mark.integration
 def test_a_handler_that_refuses_cancellation_is_named_and_the_exit_forced(tmp_path: Path) -> None:
-    proc, log_path, listen = stuck_agent(tmp_path, timeout=2)
-    request_in_background(f"http://{listen}/test/stuck-task")
-    time.sleep(0.5)
-    code, _ = stop(proc, 2 + SLACK_SECONDS)
-    log = log_path.read_text()
+    code, log = stuck_agent(tmp_path, "/test/stuck-task", 2, 2 + SLACK_SECONDS)
     assert code == EXIT_FORCED, log
     assert "in stuck_task" in log and "await asyncio.sleep(3600)" in log
 
 
 @pytest.mark.integration
 def test_a_second_sigterm_forces_the_exit_at_once(tmp_path: Path) -> None:
-    proc, log_path, listen = stuck_agent(tmp_path, timeout=300)
-    request_in_background(f"http://{listen}/test/stuck-thread")
-    time.sleep(0.5)
-    code, _ = stop(proc, 60, signal.SIGTERM, signal.SIGTERM)  # far less than the 300 s deadline
-    log = log_path.read_text()
+    # Bounded far below the 300 s deadline: only the second signal can end it in time.
+    code, log = stuck_agent(tmp_path, "/test/stuck-thread", 300, 60, signal.SIGTERM, signal.SIGTERM)
     assert code == EXIT_FORCED, log
     assert "SIGTERM again during shutdown: exiting with code 3" in log
 
 
 @pytest.mark.integration
 def test_a_blocked_event_loop_is_ended_by_the_backstop_with_every_thread_dumped(tmp_path: Path) -> None:
-    proc, log_path, listen = stuck_agent(tmp_path, timeout=2)
-    request_in_background(f"http://{listen}/test/block-loop")
-    time.sleep(0.5)
-    code, _ = stop(proc, 2 + BACKSTOP_GRACE_SECONDS + SLACK_SECONDS)
-    log = log_path.read_text()
+    code, log = stuck_agent(tmp_path, "/test/block-loop", 2, 2 + BACKSTOP_GRACE_SECONDS + SLACK_SECONDS)
     assert code == 1, log  # faulthandler's exit: the loop never got to run the shutdown
     assert "Timeout (" in log and "in block_the_event_loop" in log
 
 
 @pytest.mark.integration
 def test_a_clean_stop_exits_0_without_a_diagnostic(tmp_path: Path) -> None:
-    proc, log_path, _ = stuck_agent(tmp_path, timeout=10)
-    code, _ = stop(proc, 10 + SLACK_SECONDS)
-    log = log_path.read_text()
+    code, log = stuck_agent(tmp_path, None, 10, 10 + SLACK_SECONDS)
     assert code == 0, log
     assert "stopped" in log and "not finished" not in log
