@@ -467,7 +467,7 @@ def run(config: Config) -> int:
 
 
 def poll_once(config: Config) -> NodeSnapshot:
-    """``gpuagent snapshot``: two polls 200 ms apart (GPM counters need a previous sample), the last one."""
+    """``gpuagent snapshot``: two polls 200 ms apart, the last one (per-process figures since the first)."""
 
     async def main() -> NodeSnapshot:
         agent = Agent(config)

@@ -3,6 +3,7 @@ no test input from outside the clone (issue 15). ``test_docs.py`` checks the doc
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ def planned(target: str, tmp_path: Path) -> list[str]:
     if shutil.which("make") is None:
         pytest.fail("make is not installed: `make test` itself needs it")
     venv = tmp_path / "venv"
-    done = subprocess.run(["make", "-n", "-B", target, f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                          text=True, check=True)
+    # Not as a sub-make of `make test` (which this suite runs under): no "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "-B", target, f"VENV={venv}"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=True)
     return [line.replace(str(venv), "$VENV") for line in done.stdout.splitlines()]
 
 
