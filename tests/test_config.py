@@ -197,6 +197,8 @@ def test_slow_poll_interval_default_rises_with_poll_interval() -> None:
         ("poll_interval: .nan\n", "poll_interval", "got nan"),
         ("poll_interval: [1]\n", "poll_interval", "got a list"),
         ("slow_poll_interval: .inf\n", "slow_poll_interval", "expected a number > 0"),
+        ("shutdown_timeout: 0\n", "shutdown_timeout", "expected a number > 0 and <= 600, got 0"),
+        ("shutdown_timeout: 601\n", "shutdown_timeout", "got 601"),
         ("poll_interval: 10\nslow_poll_interval: 5\n", "slow_poll_interval", ">= poll_interval (10"),
         ("nvml_timeout: 0\n", "nvml_timeout", "expected a number > 0, got 0"),
         ("xid_window: -5\n", "xid_window", "expected a number > 0, got -5"),
