@@ -57,11 +57,14 @@ class AgentRunner:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM, then the exit code: 0 for a clean shutdown (killed after 30 s: the agent's own deadline,
+        its backstop and a loaded machine are long past by then)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self.proc.returncode

@@ -58,7 +58,8 @@ def scrapes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
         time.sleep(STEADY_AFTER_SECONDS)
         yield first, agent.metrics()
     finally:
-        agent.stop()
+        code = agent.stop()
+    assert code == 0, f"not a clean stop:\n{agent.log()}"
 
 
 @pytest.mark.parametrize("scrapes", ["h100-8x-64proc.yaml", "a100-mig.yaml"], indirect=True)
