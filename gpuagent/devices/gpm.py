@@ -23,7 +23,7 @@ from gpuagent.devices.guard import NvmlGuard
 from gpuagent.snapshot import ProfilingSample
 
 MIB = 1024 * 1024
-PAIR_GAP_SECONDS = 0.1  # the least time between the two samples of a metric (NVML's GPM guidance: 100 ms)
+PAIR_GAP_SECONDS = 0.1  # the first pair is at least this far apart (the 100 ms above; later ones: interval)
 
 # GPM metric constant -> (ProfilingSample field, factor from GPM's unit: percent -> ratio, MiB/s -> B/s)
 _METRICS: tuple[tuple[str, str, float], ...] = (
