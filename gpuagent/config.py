@@ -372,6 +372,11 @@ class Config:
     nvml_timeout: float = _key(
         5.0, _number(0), "seconds one GPU's read may take before that GPU is marked stale", "SECONDS"
     )
+    shutdown_timeout: float = _key(
+        10.0, _number(0, high=600),
+        "seconds from SIGTERM to exit: thaw, stop, close; what is left then is logged with its stack and "
+        "the agent exits with code 3", "SECONDS",
+    )
     backend: str = _key(
         "auto",
         _choice(*BACKENDS),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # System packages the tests use: Prometheus and promtool (Debian's prometheus package: lints the exposition,
 # tests the alert rules, and a real Prometheus evaluates every dashboard and alert query), systemd-analyze
-# (verifies systemd/gpuagent.service), and kubectl (Debian's kubernetes-client: gpuagent recommend's patches
-# are applied with kubectl patch --local). Idempotent; needs root (or sudo) only when something is missing.
+# (verifies systemd/gpuagent.service) and kubectl (Debian's kubernetes-client: `kubectl kustomize deploy/`
+# renders what `kubectl apply -k` would apply, and gpuagent recommend's patches are applied with
+# kubectl patch --local). Idempotent; needs root (or sudo) only when something is missing.
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)

@@ -46,9 +46,11 @@ def write_proc(root: Path, first_pid: int, pods: Sequence[tuple[str, str]], serv
 
 class AgentRunner:
     """Started with ``config`` (which names its ``listen`` address) as ``<workdir>/<name>.yaml``, logging
-    to ``<workdir>/<name>.log``; GPUAGENT_* variables of the test's environment are not passed on."""
+    to ``<workdir>/<name>.log``; GPUAGENT_* variables of the test's environment are not passed on.
+    ``command`` is what runs ``gpuagent`` (``tests/stuck_agent.py`` for the shutdown tests)."""
 
-    def __init__(self, name: str, config: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, name: str, config: dict[str, Any], workdir: Path,
+                 command: Sequence[str] = (sys.executable, "-m", "gpuagent")) -> None:
         self.name = name
         self.target = config["listen"]
         workdir.mkdir(parents=True, exist_ok=True)
@@ -57,7 +59,7 @@ class AgentRunner:
         self.log_path = workdir / f"{name}.log"
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuagent", "run", "--config", str(self.config_path)],
+                [*command, "run", "--config", str(self.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                 env=clean_env(),
             )
@@ -81,11 +83,14 @@ class AgentRunner:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM, then the exit code: 0 for a clean shutdown (killed after 30 s: the agent's own deadline,
+        its backstop and a loaded machine are long past by then)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self.proc.returncode

@@ -34,7 +34,7 @@ A pod's controller is a ReplicaSet ``<name>-rs`` unless ``owner=`` names one (an
 the kinds the agent walks (ReplicaSet, Deployment, StatefulSet, Job, CronJob) are served by
 ``GET /apis/apps/v1/namespaces/{ns}/<kind>s/{name}`` (``batch/v1`` for jobs and cron jobs) once added.
 
-``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the shared
+``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the
 fixture's ``Status`` body, or 429 with the PodDisruptionBudget fixture's after ``pdb_blocks(ns, name)``;
 400 when the body is not an Eviction of that pod. Evictions are recorded in ``api.evictions`` (not in
 ``api.requests``), and ``fail_next`` applies to them too.
@@ -62,12 +62,12 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+from fixture_files import kubernetes_body
 
 NODE = "gpu-node-1"
 TOKEN = "test-token"
 RUNTIME_PREFIX = {"containerd": "containerd://", "cri-o": "cri-o://", "docker": "docker://"}
 _DROP, _END = object(), object()
-_K8S_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kubernetes"
 
 
 # -- pods ------------------------------------------------------------------------------------------------
@@ -630,22 +630,8 @@ def _event_problems(body: Any, namespace: str) -> list[str]:
     return problems
 
 
-def _eviction_fixture(name: str, fallback: dict[str, Any]) -> dict[str, Any]:
-    """A shared fixture body (``shared/fixtures/kubernetes``), or the same body where shared/ is absent."""
-    try:
-        return json.loads((_K8S_FIXTURES / name).read_text())
-    except (OSError, ValueError):
-        return fallback
-
-
-EVICTION_SUCCESS = _eviction_fixture(
-    "eviction-response-success.json",
-    {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
-EVICTION_PDB = _eviction_fixture("eviction-response-429-pdb.json", {
-    **_status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."),
-    "details": {"causes": [{"reason": "DisruptionBudget",
-                            "message": "The disruption budget llm-train-pdb needs 2 healthy pods and has 2 currently"}]},
-})
+EVICTION_SUCCESS = kubernetes_body("eviction-response-success.json")
+EVICTION_PDB = kubernetes_body("eviction-response-429-pdb.json")
 
 
 def pod_list(pods: Iterable[Mapping[str, Any]], resource_version: str = "1000") -> dict[str, Any]:

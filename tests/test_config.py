@@ -38,6 +38,7 @@ def test_defaults_without_file_or_env() -> None:
     assert config.poll_interval == 1.0
     assert config.slow_poll_interval == 30.0
     assert config.nvml_timeout == 5.0
+    assert config.shutdown_timeout == 10.0
     assert config.backend == "auto"
     assert config.scenario is None
     assert config.xid_window == 300.0
@@ -66,6 +67,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "energy_interval",
         "profiling_interval",
         "nvml_timeout",
+        "shutdown_timeout",
         "backend",
         "scenario",
         "hostname",
@@ -195,6 +197,8 @@ def test_slow_poll_interval_default_rises_with_poll_interval() -> None:
         ("poll_interval: .nan\n", "poll_interval", "got nan"),
         ("poll_interval: [1]\n", "poll_interval", "got a list"),
         ("slow_poll_interval: .inf\n", "slow_poll_interval", "expected a number > 0"),
+        ("shutdown_timeout: 0\n", "shutdown_timeout", "expected a number > 0 and <= 600, got 0"),
+        ("shutdown_timeout: 601\n", "shutdown_timeout", "got 601"),
         ("poll_interval: 10\nslow_poll_interval: 5\n", "slow_poll_interval", ">= poll_interval (10"),
         ("nvml_timeout: 0\n", "nvml_timeout", "expected a number > 0, got 0"),
         ("xid_window: -5\n", "xid_window", "expected a number > 0, got -5"),

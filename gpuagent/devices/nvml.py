@@ -8,7 +8,8 @@ driver lock is held briefly (DESIGN.md, "Do no harm"):
   temperature, PCIe, NVLink), clock-event reasons, each process list once, per-process
   utilization (with its timestamp cursor);
 - every ``energy_interval`` (10 s): the energy counter (about 3 ms a read on an H100);
-- every ``profiling_interval`` (5 s): a GPM sample and the profiling metrics since the last (1.7 ms);
+- every ``profiling_interval`` (5 s): a GPM sample and the profiling metrics since the last (1.7 ms); a
+  new GPU or MIG instance takes its first pair at once (``devices/gpm.py``), so the first poll has them;
 - every slow poll: static info (name, serial, PCI, power limit, MIG mode and layout, NVLink peers, NUMA
   node, compute mode, the MIG profiles and how many more of each can be created), ECC and retired pages
   (batched field values), remapped rows.
@@ -90,8 +91,10 @@ class GpuReader:
         sys_root: str = "/sys",
         energy_interval: float = 10.0,
         profiling_interval: float = 5.0,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.guard = guard
+        self._sleep = sleep  # GPM's first pair waits on this (the reader's own thread)
         self.energy_interval = energy_interval
         self.profiling_interval = profiling_interval
         self._energy_joules: float | None = None
@@ -250,14 +253,18 @@ class GpuReader:
                 self._mig_gpm.pop(gi).close()
             for gi in wanted - set(self._mig_gpm):
                 self._mig_gpm[gi] = GpmSampler(self.guard, self.handle, (self.index, "gpm", gi), gi,
-                                               interval=self.profiling_interval, clock=self._clock)
+                                               interval=self.profiling_interval, clock=self._clock,
+                                               sleep=self._sleep)
         else:
             for sampler in self._mig_gpm.values():
                 sampler.close()
             self._mig_gpm.clear()
             if self._gpm is None:
                 self._gpm = GpmSampler(self.guard, self.handle, self.index,
-                                       interval=self.profiling_interval, clock=self._clock)
+                                       interval=self.profiling_interval, clock=self._clock, sleep=self._sleep)
+        for sampler in (self._gpm, *self._mig_gpm.values()):  # new ones take their first sample now
+            if sampler is not None:
+                sampler.prime()
 
     def _read_health_counters(self) -> None:
         g, s = self.guard, self.index

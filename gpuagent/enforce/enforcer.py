@@ -2,9 +2,15 @@
 
 Each poll, per workload (a pod, or a workload a config rule names): its limits (annotations > config rules >
 node defaults), its measured SM use per GPU and its GPU memory. One :class:`ShareController` per GPU decides
-frozen fractions; the :class:`DutyCycler` applies them between polls (enforce mode only); the
-:class:`MemoryLadder` decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit
-mode only counts, every step. MIG instances are hard isolation already: no shares there.
+frozen fractions; the :class:`DutyCycler` applies them between polls; the :class:`MemoryLadder` decides
+warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit mode only counts, every step.
+MIG instances are hard isolation already: no shares there.
+
+The duty cycle runs in audit mode too, so that audit counts what enforce would do, decision for decision: one
+``freeze`` (outcome "audit") each time a throttled workload's cgroup would go from thawed to frozen (once per
+``share_period`` while its frozen fraction is under 1; once for as long as it is held at 1) and one ``thaw``
+each time it would be let go, exactly the writes enforce counts as "done". ``Actions`` touches nothing in
+audit mode, and the time a workload would have spent frozen is not reported as throttled time.
 
 On an MPS GPU the server is infrastructure and never acted on; clients are frozen per cgroup like any
 process. MPS's own limits are not fought (docs/mps.md): an MPS client held to a share of the SMs is
@@ -83,7 +89,7 @@ class Enforcer:
         self._ladder = ladder
         self._defaults = defaults or NodeDefaults()
         self._rules = tuple(rules)
-        self._cycler = cycler if mode == "enforce" else None
+        self._cycler = cycler
         self._new_controller = controller
         self._controllers: dict[str, ShareController] = {}
         self._clock = clock
@@ -96,11 +102,11 @@ class Enforcer:
 
     @property
     def cycling(self) -> bool:
-        """Whether there is a duty cycle to run (enforce mode)."""
+        """Whether there is a duty cycle to run (audit counts its freezes, enforce makes them)."""
         return self._cycler is not None
 
     async def run(self) -> None:
-        """The duty cycle, between polls (enforce mode); returns at once otherwise."""
+        """The duty cycle, between polls; returns at once without one."""
         if self._cycler is not None:
             await self._cycler.run()
 
@@ -241,7 +247,8 @@ class Enforcer:
                 limit_ratio=owner.limits.share_ratio,
                 achieved_ratio=self._controllers[uuid].achieved(key),
                 frozen_ratio=fraction,
-                throttled_seconds_total=self._cycler.throttled_seconds(key) if self._cycler else 0.0,
+                throttled_seconds_total=(self._cycler.throttled_seconds(key)
+                                         if self._cycler is not None and self.mode == "enforce" else 0.0),
                 priority=owner.limits.priority,
             ))
         return tuple(states)
