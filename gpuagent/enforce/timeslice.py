@@ -163,11 +163,12 @@ class _TenantState:
     last_raw: float | None = None  # the last poll's raw running use (for the noise estimate)
     diffs: deque[float] = field(default_factory=lambda: deque(maxlen=_NOISE_POLLS))  # squared differences
     errors: deque[float] = field(default_factory=lambda: deque(maxlen=_NOISE_POLLS))  # recent use - allowance
+    mean: float | None = None  # achieved() of the samples as they are; None once they changed
 
     def achieved(self) -> float:
-        if not self.samples:
-            return 0.0
-        return math.fsum(u for _, u in self.samples) / len(self.samples)
+        if self.mean is None:
+            self.mean = math.fsum(u for _, u in self.samples) / len(self.samples) if self.samples else 0.0
+        return self.mean
 
     def noise(self) -> float:
         """Standard deviation of one poll's measured use (0 until three differences are known).
@@ -273,6 +274,7 @@ class ShareController:
             state = self._states[tenant.key] = _TenantState()
         use = min(max(float(tenant.util_ratio), 0.0), 1.0)
         state.samples.append((now, use))
+        state.mean = None
         self._prune(state, now)
         raw = use / (1.0 - state.fraction)
         if state.last_raw is not None:
@@ -284,6 +286,7 @@ class ShareController:
         horizon = now - self.window
         while state.samples and state.samples[0][0] <= horizon:
             state.samples.popleft()
+            state.mean = None
 
     def _age_absent(self, now: float, present: set[str]) -> None:
         """A tenant missing from an update is not throttled; its state goes once its window is empty."""
@@ -508,6 +511,8 @@ _UNITS_PER_ONE = 1 << 1074  # 2**-1074 is the smallest float step (subnormal), s
 
 def _exact_units(value: float) -> int:
     """``value`` in units of 2**-1074, exactly (``as_integer_ratio`` gives a power-of-two denominator)."""
+    if not value:
+        return 0  # most deficits: a tenant not throttled
     numerator, denominator = float(value).as_integer_ratio()
     return numerator << (1075 - denominator.bit_length())
 
