@@ -191,3 +191,60 @@ class Agent(AgentRunner):
 
     def __init__(self, name: str, config: dict[str, Any], workdir: Path) -> None:
         super().__init__(name, {**config, "listen": f"127.0.0.1:{free_port()}", "hostname": name}, workdir)
+
+
+# -- one such node, ready to watch -------------------------------------------------------------------------
+
+# What the node shows besides its tenants' use: research/notebook-5 holds its replica of GPU 5 and does
+# nothing (flagged idle after IDLE_WINDOW_S), an XID 31 on GPU 5 and GPU 6's utilization read hanging (GPU 6
+# goes stale).
+IDLE_POD = ("research", "notebook-5")
+IDLE_WINDOW_S = 2.0
+STALE_GPU = 6
+
+
+def tenant_scenario() -> dict[str, Any]:
+    """The 8xH100 scenario with an idle tenant (notebook-5), an XID on GPU 5 and a hung call on GPU 6."""
+    import yaml
+
+    scenario = yaml.safe_load(H100.read_text())
+    for process in scenario["processes"]:
+        if process["name"] == "notebook-5":
+            process["sm_util"] = 0
+    scenario["faults"] = [*scenario.get("faults", []),
+                          {"xid": {"gpu": 5, "at": 1, "code": 31}},
+                          {"hang": {"function": "nvmlDeviceGetUtilizationRates", "gpu": STALE_GPU, "at": 3,
+                                    "seconds": 3600}}]
+    return scenario
+
+
+@contextlib.contextmanager
+def tenant_agent(work: Path, name: str = "gpu-node-1", **config: Any) -> Iterator[Agent]:
+    """``gpuagent run`` on the tenant node, in ``mode: audit`` (shares, the memory ladder), with pods named by
+    the fake API server and their GPUs from the pod-resources server; stopped at the end. ``config`` adds
+    to or overrides the agent's keys."""
+    import yaml
+
+    scenario = tenant_scenario()
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "h100-tenants.yaml"
+    path.write_text(yaml.safe_dump(scenario, sort_keys=False))
+    tenants, cgroups = h100_tenants(scenario["processes"])
+    proc = write_proc(work / "proc", cgroups)
+    with fake_kubernetes(tenants, gpu_uuids(path), work) as (kubeconfig, socket_path):
+        agent = Agent(name, {
+            "backend": "sim", "scenario": str(path), "poll_interval": 0.5, "proc_root": str(proc),
+            "pod_resources_socket": str(socket_path), "pod_resources_interval": 1,
+            "kubernetes_api": "on", "kubeconfig": str(kubeconfig), "idle_events": "off",
+            "mode": "audit", "default_gpu_share": 20, "default_gpu_memory": "4Gi", "memory_term_after": 3,
+            "journal_path": str(work / "journal.json"), "cgroup_root": str(work / "cgroup"),
+            "nvml_timeout": 1, "idle_window": IDLE_WINDOW_S, "energy_interval": 0.5,
+            "policies": [{"match_kind": "systemd_service", "gpu_share": 10, "gpu_memory": "8Gi"},
+                         {"match_namespace": "research", "gpu_share": 15}],
+            **config,
+        }, work)
+        try:
+            agent.wait_ready()
+            yield agent
+        finally:
+            agent.stop()
