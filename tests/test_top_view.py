@@ -199,7 +199,7 @@ def render_status(state: str, message: str = "") -> Any:
 
 
 def test_figures_bars_and_sparklines() -> None:
-    assert render.duration(None) == "-" and render.duration(5) == "5s" and render.duration(3725) == "1h02m"
+    assert render.duration(None) == "-" and render.duration(5) == "5.0s" and render.duration(42.7) == "42s" and render.duration(3725) == "1h02m"
     assert render.duration(65) == "1m05s" and render.duration(90000) == "1d01h"
     assert render.percent(None) == "-" and render.percent(0.0) == "0%" and render.gib(None) == "-"
     assert render.bar(0.5, 10).plain == "[████    ]" and render.bar(None, 7).plain == "[  -  ]"

@@ -129,6 +129,7 @@ class ViewScreen(Screen[None]):
         self.interval = interval
         self.clock = clock
         self.paused = False
+        self.header_text = ""  # what the header says now, as plain text
 
     def compose(self) -> ComposeResult:
         yield Static(id="header")
@@ -175,6 +176,7 @@ class ViewScreen(Screen[None]):
         return time.strftime("%H:%M:%S", time.localtime(self.clock()))
 
     def set_header(self, header: Sequence[Line], titles: Text) -> None:
+        self.header_text = render.plain(header)
         self.query_one("#header", Static).update(Text("\n").join(line.text for line in header))
         self.query_one("#titles", Static).update(titles)
 

@@ -131,8 +131,10 @@ class AgentWatch:
             since = now - self.answered_at
             return AgentStatus(NO_ANSWER, f"no answer for {since:.0f} s ({self.error}); "
                                           f"showing what it said then", age)
-        if self.starting and self.state is None:
-            return AgentStatus(STARTING, "the agent has not finished its first poll", None)
+        if self.state is None:
+            if self.starting:
+                return AgentStatus(STARTING, "the agent has not finished its first poll", None)
+            return AgentStatus(STARTING, "waiting for the agent's first answer", None)
         if self.health is not None and self.health.get("status") == "stuck":
             return AgentStatus(STALE, f"the agent's poller is stuck: its snapshot is {age or 0:.0f} s old",
                                age)

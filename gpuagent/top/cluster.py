@@ -86,9 +86,12 @@ def worst_health(healths: Sequence[str], stale: int) -> str:
 
 
 def row_of(node: str, watch: AgentWatch) -> NodeRow:
+    """The node's row; one whose agent does not answer now, or whose figures are stale, has none but their
+    age (its last figures would count in the cluster's totals as if they were true now)."""
     status = watch.status()
-    if watch.state is None:
-        return NodeRow(node, watch.url, status.state, status.message)
+    if watch.state is None or status.state != OK:
+        return NodeRow(node, watch.url, status.state, watch.error or status.message,
+                       age_seconds=status.snapshot_age_seconds)
     try:
         view = node_view(watch.state)
     except TopError as err:

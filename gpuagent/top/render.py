@@ -47,6 +47,8 @@ def gib(value: int | float | None) -> str:
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
     s = int(seconds)
     if s < 60:
         return f"{s}s"
