@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from rich.segment import Segment
 from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
@@ -82,8 +83,9 @@ class LineView(ScrollView, can_focus=True):
         if line.key is not None and line.key == self.cursor and self.has_focus:
             text = text.copy()
             text.stylize("reverse")
-        segments = list(text.render(self.app.console, end=""))
-        return Strip(segments).crop_extend(0, width, None)
+        # on the widget's style: a segment without one trips Textual's filters (NO_COLOR's among them)
+        segments = Segment.apply_style(text.render(self.app.console, end=""), self.rich_style)
+        return Strip(list(segments)).crop_extend(0, width, self.rich_style)
 
     def action_move(self, step: int) -> None:
         keys = self.keys()

@@ -99,11 +99,12 @@ def node_line(row: NodeRow, width: int) -> Text:
         return Text("-" if value is None else f"{value:.{digits}f}")
 
     health = row.health or "-"
+    health_style = GOOD if health == "ok" else DIM if health == "-" else BAD
     state = Text(row.state.upper() if row.state != OK else "ok",
                  style=GOOD if row.state == OK else ALARM)
     cells = {
         "gpus": number(row.gpus), "free": number(row.free), "busy": number(row.busy),
-        "idle": number(row.idle_held, 1), "health": Text(health, style=GOOD if health == "ok" else BAD),
+        "idle": number(row.idle_held, 1), "health": Text(health, style=health_style),
         "sm": Text(percent(row.sm_ratio)), "age": Text(duration(row.age_seconds)), "state": state,
     }
     line = Text("  ")

@@ -25,7 +25,9 @@ NAME_MIN = 20
 PARTIAL = " ▏▎▍▌▋▊▉"
 
 # Styles: colour for those who have it; bold and reverse carry the alarms in monochrome too.
-GOOD, WARN, BAD, ALARM, DIM, TITLE = "green", "yellow", "bold red", "bold reverse red", "dim", "bold"
+# Light colours: NO_COLOR's monochrome keeps their lightness, so they stay readable on a dark background.
+GOOD, WARN, BAD, ALARM, DIM, TITLE = (
+    "#5fd75f", "#ffd75f", "bold #ff7070", "bold reverse #ff7070", "dim", "bold")
 
 
 @dataclass(frozen=True)
@@ -243,9 +245,11 @@ def mig_line(mig: MigView, width: int) -> Text:
 
 def tenant_line(tenant: TenantView, width: int, *, expanded: bool) -> Text:
     marker = ("▾ " if expanded else "▸ ") if tenant.processes else "  "
-    name = Text(tenant.name, style="" if tenant.allocated or tenant.kind != "pod" else WARN)
+    name = Text(tenant.name)
     if tenant.kind not in ("pod", "unknown"):
         name.append(f" ({KINDS.get(tenant.kind, tenant.kind)})", style=DIM)
+    elif tenant.kind == "pod" and not tenant.allocated:  # it runs on a GPU the kubelet did not give it
+        name.append(" (not allocated)", style=WARN)
     over = (tenant.memory_limit_bytes is not None and tenant.memory_used_bytes is not None
             and tenant.memory_used_bytes > tenant.memory_limit_bytes)
     memory = f"{gib(tenant.memory_used_bytes)}/{gib(tenant.memory_limit_bytes)}"
@@ -280,7 +284,7 @@ def idle_words(tenant: TenantView) -> Text:
     if tenant.idle_seconds is None:
         return Text("-")
     if tenant.idle_flagged:
-        return Text(f"IDLE {duration(tenant.idle_seconds)}", style="bold reverse yellow")
+        return Text(f"IDLE {duration(tenant.idle_seconds)}", style="bold reverse #ffd75f")
     return Text(duration(tenant.idle_seconds) if tenant.idle_seconds > 0 else "busy",
                 style=DIM if tenant.idle_seconds == 0 else WARN)
 

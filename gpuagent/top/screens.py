@@ -84,8 +84,9 @@ def cluster_help() -> Text:
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: auto; max-width: 100%; height: auto; border: round $accent;
-                            padding: 0 1; background: $surface; }
+    HelpScreen > Vertical { width: 118; max-width: 100%; height: auto; max-height: 100%;
+                            border: round $accent; padding: 0 1; background: $surface; }
+    HelpScreen Static { width: 100%; height: auto; }
     """
 
     def __init__(self, text: Text) -> None:
