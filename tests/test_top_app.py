@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -200,6 +202,21 @@ async def test_cluster_from_an_agents_file_with_one_agent_stopped(node: Agent, s
                         and "GPU 7" in body(pilot))
             await pilot.press("escape")
             await until(pilot, "back to the cluster", lambda: app.screen is cluster)
+
+
+def test_once_prints_the_cluster_with_a_node_not_answering(node: Agent, tmp_path: Path) -> None:
+    """``gpuagent top --agents FILE --once``: one line per node, the silent one said so, exit 0."""
+    agents = tmp_path / "agents.yaml"
+    agents.write_text(yaml.safe_dump({"gpu-node-1": f"http://{node.target}", "gpu-node-9": "http://127.0.0.1:9"}))
+    out = subprocess.run([sys.executable, "-m", "gpuagent", "top", "--agents", str(agents), "--once",
+                          "--width", "150"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("cluster  2 nodes from agents file") and "1 not fresh" in lines[0]
+    node_1 = next(line for line in lines if "gpu-node-1" in line)
+    node_9 = next(line for line in lines if "gpu-node-9" in line)
+    assert node_1.split()[1:4] == ["8", "0", "8"] and node_1.rstrip().endswith("ok")
+    assert "NO ANSWER" in node_9 and "connection refused" in node_9 and node_9.split()[1:4] == ["-", "-", "-"]
 
 
 async def test_cluster_from_prometheus_with_one_agent_stopped(node: Agent, small_agent: Agent,

@@ -339,3 +339,43 @@ def test_the_agent_never_imports_the_tui() -> None:
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'textual', 'rich'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--agent", "htp://x"], "--agent: expected an http:// or https:// URL"),
+    (["--agent", "http://127.0.0.1:9"], "cannot use the agent at http://127.0.0.1:9: cannot connect"),
+    (["--interval", "0"], "--interval: expected seconds from 0.1 to 3600, got '0'"),
+    (["--width", "wide"], "--width: expected a number of columns from 40 to 1000"),
+    (["--selector", 'a="b"'], "--selector, --header and --agent-url go with --prometheus"),
+    (["--prometheus", "ftp://x"], "--prometheus: expected an http:// or https:// URL"),
+    (["--prometheus", "http://127.0.0.1:9"], "cannot reach Prometheus at http://127.0.0.1:9"),
+    (["--prometheus", "http://127.0.0.1:9", "--selector", "nope"], "--selector: expected label matchers"),
+    (["--prometheus", "http://127.0.0.1:9", "--agent-url", "http://x"], "--agent-url: expected a URL with {node}"),
+    (["--agents", "/no/such/file.yaml"], "--agents: "),
+])
+def test_bad_arguments_are_one_line_and_exit_2(args: list[str], said: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuagent.cli import main
+
+    assert main(["top", *args, "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuagent top: ") and said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    ("gpu-node-1: ftp://x\n", "gpu-node-1: expected an http:// or https:// URL"),
+    ("Bad_Node: http://x:9402\n", "expected a node name"),
+    ("{}\n", "the file names no node"),
+    ("[a, b]\n", "expected a mapping"),
+])
+def test_a_bad_agents_file_names_what_is_wrong(content: str, said: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuagent.cli import main
+
+    path = tmp_path / "agents.yaml"
+    path.write_text(content)
+    assert main(["top", "--agents", str(path), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
