@@ -139,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise ReportError(f"--output: cannot write {args.output}: {err.strerror or err}") from None
     else:
-        _write_stdout(text)
+        write_stdout(text)
     if args.output or args.format != "table":  # the table shows them itself
         for warning in report.warnings:
             print(f"gpuagent report: warning: {warning}", file=sys.stderr)
@@ -166,7 +166,8 @@ def _check_writable(path: Path) -> None:
         raise ReportError(f"--output: cannot write {path} (permission denied)")
 
 
-def _write_stdout(text: str) -> None:
+def write_stdout(text: str) -> None:
+    """``text`` on stdout; a reader that stopped reading (``| head``) is not an error."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

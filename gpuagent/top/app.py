@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from rich.segment import Segment
 from rich.text import Text
@@ -119,6 +120,13 @@ class Redraw(events.Event):
 class ViewScreen(Screen[None]):
     """What both views share: a header, column titles, the lines, a filter box, pausing, refreshing."""
 
+    BINDINGS = [
+        Binding("s", "sort(1)", "sort"),
+        Binding("S", "sort(-1)", "sort back", show=False),
+        Binding("r", "reverse", "reverse"),
+        Binding("slash", "filter", "filter"),
+        Binding("p", "pause", "pause"),
+    ]
     DEFAULT_CSS = """
     #header { height: 2; }
     #titles { height: 1; }
@@ -132,6 +140,7 @@ class ViewScreen(Screen[None]):
         self.clock = clock
         self.paused = False
         self.header_text = ""  # what the header says now, as plain text
+        self.options: Any = None  # the view's options (ViewOptions or ClusterOptions): sort, filters
 
     def compose(self) -> ComposeResult:
         yield Static(id="header")
@@ -212,7 +221,15 @@ class ViewScreen(Screen[None]):
         self.lines.focus()
 
     def set_text_filter(self, text: str) -> None:
-        raise NotImplementedError
+        self.options = replace(self.options, text=text)
+
+    def action_sort(self, step: int) -> None:
+        self.options = self.options.next_sort(step)
+        self.redraw()
+
+    def action_reverse(self) -> None:
+        self.options = self.options.sorted_by(self.options.sort)
+        self.redraw()
 
 
 class NodeScreen(ViewScreen):
@@ -220,13 +237,8 @@ class NodeScreen(ViewScreen):
 
     BINDINGS = [
         Binding("enter,space", "toggle", "expand"),
-        Binding("s", "sort(1)", "sort"),
-        Binding("S", "sort(-1)", "sort back", show=False),
-        Binding("r", "reverse", "reverse"),
-        Binding("slash", "filter", "filter"),
         Binding("n", "namespace", "namespace"),
         Binding("e", "expand_all", "expand all"),
-        Binding("p", "pause", "pause"),
         Binding("escape", "back", "back", show=False),
     ]
 
@@ -278,21 +290,10 @@ class NodeScreen(ViewScreen):
             lines = [Line(Text("  no tenant matches the filter", style=render.DIM))]
         self.lines.show(lines)
 
-    def set_text_filter(self, text: str) -> None:
-        self.options = replace(self.options, text=text)
-
     def action_toggle(self) -> None:
         if self.lines.cursor is not None and self.lines.cursor.startswith(("gpu:", "tenant:")):
             self.options = self.options.toggled(self.lines.cursor)
             self.redraw()
-
-    def action_sort(self, step: int) -> None:
-        self.options = self.options.next_sort(step)
-        self.redraw()
-
-    def action_reverse(self) -> None:
-        self.options = self.options.sorted_by(self.options.sort)
-        self.redraw()
 
     def action_expand_all(self) -> None:
         if self.node is None:
@@ -322,14 +323,7 @@ class NodeScreen(ViewScreen):
 class ClusterScreen(ViewScreen):
     """One line per node; Enter opens that node's screen."""
 
-    BINDINGS = [
-        Binding("enter", "open", "open node"),
-        Binding("s", "sort(1)", "sort"),
-        Binding("S", "sort(-1)", "sort back", show=False),
-        Binding("r", "reverse", "reverse"),
-        Binding("slash", "filter", "filter"),
-        Binding("p", "pause", "pause"),
-    ]
+    BINDINGS = [Binding("enter", "open", "open node")]
 
     def __init__(self, source: object, *, interval: float = 2.0, clock: Callable[[], float] = time.time,
                  node_screen: Callable[[str], NodeScreen] | None = None) -> None:
@@ -354,17 +348,6 @@ class ClusterScreen(ViewScreen):
             self.options, width, self.clock_text(), paused=self.paused)
         self.set_header(header, cluster_view.cluster_titles(self.options, width))
         self.lines.show(cluster_view.cluster_body(rows, width))
-
-    def set_text_filter(self, text: str) -> None:
-        self.options = replace(self.options, text=text)
-
-    def action_sort(self, step: int) -> None:
-        self.options = self.options.next_sort(step)
-        self.redraw()
-
-    def action_reverse(self) -> None:
-        self.options = self.options.sorted_by(self.options.sort)
-        self.redraw()
 
     def action_open(self) -> None:
         cursor = self.lines.cursor

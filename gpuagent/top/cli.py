@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import os
 import shutil
 import sys
 import time
@@ -196,10 +195,7 @@ def _cluster_frame(source: Any, width: int) -> str:
 
 
 def _print(text: str) -> int:
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # piped into e.g. head, which stopped reading
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    from gpuagent.report.cli import write_stdout
+
+    write_stdout(text)
     return 0
