@@ -112,3 +112,26 @@ def test_node_help(snap_compare: Any) -> None:
 
 def test_cluster_view(snap_compare: Any) -> None:
     assert snap_compare(cluster_app(), terminal_size=CLUSTER_SIZE)
+
+
+# The README's pictures are frames of these same apps: regenerated with --snapshot-update, checked here.
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+README_FRAMES = {
+    # GPUs 0-4 folded (enter on each), so GPU 5's XID and idle pod and GPU 6 gone stale are in view
+    "top-node.svg": (node_app, (132, 36), [*["enter", "down"] * 5]),
+    "top-cluster.svg": (cluster_app, (132, 10), []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(README_FRAMES))
+async def test_the_readme_pictures_are_current_frames(name: str, request: pytest.FixtureRequest) -> None:
+    make, size, keys = README_FRAMES[name]
+    app = make()
+    async with app.run_test(size=size) as pilot:
+        await pilot.press(*keys)
+        await pilot.pause(0.3)
+        svg = app.export_screenshot(title="gpuagent top")
+    path = DOCS / name
+    if request.config.getoption("--snapshot-update", default=False):
+        path.write_text(svg)
+    assert path.read_text() == svg, f"{path} is not the current frame: run this test with --snapshot-update"

@@ -185,7 +185,7 @@ def test_the_frame_spells_out_every_state() -> None:
     assert "research/notebook-5" in text and "(unit)" in text
     node = node_view(tenants_state())
     header = render.plain(render.header(node, render_status(OK), "http://x", ViewOptions(), 140, now_unix=0))
-    assert "gpu-node-1" in header and "mode audit" in header and "43 pods" in header and "held idle" in header
+    assert "gpu-node-1" in header and "mode audit" in header and "43 pods" in header and "idle-held" in header
     for state, word in ((STALE, "STALE: "), (NO_ANSWER, "NO ANSWER: "), (STARTING, "STARTING: ")):
         lines = render.header(node, render_status(state, "why"), "http://x", ViewOptions(), 140, paused=True)
         assert word + "why" in lines[1].text.plain and "PAUSED" in lines[1].text.plain

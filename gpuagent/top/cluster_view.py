@@ -69,7 +69,7 @@ def cluster_header(source: str, rows: Sequence[NodeRow], error: str | None, opti
     idle = sum(r.idle_held or 0.0 for r in rows)
     bad = sum(1 for r in rows if r.state != OK)
     first = Text.assemble(("cluster", TITLE), f"  {len(rows)} nodes from {source}  ·  {gpus} GPUs, "
-                          f"{free} free, {idle:.1f} held idle")
+                          f"{free} free, {idle:.1f} idle-held")
     if bad:
         first.append(f"  ·  {bad} not fresh", style=WARN)
     lines = [Line(right_aligned(first, Text(clock), width))]

@@ -120,8 +120,9 @@ def summary(node: NodeView) -> str:
     pods = {t.name for g in node.gpus for t in g.all_tenants() if t.kind == "pod"}
     parts = [f"{len(node.gpus)} GPUs", f"{len(pods)} pods"]
     if node.idle_gpus_held is not None:
-        window = f" {duration(node.idle_window_seconds)}+" if node.idle_window_seconds is not None else ""
-        parts.append(f"held idle{window}: {node.idle_gpus_held:.1f} GPU")
+        idle_window = node.idle_window_seconds
+        window = f" (idle ≥{duration(idle_window)})" if idle_window is not None else ""
+        parts.append(f"idle-held {node.idle_gpus_held:.1f} GPU{window}")
     if node.efficiency_window_seconds is not None:
         parts.append(f"EFF over {duration(node.efficiency_window_seconds)}")
     if node.day_started_at_unix is not None:
