@@ -379,3 +379,15 @@ def test_a_bad_agents_file_names_what_is_wrong(content: str, said: str, tmp_path
     assert main(["top", "--agents", str(path), "--once"]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+def test_without_hints_tenants_come_from_the_processes() -> None:
+    """An agent whose hints failed still shows who runs where; what only the hints know is "-"."""
+    state = tenants_state()
+    state["hints"] = None
+    gpu = node_view(state).gpus[5]
+    by_name = {t.name: t for t in gpu.tenants}
+    assert "research/notebook-5" in by_name and by_name["training/train-5"].containers == ("main", "prefetch")
+    assert by_name["research/notebook-5"].memory_limit_bytes is None
+    assert by_name["training/train-5"].share_limit_ratio == 0.4  # the enforcer's, which does not need hints
+    assert gpu.sharing_mode is None and "GPU 5" in frame(state)

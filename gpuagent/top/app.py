@@ -126,6 +126,7 @@ class ViewScreen(Screen[None]):
         Binding("r", "reverse", "reverse"),
         Binding("slash", "filter", "filter"),
         Binding("p", "pause", "pause"),
+        Binding("escape", "back", "back", show=False),
     ]
     DEFAULT_CSS = """
     #header { height: 2; }
@@ -208,7 +209,8 @@ class ViewScreen(Screen[None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self._close_filter()
 
-    def key_escape(self) -> None:
+    def action_back(self) -> None:
+        """Escape: clear and close the filter box if it is open, else back to the cluster (if from there)."""
         box = self.query_one("#filter", Input)
         if box.has_class("shown"):
             box.value = ""
@@ -239,7 +241,6 @@ class NodeScreen(ViewScreen):
         Binding("enter,space", "toggle", "expand"),
         Binding("n", "namespace", "namespace"),
         Binding("e", "expand_all", "expand all"),
-        Binding("escape", "back", "back", show=False),
     ]
 
     def __init__(self, watch: AgentWatch, *, interval: float | None = None,
@@ -312,9 +313,6 @@ class NodeScreen(ViewScreen):
             self.redraw()
 
         self.app.push_screen(NamespaceScreen(namespaces, self.options.namespace), chosen)
-
-    def action_back(self) -> None:
-        self.key_escape()
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(node_help()))

@@ -189,7 +189,8 @@ def _gpu(gpu: Mapping[str, Any], hint: Mapping[str, Any], joins: _Joins) -> GpuV
     mig_ids = {m.get("uuid"): m.get("gpu_instance_id") for m in migs}
     processes = _processes_by_tenant(gpu)
     tenants: list[TenantView] = []
-    for entry in _dicts(hint.get("tenants")):
+    entries = _dicts(hint.get("tenants")) if hint else _tenants_of_processes(processes, migs)
+    for entry in entries:
         mig_uuid = _get(entry, "mig_instance", str)
         instance = mig_ids.get(mig_uuid) if mig_uuid else None
         instance = instance if isinstance(instance, int) else None
@@ -255,6 +256,21 @@ def _processes_by_tenant(gpu: Mapping[str, Any]) -> dict[tuple[str, int | None],
             sm_ratio=sm / 100 if sm is not None else None,
             memory_bytes=_get(process, "used_memory_bytes", int),
         ))
+    return out
+
+
+def _tenants_of_processes(processes: Mapping[tuple[str, int | None], list[ProcessView]],
+                          migs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Without the agent's hints (computing them failed): a tenant per workload with processes on the GPU,
+    its use summed; what only the hints know (allocations, limits) stays unknown."""
+    uuids = {m.get("gpu_instance_id"): m.get("uuid") for m in migs}
+    out = []
+    for (name, instance), members in processes.items():
+        sm = [p.sm_ratio for p in members if p.sm_ratio is not None]
+        out.append({"name": name, "kind": "pod" if "/" in name else "unknown",
+                    "sm_util_ratio": sum(sm) if sm else None,
+                    "memory_used_bytes": sum(p.memory_bytes or 0 for p in members),
+                    "mig_instance": uuids.get(instance)})
     return out
 
 
