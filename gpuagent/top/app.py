@@ -161,10 +161,16 @@ class ViewScreen(Screen[None]):
 
     async def _refresh_loop(self) -> None:
         while True:
-            if not self.paused:
+            if not self.paused and not self._covered():
                 await self.fetch()
                 self.redraw()
             await asyncio.sleep(max(MIN_INTERVAL_SECONDS, self.next_interval()))
+
+    def _covered(self) -> bool:
+        """Another view is over this one (a node opened from the cluster): this one asks nothing meanwhile."""
+        stack = self.app.screen_stack
+        above = stack[stack.index(self) + 1:] if self in stack else []
+        return any(isinstance(screen, ViewScreen) for screen in above)
 
     async def fetch(self) -> None:
         raise NotImplementedError
