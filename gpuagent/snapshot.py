@@ -554,6 +554,8 @@ class WorkloadGpuUsage:
     efficiency_ratio: float | None = None  # busy / allocated over the efficiency window, 0-1
     idle_seconds: float = 0.0  # length of the current idle episode; 0 when busy or not holding the GPU
     ended_at_unix: float | None = None  # when it was last seen; None while it runs
+    # GPUs held x time since AccountingState.day_started_at_unix (00:00 UTC, or the agent's start if later)
+    allocated_gpu_seconds_today: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,6 +597,7 @@ class AccountingState:
     efficiency_window_seconds: float = 3600.0
     retention_seconds: float = 300.0
     events_total: Mapping[str, int] = field(default_factory=dict)  # idle Event outcome -> count
+    day_started_at_unix: float | None = None  # what "today" counts from: 00:00 UTC, or the agent's first poll
 
 
 @dataclass(frozen=True, slots=True)
