@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from prometheus_client.metrics_core import Metric
 
+from gpuagent.export.dra import dra_families
 from gpuagent.export.families import add, extend, family, gauge, join, non_empty, with_label
 from gpuagent.export.labels import GpuLabels, GpuRenderer, pod_labels
 from gpuagent.snapshot import GpuSample, NodeSnapshot
@@ -71,7 +72,7 @@ class PodCollector(GpuRenderer):
                 uuid = gpu.info.uuid
                 add(tenants, labels.gpu(gpu), named[uuid] + max(0, unnamed[uuid] - idle_allocated[uuid]))
         return non_empty([pod_memory, pod_sm, pod_procs, ctr_memory, ctr_sm, tenants, allocated, device, info,
-                          unallocated])
+                          unallocated]) + dra_families(snapshot, labels)
 
     @staticmethod
     def _use(gpu: GpuSample, labels: GpuLabels, *families: Metric) -> None:

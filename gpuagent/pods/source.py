@@ -3,7 +3,8 @@
 Cgroup files are read on a worker thread (no file I/O on the event loop), once per PID and then again
 only every ``identity_ttl`` seconds (a process rarely changes cgroup). The kubelet's allocations are read
 on their own, slower cadence and the last answer is kept while the kubelet does not answer: allocations
-outlive a kubelet restart, and attribution falls back to cgroups alone until the first answer.
+outlive a kubelet restart, and attribution falls back to cgroups alone until the first answer. Devices of
+ResourceClaims (DRA) are mapped to GPUs by ``pods.dra`` and joined as the device plugin's are.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 from gpuagent.pods.attribution import Attributor
 from gpuagent.pods.cgroup import CgroupIdentity, CgroupParseError, CgroupReader
 from gpuagent.pods.podresources import PodResourcesClient, PodResourcesUnavailable
-from gpuagent.snapshot import GpuSample, PodUse, SourceStatus
+from gpuagent.snapshot import DraDevice, GpuSample, PodUse, SourceStatus
 
 if TYPE_CHECKING:
+    from gpuagent.kubeapi import ApiConnection
+    from gpuagent.pods.dra.resolver import DraResolver
     from gpuagent.pods.metadata import PodMetadata
 
 METADATA_SOURCE = "api_server"  # gpuagent_source_success{source=...}
@@ -33,6 +36,7 @@ class PodsReading:
     gpus: tuple[GpuSample, ...]
     pods: tuple[PodUse, ...]
     statuses: tuple[SourceStatus, ...]
+    dra: tuple[DraDevice, ...] = ()
 
 
 class PodsSource:
@@ -42,6 +46,8 @@ class PodsSource:
         cgroups: CgroupReader,
         podresources: PodResourcesClient | None = None,
         metadata: PodMetadata | None = None,
+        dra: DraResolver | None = None,
+        connection: ApiConnection | None = None,
         interval: float = 5.0,
         identity_ttl: float = 30.0,
         monotonic: Callable[[], float] = time.monotonic,
@@ -49,6 +55,9 @@ class PodsSource:
         self._cgroups = cgroups
         self._client = podresources
         self._metadata = metadata
+        self._dra = dra
+        self._connection = connection  # shared by the API-server sources; closed with this source
+        self._dynamic: Sequence[Any] = ()  # the kubelet's DRA devices (of GPU drivers)
         self._interval = interval
         self._ttl = identity_ttl
         self._monotonic = monotonic
@@ -77,8 +86,13 @@ class PodsSource:
             ok, error = self._metadata.status
             statuses.append(SourceStatus(METADATA_SOURCE, ok, 0.0, error))
             names = self._metadata.names_by_uid() if self._metadata.synced else None
-        attributed, pods = self._attributor.attribute(gpus, identities, self._allocations, names)
-        return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses))
+        allocations, dra = self._allocations, ()
+        if self._dra is not None:
+            allocations, mapping = self._dra.allocations(self._allocations, self._dynamic, gpus)
+            statuses.extend(self._dra.statuses(mapping))
+            dra = mapping.devices
+        attributed, pods = self._attributor.attribute(gpus, identities, allocations, names)
+        return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses), dra=dra)
 
     async def _identify(self, pids: set[int]) -> dict[int, CgroupIdentity | None]:
         now = self._monotonic()
@@ -120,17 +134,27 @@ class PodsSource:
         else:
             if answer.allocations != self._allocations:  # unchanged: keep the object the index is built on
                 self._allocations = answer.allocations
+            if answer.dynamic != self._dynamic:
+                self._dynamic = answer.dynamic
             status = SourceStatus("pod_resources", True, self._monotonic() - now)
             if self._failure:
                 log.info("kubelet pod-resources answers again: %d GPU allocations", len(answer.allocations))
                 self._failure = ""
         self._podresources_status = status
+        if self._dra is not None:
+            await self._dra.refresh(self._dynamic, self._monotonic)
         return status
 
     @property
     def metadata(self) -> PodMetadata | None:
         return self._metadata
 
+    @property
+    def dra(self) -> DraResolver | None:
+        return self._dra
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+        if self._connection is not None:
+            await self._connection.aclose()
