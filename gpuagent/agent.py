@@ -427,14 +427,12 @@ def pods_source(config: Config) -> PodsSource:
 def api_connection(config: Config) -> ApiConnection | None:
     """The API server, shared by the pods watcher and the ResourceSlice watcher: when asked, or (auto) inside
     a cluster with a service account or with a kubeconfig configured. lightkube is imported on first use."""
+    from gpuagent.kubeapi import ApiConnection, api_server_available
+
     if config.kubernetes_api == "off":
         return None
-    from gpuagent.pods.metadata import api_server_available
-
     if config.kubernetes_api == "auto" and not (config.kubeconfig or api_server_available()):
         return None
-    from gpuagent.kubeapi import ApiConnection
-
     return ApiConnection(kubeconfig_path=config.kubeconfig)
 
 

@@ -13,33 +13,23 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
+from gpuagent.kubeapi import SERVICE_ACCOUNT_DIR, api_server_available
 from gpuagent.pods.attribution import PodName
 from gpuagent.pods.reflector import Reflector, list_decoder
 
 log = logging.getLogger(__name__)
+__all__ = ["SERVICE_ACCOUNT_DIR", "PodMetadata", "api_server_available", "pod_name", "strip_runtime"]
 
 SOURCE = "api_server"  # the ``source`` label of gpuagent_source_success
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 ANNOTATION_PREFIX = "gpuagent.io/"
 # A static pod runs under the kubelet's own UID (its config hash, 32 hex); the API server's mirror pod has
 # another UID and carries the kubelet's in this annotation. Cgroups name the kubelet's.
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PODS_PATH = "api/v1/pods"  # relative: kept under a server URL with a path (API proxies)
-
-
-def api_server_available(
-    environ: Mapping[str, str] | None = None, service_account_dir: str = SERVICE_ACCOUNT_DIR
-) -> bool:
-    """True in a pod with a service account token: the in-cluster API server can be reached
-    (what lightkube's ``KubeConfig.from_service_account`` needs: the service's host and port, the token)."""
-    env = os.environ if environ is None else environ
-    return (bool(env.get("KUBERNETES_SERVICE_HOST")) and bool(env.get("KUBERNETES_SERVICE_PORT"))
-            and os.path.isfile(os.path.join(service_account_dir, "token")))
 
 
 @functools.cache
