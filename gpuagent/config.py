@@ -747,6 +747,9 @@ def _describe_value(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+describe_value = _describe_value  # for the other readers of YAML and JSON files (pods.dra.cdi)
+
+
 def _yaml_scalar(value: Any) -> str:
     if value is None:
         return "null"

@@ -137,8 +137,12 @@ def gpus(*device_ids: str, resource: str = "nvidia.com/gpu", numa: Sequence[int]
 
 def load_list_response(path: str | os.PathLike[str]) -> list[api_pb2.PodResources]:
     """The pods of a ``ListPodResourcesResponse`` written in proto3 JSON (as in shared/fixtures)."""
-    answer = json_format.Parse(Path(path).read_text(), api_pb2.ListPodResourcesResponse())
-    return list(answer.pod_resources)
+    return parse_list_response(Path(path).read_text())
+
+
+def parse_list_response(text: str) -> list[api_pb2.PodResources]:
+    """The pods of a ``ListPodResourcesResponse`` in proto3 JSON text."""
+    return list(json_format.Parse(text, api_pb2.ListPodResourcesResponse()).pod_resources)
 
 
 @contextlib.contextmanager

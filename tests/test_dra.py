@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from fake_apiserver import NODE, FakeApiServer, gpu_device, make_slice, mig_device
+from test_metadata import eventually
 
 from gpuagent.pods.dra.cdi import CdiIndex, CdiSpecError, CdiSpecs, parse_spec
 from gpuagent.pods.dra.mapper import MAPPED_BY_CDI, MAPPED_BY_SLICE, Places, cap_minors, map_devices
@@ -290,40 +290,10 @@ def test_places_signature_follows_minors_and_mig_layout() -> None:
 
 
 # -- ResourceSlices from the API server ------------------------------------------------------------------------
-FAST = {"relist_backoff": 0.02, "max_backoff": 0.1}
-
-
-async def eventually(predicate: Callable[[], object], timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {predicate}")
-        await asyncio.sleep(0.005)
-
-
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def watch(api: FakeApiServer):
-    tasks: list[asyncio.Task] = []
-
-    def start(**kwargs: object) -> ResourceSlices:
-        kwargs.setdefault("config", api.kubeconfig())
-        kwargs.setdefault("drivers", ("gpu.nvidia.com",))
-        for key, value in FAST.items():
-            kwargs.setdefault(key, value)
-        slices = ResourceSlices(NODE, **kwargs)  # type: ignore[arg-type]
-        tasks.append(asyncio.create_task(slices.run()))
-        return slices
-
-    yield start
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def watch(reflector: Callable[..., ResourceSlices]) -> Callable[..., ResourceSlices]:
+    """watch(**kwargs) -> a running ResourceSlices of gpu.nvidia.com for NODE; cancelled at teardown."""
+    return lambda **kwargs: reflector(ResourceSlices, **{"drivers": ("gpu.nvidia.com",), **kwargs})
 
 
 async def test_slices_are_not_asked_for_until_wanted(api: FakeApiServer, watch) -> None:

@@ -135,6 +135,19 @@ async def polls(agent: Agent, count: int = 3) -> NodeSnapshot:
     return snapshot
 
 
+async def node_snapshot(node: Node) -> NodeSnapshot:
+    """The node's snapshot after a few polls, its kubelet serving :meth:`Node.kubelet_pods` (no API server)."""
+    with short_socket_dir() as directory:
+        socket = directory / "kubelet.sock"
+        agent = make_agent(node, socket)
+        try:
+            async with PodResourcesServer(socket, pods=node.kubelet_pods()):
+                return await polls(agent)
+        finally:
+            await agent.devices.close()
+            await agent.pods.close()
+
+
 def workloads(snapshot: NodeSnapshot) -> dict[int, tuple]:
     return {p.pid: (p.workload.namespace, p.workload.name, p.workload.container, p.workload.names_from)
             for g in snapshot.gpus for p in g.processes}

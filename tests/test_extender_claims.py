@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from fake_apiserver import FakeApiServer, make_claim, make_claim_template
-from podresources_server import PodResourcesServer, short_socket_dir
-from test_dra_agent import make_agent, node, polls  # noqa: F401 (node is a fixture)
+from test_dra_agent import node, node_snapshot  # noqa: F401 (node is a fixture)
 from test_extender import NODES, VirtualAgents, agents, all_free  # noqa: F401 (agents is a fixture)
 from test_extender_fixtures import filter_request
 
@@ -150,11 +149,6 @@ def test_claims_are_counted_like_resources() -> None:
 
 
 # -- reading claims from the API server -----------------------------------------------------------------------
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as server:
-        yield server
-
 
 @pytest.fixture
 async def reader(api: FakeApiServer) -> AsyncIterator[ClaimReader]:
@@ -238,15 +232,7 @@ async def test_a_dra_pod_is_scheduled_as_a_device_plugin_pod_on_a_simulated_dra_
     whose MIG GPU has an idle 3g.40gb instance, next to an empty node: a pod asking for a whole GPU through
     a ResourceClaimTemplate gets exactly the verdicts a pod asking for nvidia.com/gpu gets."""
     caplog.set_level(logging.INFO, logger="gpuagent.hints.extender")
-    with short_socket_dir() as directory:
-        socket = directory / "kubelet.sock"
-        agent = make_agent(node, socket)
-        try:
-            async with PodResourcesServer(socket, pods=node.kubelet_pods()):
-                snapshot = await polls(agent)
-        finally:
-            await agent.devices.close()
-            await agent.pods.close()
+    snapshot = await node_snapshot(node)
     assert snapshot.hints is not None
     dra_node, empty = NODES[0], NODES[1]
     agents.hints[dra_node] = snapshot.hints

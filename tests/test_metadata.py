@@ -9,7 +9,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,6 @@ from gpuagent.pods.metadata import PodMetadata, api_server_available, strip_runt
 
 REPO = Path(__file__).resolve().parent.parent
 LOGGER = "gpuagent.pods.metadata"
-FAST = {"relist_backoff": 0.02, "max_backoff": 0.1}
 
 
 async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> None:
@@ -31,29 +30,11 @@ async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> N
         await asyncio.sleep(0.005)
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as server:
-        yield server
-
 
 @pytest.fixture
-async def start(api: FakeApiServer):
+def start(reflector: Callable[..., PodMetadata]) -> Callable[..., PodMetadata]:
     """start(**kwargs) -> a running PodMetadata for NODE against ``api``; cancelled at teardown."""
-    tasks: list[asyncio.Task] = []
-
-    def _start(**kwargs: object) -> PodMetadata:
-        kwargs.setdefault("config", api.kubeconfig())
-        for key, value in FAST.items():
-            kwargs.setdefault(key, value)
-        metadata = PodMetadata(NODE, **kwargs)  # type: ignore[arg-type]
-        tasks.append(asyncio.create_task(metadata.run()))
-        return metadata
-
-    yield _start
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    return lambda **kwargs: reflector(PodMetadata, **kwargs)
 
 
 @pytest.fixture(autouse=True)

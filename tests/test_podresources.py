@@ -21,6 +21,7 @@ from podresources_server import (
     PodResourcesServer,
     gpus,
     load_list_response,
+    parse_list_response,
     short_socket_dir,
 )
 
@@ -270,10 +271,7 @@ DRA_LIST_RESPONSE_JSON = """
 
 
 async def test_dynamic_resources_of_gpu_drivers_only(server, client):
-    with short_socket_dir() as d:
-        path = d / "list.json"
-        path.write_text(DRA_LIST_RESPONSE_JSON)
-        server.set_pods(load_list_response(path))
+    server.set_pods(parse_list_response(DRA_LIST_RESPONSE_JSON))
     snap = await client.fetch()
     assert snap.allocations == ()  # nothing through the device plugin
     assert snap.dynamic == (

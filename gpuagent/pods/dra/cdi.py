@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from gpuagent.config import describe_value as _kind
+
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 MAX_SPEC_BYTES = 4 * 1024 * 1024  # a spec of every device of an 8-GPU node is about 20 KiB
@@ -220,16 +222,6 @@ class CdiSpecs:
             devices.pop(name, None)
             errors.append(f"{' and '.join(paths)}: both define CDI device {name}; neither is used")
         return CdiIndex(MappingProxyType(devices), tuple(errors), self.dirs, found)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)[:60]
 
 
 def _one_line(exc: Exception) -> str:
