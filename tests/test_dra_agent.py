@@ -323,3 +323,20 @@ async def test_no_dra_pods_no_slice_requests(node: Node) -> None:
                 await asyncio.gather(task, return_exceptions=True)
                 await agent.devices.close()
                 await agent.pods.close()
+
+
+async def test_a_bug_in_the_dra_mapping_costs_only_the_dra_devices(
+    node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gpuagent.pods.dra.resolver as resolver
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(resolver, "map_devices", broken)
+    snapshot = await node_snapshot(node)
+    assert workloads(snapshot)[FAKE_PID + 3] == ("ml", "legacy-0", "main", "pod_resources")  # device plugin's
+    assert snapshot.dra == ()
+    status = {s.name: s for s in snapshot.sources}["dra"]
+    assert not status.ok and status.error == "mapping the DRA devices failed: KeyError('surprise')"
+    assert len([r for r in caplog.records if "mapping the DRA devices failed" in r.getMessage()]) == 1

@@ -58,9 +58,19 @@ class DraResolver:
         self._combined_key: tuple[Any, ...] | None = None
         self._combined: tuple[DeviceAllocation, ...] = ()
         self._logged_unmapped: frozenset[tuple[str, ...]] = frozenset()
+        # a bug of this module, as the dra source's error (it never costs the rest of attribution)
+        self._failures = {"refresh": "", "map": ""}
 
     async def refresh(self, dynamic: Sequence[DynamicAllocation], monotonic: Any) -> None:
         """Re-read what the node holds for ``dynamic`` (nothing when it is empty); start the slice watch."""
+        try:
+            await self._refresh(dynamic, monotonic)
+        except Exception as exc:
+            self._failed("refresh", "reading the CDI specs", exc)
+        else:
+            self._recovered("refresh")
+
+    async def _refresh(self, dynamic: Sequence[DynamicAllocation], monotonic: Any) -> None:
         if not dynamic:
             return
         if self.slices is not None and not self.slices.wanted:
@@ -92,7 +102,31 @@ class DraResolver:
         self, plugin: Sequence[DeviceAllocation] | None, dynamic: Sequence[DynamicAllocation],
         gpus: Sequence[GpuSample],
     ) -> tuple[Sequence[DeviceAllocation] | None, DraMapping]:
-        """The device plugin's allocations with the mapped DRA devices added, and the mapping."""
+        """The device plugin's allocations with the mapped DRA devices added, and the mapping. A failure here
+        costs the DRA devices (reported as the dra source's error), never the device plugin's."""
+        try:
+            out = self._allocations(plugin, dynamic, gpus)
+        except Exception as exc:
+            self._failed("map", "mapping the DRA devices", exc)
+            return plugin, DraMapping()
+        self._recovered("map")
+        return out
+
+    def _failed(self, step: str, what: str, exc: Exception) -> None:
+        message = f"{what} failed: {exc!r}"
+        if message != self._failures[step]:
+            log.exception("DRA: %s", message)
+        self._failures[step] = message
+
+    def _recovered(self, step: str) -> None:
+        if self._failures[step]:
+            log.info("DRA: %s works again", step)
+            self._failures[step] = ""
+
+    def _allocations(
+        self, plugin: Sequence[DeviceAllocation] | None, dynamic: Sequence[DynamicAllocation],
+        gpus: Sequence[GpuSample],
+    ) -> tuple[Sequence[DeviceAllocation] | None, DraMapping]:
         if not dynamic:
             self._note_unmapped(())
             return plugin, DraMapping()
@@ -116,6 +150,9 @@ class DraResolver:
 
     def statuses(self, mapping: DraMapping) -> tuple[SourceStatus, ...]:
         """``dra`` (and ``cdi``, ``dra_resource_slices`` when in use) while there are DRA GPU devices."""
+        failure = "; ".join(f for f in self._failures.values() if f)
+        if failure:
+            return (SourceStatus(SOURCE, False, 0.0, _cut(failure)),)
         if not mapping.devices:
             return ()
         out: list[SourceStatus] = []
