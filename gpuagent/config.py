@@ -215,10 +215,10 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 
 
 def _text_list(value: Any, ctx: _Ctx) -> Any:
-    """Env and flags give a list comma-separated, "none" (or "") for an empty one; YAML gives a list."""
+    """Env and flags give a list comma-separated, "none" (or "null", "") for an empty one; YAML a list."""
     if ctx.text and isinstance(value, str):
         text = value.strip()
-        if text.lower() in ("none", ""):
+        if text.lower() in ("none", "null", ""):
             return []
         return [part.strip() for part in text.split(",") if part.strip()]
     return [] if value is None else value

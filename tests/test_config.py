@@ -532,6 +532,7 @@ def test_dra_keys_from_yaml_env_and_flags(tmp_path) -> None:
     env = {"GPUAGENT_DRA_DRIVERS": "none", "GPUAGENT_CDI_SPEC_DIRS": "/host/etc/cdi, /host/var/run/cdi"}
     config = load_config(None, env=env, overrides={"dra_resource_slices": "off"})
     assert (config.dra_drivers, config.cdi_spec_dirs) == ((), ("/host/etc/cdi", "/host/var/run/cdi"))
+    assert load_config(None, env={}, overrides={"cdi_spec_dirs": "null"}).cdi_spec_dirs == ()
     path.write_text("dra_drivers: []\ncdi_spec_dirs: null\n")
     assert load_config(str(path), env={}).cdi_spec_dirs == ()
     for key, bad, fragment in [

@@ -166,7 +166,8 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 def _class_names(value: Any, text: bool, base_dir: str | None) -> tuple[str, ...]:
     if text and isinstance(value, str):
-        value = [] if value.strip().lower() == "none" else [p.strip() for p in value.split(",") if p.strip()]
+        empty = value.strip().lower() in ("none", "null")
+        value = [] if empty else [p.strip() for p in value.split(",") if p.strip()]
     if value is None:
         value = []
     if not isinstance(value, (list, tuple)) or not all(
