@@ -31,6 +31,7 @@ SCENARIO = {
         # 2: a device-plugin pod, for comparison; 3: MIG, instance 2 given to a DRA pod
         {"model": "H100-SXM5-80GB", "mig": {"instances": [{"profile": "3g.40gb", "id": 1},
                                                           {"profile": "3g.40gb", "id": 2}]}},
+        {"model": "H100-SXM5-80GB"},  # 4: the pod whose DRA device nothing maps runs here
     ],
     "processes": [
         {"name": "trainer", "gpu": 0, "memory": "20Gi", "sm_util": 60},
@@ -38,6 +39,7 @@ SCENARIO = {
         {"name": "infer-b", "gpu": 1, "memory": "6Gi", "sm_util": 30},
         {"name": "legacy", "gpu": 2, "memory": "8Gi", "sm_util": 50},
         {"name": "notebook", "gpu": 3, "mig_instance": 2, "memory": "5Gi", "sm_util": 10},
+        {"name": "lost", "gpu": 4, "memory": "1Gi", "sm_util": 5},
     ],
 }
 # (namespace, pod, container, pod UID) of each scenario process, in order
@@ -45,7 +47,8 @@ PODS = [("ml", "train-0", "main", "0a000000-0000-4000-8000-000000000001"),
         ("serving", "infer-a", "server", "0a000000-0000-4000-8000-000000000002"),
         ("serving", "infer-b", "server", "0a000000-0000-4000-8000-000000000003"),
         ("ml", "legacy-0", "main", "0a000000-0000-4000-8000-000000000004"),
-        ("research", "nb-0", "lab", "0a000000-0000-4000-8000-000000000005")]
+        ("research", "nb-0", "lab", "0a000000-0000-4000-8000-000000000005"),
+        ("ml", "lost-0", "main", "0a000000-0000-4000-8000-000000000006")]
 CLAIM_UIDS = {"train": "1b000000-0000-4000-8000-00000000000a", "shared": "1b000000-0000-4000-8000-00000000000b",
               "nb": "1b000000-0000-4000-8000-00000000000c", "lost": "1b000000-0000-4000-8000-00000000000d"}
 MIG_DEVICE = "gpu-3-mig-2-4-4"  # NVIDIA's canonical name: parent minor, GI profile id, placement start, size
@@ -91,7 +94,7 @@ def node(tmp_path: Path) -> Node:
     scenario.write_text(yaml.safe_dump(SCENARIO))
     nvml = SimulatedNvml(load_scenario(scenario))
     nvml.nvmlInit()
-    uuids = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(4)]
+    uuids = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(5)]
     mig_handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(3), 1)
     assert nvml.nvmlDeviceGetGpuInstanceId(mig_handle) == 2
     mig_uuid = nvml.nvmlDeviceGetUUID(mig_handle)
@@ -155,7 +158,7 @@ def workloads(snapshot: NodeSnapshot) -> dict[int, tuple]:
 
 def check_like_device_plugin_pods(node: Node, snapshot: NodeSnapshot, agent: Agent, names_from: str) -> str:
     """Attribution, labels, accounting and hints of the DRA pods, next to the device-plugin pod's."""
-    gpu0, gpu1, gpu2, gpu3 = node.uuids
+    gpu0, gpu1, gpu2, gpu3, _ = node.uuids
     by_pid = workloads(snapshot)
     assert by_pid[FAKE_PID] == ("ml", "train-0", "main", names_from)
     assert by_pid[FAKE_PID + 3] == ("ml", "legacy-0", "main", names_from)  # the device plugin's pod
@@ -168,7 +171,7 @@ def check_like_device_plugin_pods(node: Node, snapshot: NodeSnapshot, agent: Age
     assert containers[("train-0", "main")] == (gpu0,) and containers[("nb-0", "lab")] == (node.mig_uuid,)
     assert {containers[("infer-a", "server")], containers[("infer-b", "server")]} == {(f"{gpu1}::0",),
                                                                                      (f"{gpu1}::1",)}
-    assert all(not p.unallocated_use for p in snapshot.pods if p.names_from != "cgroup")
+    assert all(not p.unallocated_use for p in snapshot.pods if p.names_from != "cgroup" and p.name != "lost-0")
 
     body = generate_text(agent.registry).decode()
     # dcgm labels: the exclusive DRA GPU and MIG instance carry their pod, as the device plugin's GPU does
@@ -191,7 +194,7 @@ def check_like_device_plugin_pods(node: Node, snapshot: NodeSnapshot, agent: Age
     # hints: the DRA GPUs are taken, with the same sharing modes a device plugin's allocation gives
     assert snapshot.hints is not None
     modes = {g.index: g.sharing_mode for g in snapshot.hints.gpus}
-    assert modes == {0: "exclusive", 1: "time_sliced", 2: "exclusive", 3: "mig"}
+    assert modes == {0: "exclusive", 1: "time_sliced", 2: "exclusive", 3: "mig", 4: "time_sliced"}
     tenants = {g.index: sorted(t.name for t in g.tenants if t.allocated) for g in snapshot.hints.gpus}
     assert tenants[0] == ["ml/train-0"] and tenants[1] == ["serving/infer-a", "serving/infer-b"]
     assert snapshot.hints.free_gpu_count == 0
@@ -265,7 +268,7 @@ async def test_dra_pods_with_the_api_server(node: Node) -> None:
         for namespace, name, container, uid in PODS:
             api.add_pod(make_pod(name, namespace=namespace, uid=uid, containers=(container,), gpus=0))
         gpu3 = node.uuids[3]
-        api.add_slice(make_slice(NODE, [gpu_device(f"gpu-{i}", u) for i, u in enumerate(node.uuids)]
+        api.add_slice(make_slice(NODE, [gpu_device(f"gpu-{i}", u) for i, u in enumerate(node.uuids[:4])]
                                  + [mig_device(MIG_DEVICE, node.mig_uuid, gpu3, "3g.40gb")]))
         api.add_slice(make_slice(NODE, [{"name": "nic-0", "attributes": {}}], driver="dra.net"))
         kubeconfig = api.write_kubeconfig(node.tmp / "kubeconfig")
@@ -293,6 +296,12 @@ async def test_dra_pods_with_the_api_server(node: Node) -> None:
                                                       "directory is configured")
                     # both watches share one client: one configuration, one connection pool
                     assert {r.path for r in api.lists} == {"/api/v1/pods", "/apis/resource.k8s.io/v1/resourceslices"}
+                    # lost-0 runs on GPU 4 and its DRA device is unmapped: it may be GPU 4, so not flagged
+                    assert workloads(snapshot)[FAKE_PID + 5] == ("ml", "lost-0", "main", "api_server")
+                    lost = next(p for p in snapshot.pods if p.name == "lost-0")
+                    assert lost.unallocated_use == (node.uuids[4],)
+                    body = generate_text(agent.registry).decode()
+                    assert "gpuagent_pod_gpu_unallocated_use{" not in body
                     by_pid = workloads(snapshot)  # the API server tells the two sharers apart
                     assert by_pid[FAKE_PID + 1][:2] == ("serving", "infer-a")
                     assert by_pid[FAKE_PID + 2][:2] == ("serving", "infer-b")

@@ -45,6 +45,8 @@ class PodCollector(GpuRenderer):
         idle_allocated: dict[str, int] = defaultdict(int)  # GPU -> allocated pods with no use matched
         unnamed: dict[str, int] = defaultdict(int)  # GPU -> pods in use known only by UID
         allocations_known = any(s.name == "pod_resources" and s.ok for s in snapshot.sources)
+        # A pod holding a DRA device nothing could map to a GPU may be using that very GPU: not flagged.
+        unmapped = {(d.namespace, d.pod) for d in snapshot.dra if d.mapped_by is None}
         for pod in snapshot.pods:
             ident = pod_labels(pod.namespace, pod.name)
             facts = (("uid", pod.uid or ""), ("qos", pod.qos or ""), ("names_from", pod.names_from))
@@ -60,7 +62,7 @@ class PodCollector(GpuRenderer):
                     named[uuid] += 1
                     idle_allocated[uuid] += uuid not in pod.used_gpus
             # A pod known only by its UID is most likely an allocated pod we could not name: not flagged.
-            if allocations_known and pod.names_from != "cgroup":
+            if allocations_known and pod.names_from != "cgroup" and (pod.namespace, pod.name) not in unmapped:
                 for uuid in pod.unallocated_use:
                     gpu = by_uuid.get(uuid)
                     if gpu is not None:
