@@ -248,12 +248,11 @@ class Reflector:
         try:
             items, rv = self._decode_list(response.content)
         except wire().DecodeError as exc:
-            where = f"{self.resource} list on node {self.node_name}"
-            raise _Failure("protocol", f"{where}: bad list: {exc}") from exc
+            raise _Failure("protocol", f"{self._where('list')}: bad list: {exc}") from exc
         self._replace(items)
         self._rv = rv or None
         if self._rv is None:
-            raise _Failure("protocol", f"{self.resource} list on node {self.node_name}: no resourceVersion")
+            raise _Failure("protocol", f"{self._where('list')}: no resourceVersion")
         self._list_rv = self._rv
         if not self._synced:
             self._log.info("API server: %d %s on node %s", self._size(), self.resource, self.node_name)
@@ -297,8 +296,8 @@ class Reflector:
                                 self.node_name, exc)
                 self._failures = self._expiries = 0
                 return True
-            raise _Failure("interrupted", f"{self.resource} watch on node {self.node_name} interrupted: "
-                           f"{exc!r}", relist=False) from exc
+            message = f"{self._where('watch')} interrupted: {exc!r}"
+            raise _Failure("interrupted", message, relist=False) from exc
         assert connected_at is not None
         healthy = bool(events) or self._clock() - connected_at >= self._max
         if healthy:
@@ -316,8 +315,7 @@ class Reflector:
                 raise self._api_failure("watch", status.code, status.reason, status.message)
             obj = self._decode_object(event.object)
         except decode.DecodeError as exc:
-            raise _Failure("protocol", f"{self.resource} watch on node {self.node_name}: bad event: {exc}") \
-                from exc
+            raise _Failure("protocol", f"{self._where('watch')}: bad event: {exc}") from exc
         if event.type in ("ADDED", "MODIFIED"):
             self._put(obj)
         elif event.type == "DELETED":
@@ -350,17 +348,11 @@ class Reflector:
         else:
             self._log.debug("%s from the API server: %s", self.what, failure.message)
 
-    def _transport_failure(self, verb: str, exc: Exception) -> _Failure:
-        import httpx2
+    def _where(self, verb: str) -> str:
+        return f"{self.resource} {verb} on node {self.node_name}"
 
-        where = f"{self.resource} {verb} on node {self.node_name}"
-        if isinstance(exc, httpx2.TimeoutException):
-            kind, what = "timeout", "API server did not answer in time"
-        else:
-            kind, what = "unreachable", "API server unreachable"
-        detail = str(exc) or type(exc).__name__
-        # A refused or timed-out connection says nothing of the data: resume the watch where it was.
-        return _Failure(kind, f"{what}: {where}: {detail}", relist=False)
+    def _transport_failure(self, verb: str, exc: Exception) -> _Failure:
+        return transport_failure(self._where(verb), exc)
 
     def _http_failure(self, verb: str, code: int, body: bytes) -> _Failure | _Expired:
         decode = wire()
@@ -375,21 +367,38 @@ class Reflector:
         return self._api_failure(verb, code, reason, message)
 
     def _api_failure(self, verb: str, code: int, reason: str, message: str) -> _Failure:
-        where = f"{self.resource} {verb} on node {self.node_name}"
-        if code == 403:
-            group = f" (API group {self.api_group})" if self.api_group else ""
-            return _Failure("forbidden", f"forbidden: {where}: RBAC must allow get, list and watch on "
-                            f"{self.resource}{group} for the agent's service account "
-                            f"({message or reason or 'HTTP 403'})", slow=True)
-        if code == 401:
-            return _Failure("unauthorized", f"unauthorized: {where}: the API server rejected the "
-                            f"credentials (expired or invalid token): {message or reason or 'HTTP 401'}",
-                            slow=True)
-        if code == 404:
-            return _Failure("not found", f"{where}: HTTP 404: the API server does not serve {self.path} "
-                            f"({message or reason or 'not found'})", slow=True)
-        detail = ": ".join(p for p in (reason, message) if p)
-        return _Failure(f"http {code}", f"{where}: HTTP {code}" + (f" ({detail})" if detail else ""))
+        group = f" (API group {self.api_group})" if self.api_group else ""
+        return api_failure(self._where(verb), code, reason, message,
+                           rbac=f"get, list and watch on {self.resource}{group}", path=self.path)
+
+
+def transport_failure(where: str, exc: Exception) -> _Failure:
+    """A request that got no answer: refused, reset, timed out."""
+    import httpx2
+
+    if isinstance(exc, httpx2.TimeoutException):
+        kind, what = "timeout", "API server did not answer in time"
+    else:
+        kind, what = "unreachable", "API server unreachable"
+    detail = str(exc) or type(exc).__name__
+    # A refused or timed-out connection says nothing of the data: resume the watch where it was.
+    return _Failure(kind, f"{what}: {where}: {detail}", relist=False)
+
+
+def api_failure(where: str, code: int, reason: str, message: str, *, rbac: str, path: str) -> _Failure:
+    """The API server's answer ``code`` (not 200, not 410), as the failure to report; ``rbac`` is what the
+    agent's service account must be allowed, for a 403."""
+    if code == 403:
+        return _Failure("forbidden", f"forbidden: {where}: RBAC must allow {rbac} for the agent's service "
+                        f"account ({message or reason or 'HTTP 403'})", slow=True)
+    if code == 401:
+        return _Failure("unauthorized", f"unauthorized: {where}: the API server rejected the credentials "
+                        f"(expired or invalid token): {message or reason or 'HTTP 401'}", slow=True)
+    if code == 404:
+        return _Failure("not found", f"{where}: HTTP 404: the API server does not serve {path} "
+                        f"({message or reason or 'not found'})", slow=True)
+    detail = ": ".join(p for p in (reason, message) if p)
+    return _Failure(f"http {code}", f"{where}: HTTP {code}" + (f" ({detail})" if detail else ""))
 
 
 async def _read_some(response: httpx2.Response) -> bytes:
