@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 import yaml
 from fake_apiserver import NODE, FakeApiServer, container_id, gpu_device, make_pod, make_slice, mig_device
 from podresources_server import Claim, ClaimDevice, Container, Pod, PodResourcesServer, gpus, short_socket_dir
+from test_export import ACCEPTED_LINT
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
@@ -237,6 +240,12 @@ async def test_dra_pods_without_the_api_server(node: Node, caplog: pytest.LogCap
                         'claim="train-0-gpu-x7k2q",driver="gpu.nvidia.com",pool="gpu-node-1",device="gpu-0",'
                         f'mapped_by="cdi",gpu="0",UUID="{node.uuids[0]}",Hostname="{NODE}"}} 1.0') in body
                 assert 'gpuagent_source_success{source="dra"} 0.0' in body
+                if shutil.which("promtool"):  # the new families lint clean
+                    lint = subprocess.run(["promtool", "check", "metrics"], input=body.encode(),
+                                          capture_output=True, timeout=30, check=False)
+                    problems = [p for p in (lint.stdout + lint.stderr).decode().splitlines()
+                                if p.strip() and not p.endswith(ACCEPTED_LINT)]
+                    assert lint.returncode in (0, 3) and not problems, problems
                 assert 'gpuagent_source_success{source="cdi"} 0.0' in body
                 view = allocation_view(snapshot)
                 assert view["pods"]["ml/train-0"]["claims"] == {"train-0-gpu-x7k2q": [{
