@@ -4,6 +4,7 @@ Usage (on a machine with a GPU, PyTorch and this repository on PYTHONPATH):
 
     python bench/real_gpu.py monitor --seconds 60   # agent cost and NVML time under a two-tenant load
     python bench/real_gpu.py share --seconds 40     # two PyTorch tenants at 70/30 through cgroup freezing
+    python bench/real_gpu.py mps --seconds 20       # an MPS daemon, two clients at 70 % / 30 % of the SMs
 
 ``monitor`` runs two PyTorch tenants (one busy, one light) and a real ``gpuagent run --backend nvml`` at 1 s
 polling; it samples the agent's CPU and RSS each second, and at the end reads its own metrics: the time spent
@@ -13,6 +14,9 @@ inside each NVML function (the budget is 1 % of wall time), poll durations and w
 systemd service, first alone side by side (baseline), then under ``gpuagent run --mode enforce`` with
 policies giving them 70 % and 30 % of the GPU. Achieved shares are the tenants' own iteration counts, not
 what the agent reports. After SIGTERM it checks that nothing is left frozen.
+
+``mps`` (``bench/real_gpu_mps.py``) starts an MPS control daemon of its own, runs two PyTorch clients with
+different ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and records what NVML lists and what the agent exports.
 
 Prints one JSON document per command.
 """
@@ -34,6 +38,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import real_gpu_mps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -451,7 +457,11 @@ def main() -> int:
     s.add_argument("--poll", type=float, default=1.0)
     s.add_argument("--period", type=float, default=0.1, help="the duty cycle's period (share_period)")
     commands.add_parser("probe")
+    real_gpu_mps.register(commands, sys.modules[__name__])  # mps: its own module, run by args.run
     args = parser.parse_args()
+    if getattr(args, "run", None) is not None:
+        print(json.dumps(args.run(args), indent=1))
+        return 0
     result = {"monitor": monitor, "share": share, "probe": probe}[args.command](args)
     print(json.dumps(result, indent=1))
     return 0

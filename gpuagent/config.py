@@ -64,6 +64,16 @@ class ConfigError(ValueError):
 # value is a string that stands for any type (env and flags); false for YAML values, whose type counts.
 
 
+# In env and flags a value is text: these words stand for YAML's null there, for every key (a key that does
+# not take null then rejects it, naming the key, exactly as it rejects ``key: null`` in the file).
+NULL_WORDS = ("null", "~")
+
+
+def is_null_text(value: Any) -> bool:
+    """Whether an env or flag value is the word for null (``null``, ``Null``, ``NULL`` or ``~``)."""
+    return isinstance(value, str) and value.strip().lower() in NULL_WORDS
+
+
 class _Ctx(NamedTuple):
     text: bool
     base_dir: str | None = None  # where relative paths in a file are resolved from
@@ -195,6 +205,16 @@ def _optional_path(value: Any, ctx: _Ctx) -> str | None:
     return path
 
 
+def _path(value: Any, ctx: _Ctx) -> str:
+    """A path that must be given (a root the agent reads or writes under): null is not allowed."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise _Invalid("a path")
+    path = os.path.expanduser(value)
+    if ctx.base_dir is not None and not os.path.isabs(path):
+        path = os.path.join(ctx.base_dir, path)
+    return path
+
+
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -215,10 +235,11 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 
 
 def _text_list(value: Any, ctx: _Ctx) -> Any:
-    """Env and flags give a list comma-separated, "none" (or "null", "") for an empty one; YAML a list."""
+    """Env and flags give a list comma-separated, "none" (or "") for an empty one (null, read as YAML's
+    null before this, too); YAML gives a list."""
     if ctx.text and isinstance(value, str):
         text = value.strip()
-        if text.lower() in ("none", "null", ""):
+        if text.lower() in ("none", ""):
             return []
         return [part.strip() for part in text.split(",") if part.strip()]
     return [] if value is None else value
@@ -262,7 +283,7 @@ def _bool(value: Any, ctx: _Ctx) -> bool:
 
 def _percent_or_null(value: Any, ctx: _Ctx) -> float | None:
     """A share of a GPU in percent (0, 100], or null for none."""
-    if value is None or (ctx.text and value in ("", "null", "none")):
+    if value is None or (ctx.text and value.strip().lower() in ("", "none")):
         return None
     return _number(0, high=100)(value, ctx)
 
@@ -272,7 +293,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 
 def _quantity_or_null(value: Any, ctx: _Ctx) -> str | None:
     """A Kubernetes memory quantity ("8Gi", "512Mi", plain bytes), or null for none."""
-    if value is None or (ctx.text and value in ("", "null", "none")):
+    if value is None or (ctx.text and value.strip().lower() in ("", "none")):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return str(value)
@@ -390,6 +411,11 @@ class Config:
     nvml_timeout: float = _key(
         5.0, _number(0), "seconds one GPU's read may take before that GPU is marked stale", "SECONDS"
     )
+    shutdown_timeout: float = _key(
+        10.0, _number(0, high=600),
+        "seconds from SIGTERM to exit: thaw, stop, close; what is left then is logged with its stack and "
+        "the agent exits with code 3", "SECONDS",
+    )
     backend: str = _key(
         "auto",
         _choice(*BACKENDS),
@@ -441,7 +467,7 @@ class Config:
         "device is on the node), on, or off",
         "{" + ",".join(KUBERNETES_API_MODES) + "}",
     )
-    proc_root: str = _key("/proc", _optional_path, "where /proc is (the host's, mounted elsewhere)", "PATH")
+    proc_root: str = _key("/proc", _path, "where /proc is (the host's, mounted elsewhere)", "PATH")
     kubernetes_api: str = _key(
         "auto",
         _choice(*KUBERNETES_API_MODES),
@@ -479,10 +505,10 @@ class Config:
     )
     memory_kill_grace: float = _key(30.0, _number(0), "seconds after SIGTERM before SIGKILL", "SECONDS")
     journal_path: str = _key(
-        "/var/lib/gpuagent/freeze-journal.json", _optional_path,
+        "/var/lib/gpuagent/freeze-journal.json", _path,
         "file naming every cgroup the agent may have frozen, so a restart thaws them", "PATH",
     )
-    cgroup_root: str = _key("/sys/fs/cgroup", _optional_path, "where cgroupfs is mounted", "PATH")
+    cgroup_root: str = _key("/sys/fs/cgroup", _path, "where cgroupfs is mounted", "PATH")
     freezable_outside_kubepods: tuple[str, ...] = _key(
         (), _globs, "cgroup path globs outside kubepods the enforcer may act on (off Kubernetes)", "GLOBS"
     )
@@ -543,7 +569,7 @@ class Config:
         default_doc="lo, veth*, cali*, cni*, flannel*, docker*, br-*, and other per-pod/CNI links",
     )
     sysfs_root: str = _key(
-        "/sys", _optional_path, "where sysfs is (link speeds, /sys/class/infiniband)", "PATH"
+        "/sys", _path, "where sysfs is (link speeds, /sys/class/infiniband)", "PATH"
     )
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
 
@@ -693,6 +719,8 @@ def _lookup(name: Any, source: str) -> Key:
 
 
 def _parse(key: Key, raw: Any, ctx: _Ctx, source: str) -> Any:
+    if ctx.text and is_null_text(raw):
+        raw, ctx = None, ctx._replace(text=False)  # "null" from env or a flag is YAML's null
     try:
         return key.parse(raw, ctx)
     except _Invalid as err:

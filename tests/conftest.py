@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fake_apiserver import NODE, FakeApiServer
-
-FAST_BACKOFF = {"relist_backoff": 0.02, "max_backoff": 0.1}
+from fake_apiserver import FakeApiServer
 
 
 @pytest.fixture
@@ -33,27 +29,22 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
+def agent_off_the_burn_cpu() -> Iterator[None]:
+    """The test process (the agent) off the highest CPU, where end-to-end tests' tenants contend."""
+    before = os.sched_getaffinity(0)
+    others = before - {max(before)}
+    if not others:
+        pytest.skip("needs two CPUs: one for the tenants, one for the agent")
+    os.sched_setaffinity(0, others)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@pytest.fixture
 async def api() -> AsyncIterator[FakeApiServer]:
     """A fake Kubernetes API server on 127.0.0.1 (``fake_apiserver``), stopped at teardown."""
     async with FakeApiServer() as server:
         yield server
 
-
-@pytest.fixture
-async def reflector(api: FakeApiServer) -> AsyncIterator[Callable[..., Any]]:
-    """reflector(cls, **kwargs) -> a running ``pods.reflector.Reflector`` subclass for NODE against ``api``
-    (fast backoff unless given), cancelled at teardown."""
-    tasks: list[asyncio.Task] = []
-
-    def start(cls: type, **kwargs: object) -> Any:
-        kwargs.setdefault("config", api.kubeconfig())
-        for key, value in FAST_BACKOFF.items():
-            kwargs.setdefault(key, value)
-        made = cls(NODE, **kwargs)
-        tasks.append(asyncio.create_task(made.run()))
-        return made
-
-    yield start
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -24,16 +24,28 @@ watch, as the real watch cache does), ``timeoutSeconds`` (the stream ends cleanl
         api.requests, api.lists, api.watches           # requests seen: path, query, token, time
         api.pdb_blocks("ml-team", "job-0")             # its Evictions get 429 (a PodDisruptionBudget)
         api.evictions                                  # Evictions seen (POST .../pods/<name>/eviction)
+        api.add_owner(make_owner("Deployment", "web"))  # GET /apis/{apps,batch}/v1/.../<kind>s/<name>
+        api.fail_owner_gets(403, times=2)              # the next two owner GETs get a Status error
+        api.owner_gets                                 # owner GETs seen (not in api.requests)
+        api.owner_delay = 0.5                          # owner GETs answered after this long
+
+For the agent's watcher against it: ``async with metadata_runner(api) as start: metadata = start()`` (a
+running ``PodMetadata`` of NODE with quick retries, cancelled on exit), and ``await eventually(predicate)``.
 
 Pods are plain dicts in the API's JSON; :func:`make_pod` builds realistic ones (spec, status, managed
 fields, a large last-applied annotation), and :func:`container_id` gives the bare ID of a container.
+A pod's controller is a ReplicaSet ``<name>-rs`` unless ``owner=`` names one (an object of
+:func:`make_owner`, whose own controller its ``owner=`` names) or ``owner=None`` (a bare pod). Owners of
+the kinds the agent walks (ReplicaSet, Deployment, StatefulSet, Job, CronJob) are served by
+``GET /apis/apps/v1/namespaces/{ns}/<kind>s/{name}`` (``batch/v1`` for jobs and cron jobs) once added.
 
 ``GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`` (and ``resourceclaimtemplates``)
-answers the object added with ``add_claim`` (``add_claim_template``), 404 otherwise; ``fail_next`` applies.
-:func:`make_slice`, :func:`gpu_device`, :func:`mig_device` build ResourceSlices as NVIDIA's DRA driver
-publishes them; :func:`make_claim_template` a ResourceClaimTemplate.
+answers the object added with ``add_claim`` (``add_claim_template``), as owners are served (404 otherwise,
+``fail_owner_gets`` applies). :func:`make_slice`, :func:`gpu_device`, :func:`mig_device` build
+ResourceSlices as NVIDIA's DRA driver publishes them; :func:`make_claim` and :func:`make_claim_template`
+a ResourceClaim and a ResourceClaimTemplate.
 
-``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the shared
+``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the
 fixture's ``Status`` body, or 429 with the PodDisruptionBudget fixture's after ``pdb_blocks(ns, name)``;
 400 when the body is not an Eviction of that pod. Evictions are recorded in ``api.evictions`` (not in
 ``api.requests``), and ``fail_next`` applies to them too.
@@ -48,24 +60,25 @@ after the API server's validation of the fields it requires (``eventTime``, ``re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiohttp import web
+from fixture_files import kubernetes_body
 
 NODE = "gpu-node-1"
 TOKEN = "test-token"
 RUNTIME_PREFIX = {"containerd": "containerd://", "cri-o": "cri-o://", "docker": "docker://"}
 _DROP, _END = object(), object()
-_K8S_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kubernetes"
 
 
 # -- pods ------------------------------------------------------------------------------------------------
@@ -90,6 +103,7 @@ def make_pod(
     started: bool = True,
     gpus: int = 1,
     mirror_of: str | None = None,
+    owner: Mapping[str, Any] | str | None = "replicaset",
 ) -> dict[str, Any]:
     """A pod as the API server returns it. ``started=False``: containers still waiting (no IDs yet);
     ``mirror_of``: the mirror of a static pod whose kubelet-side UID (config hash) is this."""
@@ -103,13 +117,16 @@ def make_pod(
                                              "command": ["python", "-m", "train", "--epochs", "100"] * 20}
                                             for c in containers]}}),
     )
-    owner = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs", "uid": str(uuid.uuid4()),
-              "controller": True, "blockOwnerDeletion": True}]
+    if owner == "replicaset":
+        owners = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs", "uid": str(uuid.uuid4()),
+                   "controller": True, "blockOwnerDeletion": True}]
+    else:
+        owners = [owner_ref(owner)] if isinstance(owner, Mapping) else []
     if mirror_of:
         annotations.update({"kubernetes.io/config.mirror": mirror_of, "kubernetes.io/config.hash": mirror_of,
                             "kubernetes.io/config.source": "file"})
-        owner = [{"apiVersion": "v1", "kind": "Node", "name": node or NODE, "uid": str(uuid.uuid4()),
-                  "controller": True}]
+        owners = [{"apiVersion": "v1", "kind": "Node", "name": node or NODE, "uid": str(uuid.uuid4()),
+                   "controller": True}]
     resources = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"},
                  "requests": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"}} if gpus else {}
 
@@ -165,7 +182,7 @@ def make_pod(
         "metadata": {
             "name": name, "namespace": namespace, "uid": uid, "resourceVersion": "0",
             "creationTimestamp": "2026-08-07T10:20:05Z", "labels": {"app": name, "pod-template-hash": "7d9c6b8f5d"},
-            "annotations": annotations, "ownerReferences": owner,
+            "annotations": annotations, **({"ownerReferences": owners} if owners else {}),
             "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
                                "time": "2026-08-07T10:20:11Z", "fieldsType": "FieldsV1", "subresource": "status",
                                "fieldsV1": {"f:status": {f"f:{k}": {} for k in status}}}],
@@ -251,6 +268,29 @@ def make_claim(name: str, requests: Sequence[Mapping[str, Any]], *, namespace: s
     return claim
 
 
+_API_VERSIONS = {"ReplicaSet": "apps/v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
+                 "Job": "batch/v1", "CronJob": "batch/v1"}
+
+
+def make_owner(kind: str, name: str, *, namespace: str = "default", owner: Mapping[str, Any] | None = None,
+               api_version: str | None = None, uid: str | None = None) -> dict[str, Any]:
+    """A controller object as the API server returns it (what the agent reads of it: metadata), controlled
+    by ``owner`` (another object of this function) when given."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
+                                "resourceVersion": "1", "labels": {"app": name},
+                                "annotations": {"deployment.kubernetes.io/revision": "3"}}
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_ref(owner)]
+    return {"apiVersion": api_version or _API_VERSIONS.get(kind, "example.com/v1"), "kind": kind,
+            "metadata": metadata, "spec": {"replicas": 1}, "status": {"replicas": 1}}
+
+
+def owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The controller ``ownerReferences`` entry pointing at ``obj``."""
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
 # -- the server ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SeenRequest:
@@ -301,7 +341,6 @@ class FakeApiServer:
         self._stores: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in _KINDS}  # kind -> uid -> obj
         self.pods = self._stores["pods"]  # uid -> pod
         self.slices = self._stores["resourceslices"]  # uid -> ResourceSlice
-        self.claims: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, namespace, name) -> object
         self._rv = 1000
         self._oldest = self._rv  # a watch from a version older than this gets 410
         self._history: list[tuple[str, int, dict | None, dict | None]] = []  # (kind, rv, before, after)
@@ -313,6 +352,10 @@ class FakeApiServer:
         self.evictions: list[SeenEviction] = []
         self.events: list[SeenEvent] = []
         self._pdb_blocked: set[tuple[str, str]] = set()
+        self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, namespace, name) -> object
+        self.owner_gets: list[SeenRequest] = []
+        self._owner_failures: list[int] = []
+        self.owner_delay = 0.0  # seconds before an owner GET is answered
 
     # lifecycle
     async def __aenter__(self) -> FakeApiServer:
@@ -326,7 +369,7 @@ class FakeApiServer:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
         app.router.add_get("/apis/resource.k8s.io/v1/resourceslices", self._resource_slices)
-        app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{namespace}/{kind}/{name}", self._claim)
+        app.router.add_get("/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}", self._owner)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict)
         app.router.add_post("/apis/events.k8s.io/v1/namespaces/{namespace}/events", self._event)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
@@ -383,14 +426,12 @@ class FakeApiServer:
         self._delete("resourceslices", uid, notify)
 
     def add_claim(self, claim: Mapping[str, Any]) -> None:
-        """A ResourceClaim that ``GET .../resourceclaims/<name>`` answers."""
-        meta = claim["metadata"]
-        self.claims[("resourceclaims", meta["namespace"], meta["name"])] = copy.deepcopy(dict(claim))
+        """A ResourceClaim that ``GET .../resourceclaims/<name>`` answers (served as owners are)."""
+        self.add_owner(claim)
 
     def add_claim_template(self, template: Mapping[str, Any]) -> None:
         """A ResourceClaimTemplate that ``GET .../resourceclaimtemplates/<name>`` answers."""
-        meta = template["metadata"]
-        self.claims[("resourceclaimtemplates", meta["namespace"], meta["name"])] = copy.deepcopy(dict(template))
+        self.add_owner(template)
 
     def _put(self, kind: str, obj: Mapping[str, Any], notify: bool) -> dict[str, Any]:
         after = copy.deepcopy(dict(obj))
@@ -457,6 +498,14 @@ class FakeApiServer:
         else:
             self._pdb_blocked.discard((namespace, name))
 
+    def add_owner(self, obj: Mapping[str, Any]) -> None:
+        """Serves ``obj`` (of :func:`make_owner`) to GETs of its kind, namespace and name."""
+        meta = obj["metadata"]
+        self.owners[(obj["kind"].lower() + "s", meta["namespace"], meta["name"])] = copy.deepcopy(dict(obj))
+
+    def fail_owner_gets(self, status: int = 500, *, times: int = 1) -> None:
+        self._owner_failures.extend([status] * times)
+
     # what tests look at
     @property
     def lists(self) -> list[SeenRequest]:
@@ -502,16 +551,15 @@ class FakeApiServer:
             after["metadata"]["resourceVersion"] = str(rv)
         return {"type": "DELETED", "object": after}
 
-    def _check(self, request: web.Request, verb: str, kind: str = "pods", *, subject: str | None = None,
-               scope: str = "at the cluster scope") -> web.Response | None:
+    def _check(self, request: web.Request, verb: str, kind: str = "pods") -> web.Response | None:
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
         if self._failures:
             code, message = self._failures.pop(0)
             if message is None:
                 group = "" if kind == "pods" else "resource.k8s.io"
-                message = (f'{subject or kind} is forbidden: User "system:serviceaccount:gpu-system:gpuagent" '
-                           f'cannot {verb} resource "{kind}" in API group "{group}" {scope}') if code == 403 else \
+                message = (f'{kind} is forbidden: User "system:serviceaccount:gpu-system:gpuagent" cannot {verb} '
+                           f'resource "{kind}" in API group "{group}" at the cluster scope') if code == 403 else \
                     f"the server reports HTTP {code}"
             return web.json_response(_status(code, _REASONS.get(code, "Unknown"), message), status=code)
         return None
@@ -521,20 +569,6 @@ class FakeApiServer:
 
     async def _resource_slices(self, request: web.Request) -> web.StreamResponse:
         return await self._list_or_watch(request, "resourceslices")
-
-    async def _claim(self, request: web.Request) -> web.Response:
-        namespace, kind, name = (request.match_info[k] for k in ("namespace", "kind", "name"))
-        self.requests.append(SeenRequest(request.method, request.path, dict(request.query),
-                                         request.headers.get("Authorization"), time.monotonic()))
-        refused = self._check(request, "get", kind, subject=f'{kind}.resource.k8s.io "{name}"',
-                              scope=f'in the namespace "{namespace}"')
-        if refused is not None:
-            return refused
-        found = self.claims.get((kind, namespace, name))
-        if found is None:
-            return web.json_response(_status(404, "NotFound", f'{kind}.resource.k8s.io "{name}" not found'),
-                                     status=404)
-        return web.json_response(found)
 
     async def _list_or_watch(self, request: web.Request, kind: str) -> web.StreamResponse:
         query = dict(request.query)
@@ -600,6 +634,24 @@ class FakeApiServer:
         finally:
             self._watchers.discard(w)
         return response
+
+    async def _owner(self, request: web.Request) -> web.Response:
+        self.owner_gets.append(SeenRequest(request.method, request.path, dict(request.query),
+                                           request.headers.get("Authorization"), time.monotonic()))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+        plural, namespace, name = (request.match_info[k] for k in ("plural", "namespace", "name"))
+        if self.owner_delay:
+            await asyncio.sleep(self.owner_delay)
+        if self._owner_failures:
+            code = self._owner_failures.pop(0)
+            message = (f'{plural}.{request.match_info["group"]} "{name}" is forbidden: User '
+                       f'"system:serviceaccount:gpuagent:gpuagent" cannot get resource "{plural}"')
+            return web.json_response(_status(code, _REASONS.get(code, "Unknown"), message), status=code)
+        obj = self.owners.get((plural, namespace, name))
+        if obj is None:
+            return web.json_response(_status(404, "NotFound", f'{plural} "{name}" not found'), status=404)
+        return web.json_response(obj)
 
     async def _evict(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -705,25 +757,52 @@ def _event_problems(body: Any, namespace: str) -> list[str]:
     return problems
 
 
-def _eviction_fixture(name: str, fallback: dict[str, Any]) -> dict[str, Any]:
-    """A shared fixture body (``shared/fixtures/kubernetes``), or the same body where shared/ is absent."""
-    try:
-        return json.loads((_K8S_FIXTURES / name).read_text())
-    except (OSError, ValueError):
-        return fallback
-
-
-EVICTION_SUCCESS = _eviction_fixture(
-    "eviction-response-success.json",
-    {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
-EVICTION_PDB = _eviction_fixture("eviction-response-429-pdb.json", {
-    **_status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."),
-    "details": {"causes": [{"reason": "DisruptionBudget",
-                            "message": "The disruption budget llm-train-pdb needs 2 healthy pods and has 2 currently"}]},
-})
+EVICTION_SUCCESS = kubernetes_body("eviction-response-success.json")
+EVICTION_PDB = kubernetes_body("eviction-response-429-pdb.json")
 
 
 def pod_list(pods: Iterable[Mapping[str, Any]], resource_version: str = "1000") -> dict[str, Any]:
     """A PodList body of these pods."""
     return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": resource_version},
             "items": list(pods)}
+
+
+# -- the agent's watcher against it --------------------------------------------------------------------------
+FAST_RETRIES = {"relist_backoff": 0.02, "max_backoff": 0.1}
+
+
+async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> None:
+    """Until ``predicate()`` is true, polling every 5 ms; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {predicate}")
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def metadata_runner(
+    api: FakeApiServer, cls: type | None = None, **defaults: Any
+) -> AsyncIterator[Callable[..., Any]]:
+    """``start(**kwargs)`` -> a running ``PodMetadata`` (or ``cls``, another ``pods.reflector.Reflector``,
+    with ``defaults``) of NODE against ``api`` (quick retries unless given); every one started is cancelled
+    on exit."""
+    if cls is None:
+        from gpuagent.pods.metadata import PodMetadata as cls
+
+    tasks: list[asyncio.Task] = []
+
+    def start(**kwargs: Any) -> Any:
+        kwargs.setdefault("config", api.kubeconfig())
+        for key, value in {**FAST_RETRIES, **defaults}.items():
+            kwargs.setdefault(key, value)
+        made = cls(NODE, **kwargs)
+        tasks.append(asyncio.create_task(made.run()))
+        return made
+
+    try:
+        yield start
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -136,7 +136,7 @@ def gpus(*device_ids: str, resource: str = "nvidia.com/gpu", numa: Sequence[int]
 
 
 def load_list_response(path: str | os.PathLike[str]) -> list[api_pb2.PodResources]:
-    """The pods of a ``ListPodResourcesResponse`` written in proto3 JSON (as in shared/fixtures)."""
+    """The pods of a ``ListPodResourcesResponse`` written in proto3 JSON (as in tests/fixtures/kubernetes)."""
     return parse_list_response(Path(path).read_text())
 
 

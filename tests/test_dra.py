@@ -6,12 +6,19 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from fake_apiserver import NODE, FakeApiServer, gpu_device, make_slice, mig_device
-from test_metadata import eventually
+from fake_apiserver import (
+    NODE,
+    FakeApiServer,
+    eventually,
+    gpu_device,
+    make_slice,
+    metadata_runner,
+    mig_device,
+)
 
 from gpuagent.pods.dra.cdi import CdiIndex, CdiSpecError, CdiSpecs, parse_spec
 from gpuagent.pods.dra.mapper import MAPPED_BY_CDI, MAPPED_BY_SLICE, Places, cap_minors, map_devices
@@ -291,9 +298,10 @@ def test_places_signature_follows_minors_and_mig_layout() -> None:
 
 # -- ResourceSlices from the API server ------------------------------------------------------------------------
 @pytest.fixture
-def watch(reflector: Callable[..., ResourceSlices]) -> Callable[..., ResourceSlices]:
+async def watch(api: FakeApiServer) -> AsyncIterator[Callable[..., ResourceSlices]]:
     """watch(**kwargs) -> a running ResourceSlices of gpu.nvidia.com for NODE; cancelled at teardown."""
-    return lambda **kwargs: reflector(ResourceSlices, **{"drivers": ("gpu.nvidia.com",), **kwargs})
+    async with metadata_runner(api, ResourceSlices, drivers=("gpu.nvidia.com",)) as start:
+        yield start
 
 
 async def test_slices_are_not_asked_for_until_wanted(api: FakeApiServer, watch) -> None:

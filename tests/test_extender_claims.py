@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from fake_apiserver import FakeApiServer, make_claim, make_claim_template
+from fixture_files import filter_request
 from test_dra_agent import node, node_snapshot  # noqa: F401 (node is a fixture)
 from test_extender import NODES, VirtualAgents, agents, all_free  # noqa: F401 (agents is a fixture)
-from test_extender_fixtures import filter_request
 
 from gpuagent.hints.agents import AgentCache, AgentDirectory
 from gpuagent.hints.claim_reader import ClaimReader
@@ -163,7 +163,7 @@ async def test_templates_and_claims_are_read_and_cached(api: FakeApiServer, read
                              namespace="ml-team"))
     pod = dra_pod({"name": "a", "resourceClaimTemplateName": "single-gpu"})
     assert (await reader.pod_gpus(pod)).by_kind == {None: 1}
-    assert api.requests[-1].path == "/apis/resource.k8s.io/v1/namespaces/ml-team/resourceclaimtemplates/single-gpu"
+    assert api.owner_gets[-1].path == "/apis/resource.k8s.io/v1/namespaces/ml-team/resourceclaimtemplates/single-gpu"
     both = dra_pod({"name": "a", "resourceClaimTemplateName": "single-gpu"},
                    {"name": "b", "resourceClaimName": "shared-mig"})
     assert (await reader.pod_gpus(both)).by_kind == {None: 1, "1g.10gb": 1}
@@ -177,7 +177,7 @@ async def test_templates_and_claims_are_read_and_cached(api: FakeApiServer, read
 
 
 async def test_reads_that_fail_are_unjudged_with_the_reason(api: FakeApiServer, reader: ClaimReader) -> None:
-    api.fail_next(403)
+    api.fail_owner_gets(403)
     with pytest.raises(Unjudged) as info:
         await reader.pod_gpus(dra_pod({"name": "a", "resourceClaimTemplateName": "t"}))
     assert info.value.category == "unreadable"

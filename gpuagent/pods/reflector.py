@@ -166,6 +166,12 @@ class Reflector:
         """How many objects the view holds, for log lines."""
         raise NotImplementedError
 
+    def _opened(self, http: httpx2.AsyncClient) -> None:
+        """The HTTP client is open (a subclass may start work of its own on it)."""
+
+    async def _closed(self) -> None:
+        """``run`` ends: stop what ``_opened`` started."""
+
     # -- the view's state ----------------------------------------------------------------------------------
     @property
     def status(self) -> tuple[bool, str]:
@@ -186,6 +192,7 @@ class Reflector:
                 try:
                     if http is None:
                         http, owned = self._open()
+                        self._opened(http)
                     if self._rv is None:
                         await self._list(http)
                     healthy = await self._watch(http)
@@ -206,6 +213,7 @@ class Reflector:
                     self._fail(_Failure("internal", f"internal error: {exc!r}"), exc_info=exc)
                     await asyncio.sleep(self._delay())
         finally:
+            await self._closed()
             if owned is not None:
                 await owned.aclose()
 
