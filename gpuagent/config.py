@@ -113,13 +113,25 @@ def _number(low: float, *, high: float | None = None) -> Parser:
     return parse
 
 
+def choice_word(value: Any, choices: tuple[str, ...]) -> str | None:
+    """``value`` as one of ``choices`` (case and spaces ignored), or None. YAML 1.1 reads a bare ``off``
+    or ``on`` as a boolean: where the choices hold that word, the boolean is taken as the word, so
+    ``mode: off`` means what it says."""
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in choices:
+        return value.strip().lower()
+    return None
+
+
 def _choice(*choices: str) -> Parser:
     expected = "one of " + ", ".join(choices)
 
     def parse(value: Any, ctx: _Ctx) -> str:
-        if not isinstance(value, str) or value.strip().lower() not in choices:
+        word = choice_word(value, choices)
+        if word is None:
             raise _Invalid(expected)
-        return value.strip().lower()
+        return word
 
     return parse
 
@@ -596,7 +608,7 @@ class Config:
     def describe(self) -> str:
         """The effective values as YAML lines, each with where it came from (``# default``, ``# env ...``)."""
         lines = [f"{name}: {_yaml_scalar(value)}" for name, value in self.as_dict().items()]
-        width = max(len(line) for line in lines)
+        width = max(len(line) for line in lines if len(line) <= 72)  # a long list does not push every comment
         return "\n".join(
             f"{line:<{width}}  # {self.sources.get(key.name, 'default')}"
             for line, key in zip(lines, KEYS, strict=True)

@@ -612,3 +612,13 @@ def test_a_file_named_null_is_given_as_a_path(tmp_path: Path, monkeypatch: pytes
     monkeypatch.chdir(tmp_path)
     assert load_config(env={}, overrides={"scenario": "./null"}).scenario == "./null"
     assert load_config(env={}, overrides={"scenario": "null"}).scenario is None
+
+
+def test_bare_on_and_off_in_yaml_mean_the_words(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``off``/``on`` as booleans: where a key's choices hold the word, it means the word."""
+    config = load_config(write(tmp_path, "mode: off\nkubernetes_api: on\nidle_events: OFF\n"), env={})
+    assert (config.mode, config.kubernetes_api, config.idle_events) == ("off", "on", "off")
+    with pytest.raises(ConfigError, match="mode: expected one of off, audit, enforce, got true"):
+        load_config(write(tmp_path, "mode: on\n", "on.yaml"), env={})
+    with pytest.raises(ConfigError, match=r"log_level: expected one of debug.*got false"):
+        load_config(write(tmp_path, "log_level: off\n", "level.yaml"), env={})

@@ -132,3 +132,9 @@ def test_null_agent_url_from_a_flag_turns_the_template_off(tmp_path: Path) -> No
     options = load_options(None, env={}, overrides={"agent_url": "null", "agents": str(agents)})
     assert options.agent_url is None and options.agent_ca_file is None
     assert load_options(None, env={}, overrides={"agent_ca_file": "null"}).agent_ca_file is None
+
+
+def test_bare_off_in_yaml_means_off(tmp_path: Path) -> None:
+    config = tmp_path / "extender.yaml"
+    config.write_text("kubernetes_api: off\n")
+    assert load_options(str(config), env={}).kubernetes_api == "off"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuagent.config import ConfigError, is_null_text, parse_listen, read_yaml_mapping
+from gpuagent.config import ConfigError, choice_word, is_null_text, parse_listen, read_yaml_mapping
 
 ENV_PREFIX = "GPUAGENT_EXTENDER_"
 CONFIG_ENV = "GPUAGENT_EXTENDER_CONFIG"
@@ -179,9 +179,10 @@ def _class_names(value: Any, text: bool, base_dir: str | None) -> tuple[str, ...
 
 
 def _mode(value: Any, text: bool, base_dir: str | None) -> str:
-    if not isinstance(value, str) or value.strip().lower() not in API_MODES:
+    word = choice_word(value, API_MODES)
+    if word is None:
         raise ValueError("expected one of " + ", ".join(API_MODES))
-    return value.strip().lower()
+    return word
 
 
 def _level(value: Any, text: bool, base_dir: str | None) -> str:
