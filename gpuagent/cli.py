@@ -20,6 +20,7 @@ from gpuagent.config import CONFIG_ENV, KEYS, KEYS_BY_NAME, Config, ConfigError,
 from gpuagent.hints import extender_config
 from gpuagent.recommend.cli import add_recommend_parser
 from gpuagent.report.cli import add_report_parser
+from gpuagent.top.cli import add_top_parser
 
 EXIT_CONFIG_ERROR = 2  # also argparse's exit status for bad usage
 
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_report_parser(commands)  # gpuagent report: chargeback from Prometheus (gpuagent/report/cli.py)
     add_recommend_parser(commands)  # gpuagent recommend: right-sizing from Prometheus (gpuagent/recommend/)
+    add_top_parser(commands)  # gpuagent top: the live view of a node or a cluster (gpuagent/top/cli.py)
 
     extender = commands.add_parser(
         "extender", help="serve kube-scheduler's extender verbs (filter, prioritize) from the agents' hints"

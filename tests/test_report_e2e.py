@@ -13,16 +13,14 @@ series that ended inside the range must still be counted); then the agent restar
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
 import math
 import re
 import subprocess
-import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ import yaml
 from agent_runner import AgentRunner, run_gpuagent
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
 from prometheus_server import PrometheusServer, free_port, prometheus_binary
+from tenant_node import LoopThread, gpu_uuids
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_PID = 4_200_000  # the simulator's PID of scenario process i (without a pid of its own) is FAKE_PID + i
@@ -85,35 +84,6 @@ def write_proc(root: Path) -> Path:
     """``/proc/<pid>/cgroup`` of every scenario process: kubelet's cgroup v2 layout, and a service."""
     return agent_runner.write_proc(root, FAKE_PID, [(t.uid, f"{i + 1:064x}") for i, t in enumerate(TENANTS)],
                                    SERVICE)
-
-
-def gpu_uuids(scenario_path: Path) -> list[str]:
-    from gpuagent.devices.sim import SimulatedNvml, load_scenario
-
-    nvml = SimulatedNvml(load_scenario(scenario_path))
-    nvml.nvmlInit()
-    try:
-        return [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
-    finally:
-        nvml.nvmlShutdown()
-
-
-class LoopThread:
-    """An asyncio loop in a daemon thread, for the pod-resources gRPC server."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="report-e2e-kubelet", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        if not self.thread.is_alive():
-            self.loop.close()
 
 
 @dataclass
