@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -34,80 +33,22 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from kubenode import kubelet_node, one_pod_per_process, running_agent
+from measure import PrometheusClientRender, median_ms, quantiles, series_count
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
 
 
-def quantiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {
-        "median_ms": round(statistics.median(ordered) * 1000, 3),
-        "p95_ms": round(ordered[int(len(ordered) * 0.95) - 1] * 1000, 3),
-        "min_ms": round(ordered[0] * 1000, 3),
-        "runs": len(ordered),
-    }
-
-
-def kubelet_node(nvml: object, root: Path) -> tuple[Path, list[object], list[dict[str, object]]]:
-    """A /proc tree whose every GPU process sits in its own pod's cgroup, the pods' allocations (kubelet),
-    and the pods as the API server returns them (which is what names pods that time-share a GPU)."""
-    from fake_apiserver import make_pod
-    from podresources_server import Container, Pod, gpus
-
-    nvml.nvmlInit()  # type: ignore[attr-defined]
-    pods, api_pods = [], []
-    for index in range(nvml.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
-        uuid = nvml.nvmlDeviceGetUUID(handle)  # type: ignore[attr-defined]
-        for replica, process in enumerate(nvml.nvmlDeviceGetComputeRunningProcesses(handle)):  # type: ignore[attr-defined]
-            uid = f"{process.pid:08x}-0000-4000-8000-{index:012x}"
-            cgroup = root / str(process.pid)
-            cgroup.mkdir(parents=True)
-            api_pod = make_pod(f"job-{process.pid}", namespace="bench", uid=uid, containers=("main",))
-            cid = api_pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-            (cgroup / "cgroup").write_text(
-                f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}"
-                f".slice/cri-containerd-{cid}.scope\n"
-            )
-            pods.append(Pod(f"job-{process.pid}", "bench", [Container("main", [gpus(f"{uuid}::{replica}")])]))
-            api_pods.append(api_pod)
-    return root, pods, api_pods
-
-
 async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
-    import tempfile
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fake_apiserver import NODE, FakeApiServer
-    from podresources_server import PodResourcesServer, short_socket_dir
-
-    from gpuagent.agent import Agent
-    from gpuagent.config import load_config
     from gpuagent.devices.sim import SimulatedNvml, load_scenario
     from gpuagent.export import scrape
 
     nvml = SimulatedNvml(load_scenario(str(SCENARIO)))
-    with tempfile.TemporaryDirectory() as tmp, short_socket_dir() as sockets:
-        proc_root, pods, api_pods = kubelet_node(nvml, Path(tmp))
-        socket = sockets / "kubelet.sock"
-        async with PodResourcesServer(socket, pods=pods), FakeApiServer() as api:
-            for pod in api_pods:
-                api.add_pod(pod)
-            config = load_config(None, env={}, overrides={
-                "backend": "sim", "scenario": str(SCENARIO), "proc_root": str(proc_root),
-                "pod_resources_socket": str(socket), "kubernetes_api": "on", "hostname": NODE,
-                "kubeconfig": str(api.write_kubeconfig(Path(tmp) / "kubeconfig")),
-            })
-            agent = Agent(config, nvml=nvml, backend="sim")
-            watcher = asyncio.create_task(agent.pods.metadata.run())
-            try:
-                while not agent.pods.metadata.synced:
-                    await asyncio.sleep(0.05)
-                return await _measure(agent, polls, scrapes, scrape)
-            finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
+    async with kubelet_node() as node:
+        node.add_pods(*one_pod_per_process(nvml, node.work / "proc"))
+        async with running_agent(node, nvml, SCENARIO) as agent:
+            return await _measure(agent, polls, scrapes, scrape)
 
 
 async def _measure(agent, polls: int, scrapes: int, scrape) -> dict[str, object]:
@@ -128,6 +69,7 @@ async def _measure(agent, polls: int, scrapes: int, scrape) -> dict[str, object]
     timings: dict[str, list[float]] = {
         name + gz: [] for name in ("scrape_new_snapshot", "scrape_cached") for gz in ("", "_gzip")
     }
+    stock: list[float] = []  # prometheus-client rendering the series of each plain new-snapshot scrape
     for index in range(scrapes):
         gzip = "gzip" if index % 2 else None  # alternate, so both see the same snapshots' mix
         suffix = "_gzip" if gzip else ""
@@ -138,11 +80,14 @@ async def _measure(agent, polls: int, scrapes: int, scrape) -> dict[str, object]
         started = time.perf_counter()
         scrape(agent.registry, None, gzip)
         timings["scrape_cached" + suffix].append(time.perf_counter() - started)
+        if not gzip:
+            baseline = PrometheusClientRender(body.decode())
+            started = time.perf_counter()
+            baseline.render()
+            stock.append(time.perf_counter() - started)
     body = scrape(agent.registry, None, None).body
     gzipped = scrape(agent.registry, None, "gzip").body
-    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
-    await agent.devices.close()
-    await agent.pods.close()
+    series = series_count(body.decode())
     named = sum(1 for g in snapshot.gpus for p in g.processes if p.workload and p.workload.namespace)
     return {
         "gpus": len(snapshot.gpus),
@@ -154,6 +99,8 @@ async def _measure(agent, polls: int, scrapes: int, scrape) -> dict[str, object]
         "poll": quantiles(poll_times),
         "poll_agent_overhead": quantiles(own_times),
         **{name: quantiles(times) for name, times in timings.items() if times},
+        **({"prometheus_client_render": quantiles(stock), "scrape_new_snapshot_speedup_vs_prometheus_client":
+            round(median_ms(stock) / median_ms(timings["scrape_new_snapshot"]), 1)} if stock else {}),
     }
 
 
@@ -229,13 +176,14 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=300)
     parser.add_argument("--scrapes", type=int, default=500)
     parser.add_argument("--soak", type=float, default=60.0, help="seconds of the CPU/RSS run (0 to skip)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the figures go")
     args = parser.parse_args()
     results: dict[str, object] = {"in_process": asyncio.run(bench_poll_and_scrape(args.polls, args.scrapes))}
     if args.soak > 0:
         results["agent_process"] = bench_process(args.soak, min(args.scrapes, 200))
     print(json.dumps(results, indent=2))
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"poll_scrape_{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(results, indent=2))
 
 

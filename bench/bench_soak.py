@@ -41,15 +41,10 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+from kubenode import NODE, ROOT, Container, KubeletNode, Pod, gpus, kubelet_node, make_pod, write_cgroup
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' kubelet and API-server fakes
-
-from fake_apiserver import NODE, FakeApiServer, container_id, make_pod  # noqa: E402
-from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir  # noqa: E402
-
-from gpuagent.devices.sim import SimulatedNvml, load_scenario  # noqa: E402
-from gpuagent.devices.sim.scenario import FAKE_PID_BASE  # noqa: E402
+from gpuagent.devices.sim import SimulatedNvml, load_scenario
+from gpuagent.devices.sim.scenario import FAKE_PID_BASE
 
 GPUS = 8
 LANES_PER_POD = 6  # concurrent processes in a pod
@@ -106,11 +101,7 @@ def plan(minutes: float, slot_seconds: float, life_seconds: tuple[float, float],
 def write_proc_root(root: Path, pod_of_pid: dict[int, str]) -> None:
     """Kubelet-shaped cgroup files (systemd driver, containerd) for every PID the scenario will list."""
     for pid, uid in pod_of_pid.items():
-        slice_uid = uid.replace("-", "_")
-        line = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}.slice/"
-                f"cri-containerd-{container_id(uid, 'main')}.scope\n")
-        (root / str(pid)).mkdir(parents=True)
-        (root / str(pid) / "cgroup").write_text(line)
+        write_cgroup(root, pid, uid)
 
 
 def free_port() -> int:
@@ -174,7 +165,7 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
     base = yaml.safe_load((ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml").read_text())
     scenario = {"version": 1, "name": "soak", "hostname": NODE, "seed": args.seed, "gpus": base["gpus"],
                 "processes": processes}
-    with tempfile.TemporaryDirectory(prefix="gpuagent-soak-") as tmp, short_socket_dir() as sockets:
+    with tempfile.TemporaryDirectory(prefix="gpuagent-soak-") as tmp:
         work = Path(tmp)
         scenario_path = work / "soak.json"
         scenario_path.write_text(json.dumps(scenario))
@@ -182,18 +173,12 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
         nvml = SimulatedNvml(load_scenario(scenario_path))
         nvml.nvmlInit()
         uuids = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(GPUS)]
-        write_proc_root(work / "proc", pod_of_pid)
-        sock = sockets / "kubelet.sock"
-        kubelet_server = PodResourcesServer(sock, pods=[], allocatable=[gpus(*uuids)])
-        async with FakeApiServer() as api, kubelet_server as kubelet:
-            kubeconfig = api.write_kubeconfig(work / "kubeconfig")
+        async with kubelet_node(work, allocatable=[gpus(*uuids)]) as node:
+            write_proc_root(work / "proc", pod_of_pid)
             config = work / "gpuagent.yaml"
-            config.write_text(yaml.safe_dump({
-                "proc_root": str(work / "proc"), "pod_resources_socket": str(sock),
-                "pod_resources_interval": 1.0,
-                "kubernetes_api": "on", "kubeconfig": str(kubeconfig), "hostname": NODE,
-                "accounting_retention": args.retention, "idle_events": "off",
-            }))
+            config.write_text(yaml.safe_dump(node.agent_config(
+                pod_resources_interval=1.0, accounting_retention=args.retention, idle_events="off",
+            )))
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             agent = subprocess.Popen(
@@ -204,7 +189,7 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
             )
             started = time.monotonic()  # the simulator's t = 0 is within a second or two of this
             try:
-                result = await drive(args, url, agent, started, pods, uuids, kubelet, api)
+                result = await drive(args, url, agent, started, pods, uuids, node)
                 return with_simulator(result, simulator_bytes, len(processes))
             finally:
                 agent.send_signal(signal.SIGTERM)
@@ -217,8 +202,7 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
 
 
 async def drive(args: argparse.Namespace, url: str, agent: subprocess.Popen[str], started: float,
-                pods: list[PodSlot], uuids: list[str], kubelet: PodResourcesServer, api: FakeApiServer
-                ) -> dict[str, object]:
+                pods: list[PodSlot], uuids: list[str], node: KubeletNode) -> dict[str, object]:
     samples: list[dict[str, object]] = []
     seen_pods: set[str] = set()
     seen_pids: set[str] = set()
@@ -227,6 +211,7 @@ async def drive(args: argparse.Namespace, url: str, agent: subprocess.Popen[str]
     next_sample = 0.0
     duration = args.minutes * 60
     timeout = aiohttp.ClientTimeout(total=10)
+    kubelet, api = node.kubelet, node.api
     async with aiohttp.ClientSession(timeout=timeout) as session:
         deadline = time.monotonic() + 30
         while True:

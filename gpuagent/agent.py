@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import logging
 import os
 import signal
@@ -63,6 +64,7 @@ from gpuagent.snapshot import (
 
 log = logging.getLogger(__name__)
 
+GC_YOUNG_OBJECTS = 10_000  # allocations between collections of the youngest generation (CPython's: 700)
 HTTP_DRAIN_SECONDS = 2.0  # at shutdown, requests in flight get this long (at most a quarter of the deadline)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -121,9 +123,10 @@ class Agent:
             clock=clock,
             monotonic=monotonic,
         )
-        self.pods = pods_source(config, environ_fallback=getattr(nvml, "process_environ", None))
+        self.pods = pods_source(config, environ_fallback=getattr(nvml, "process_environ", None),
+                                monotonic=monotonic)
         self.network = network_source(config, monotonic=monotonic)  # None with network: false
-        self.enforcer = build_enforcer(config)
+        self.enforcer = build_enforcer(config, monotonic=monotonic)
         self.accountant = build_accountant(config)
         self._accounting_failure = ""
         self.hints = HintsEngine()  # moving averages of SM use: 10 s and 5 min time constants
@@ -375,7 +378,7 @@ def build_accountant(config: Config) -> Accountant:
     return Accountant(settings, events=events)
 
 
-def build_enforcer(config: Config) -> Enforcer | None:
+def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.monotonic) -> Enforcer | None:
     """The enforcer for ``mode: audit|enforce``; None when off. Bad policies are config errors."""
     if config.mode == "off":
         return None
@@ -400,7 +403,7 @@ def build_enforcer(config: Config) -> Enforcer | None:
                 else "over-share pods are frozen in duty cycles, over-memory pods signalled")
     return Enforcer(
         mode=config.mode, actions=actions, ladder=ladder, defaults=defaults, rules=rules, cycler=cycler,
-        controller=lambda: ShareController(work_conserving=config.work_conserving),
+        controller=lambda: ShareController(work_conserving=config.work_conserving), clock=monotonic,
     )
 
 
@@ -414,7 +417,8 @@ def recover_frozen(config: Config) -> int:
     return actions.recover()
 
 
-def pods_source(config: Config, environ_fallback: Callable[[int], bytes | None] | None = None) -> PodsSource:
+def pods_source(config: Config, environ_fallback: Callable[[int], bytes | None] | None = None, *,
+                monotonic: Callable[[], float] = time.monotonic) -> PodsSource:
     """Cgroup attribution always; the kubelet's allocations when this is a kubelet node (its pod-resources
     directory exists) or the socket was configured explicitly, with its DRA devices mapped to GPUs.
     ``environ_fallback``: the simulator's environments of its made-up PIDs."""
@@ -431,7 +435,7 @@ def pods_source(config: Config, environ_fallback: Callable[[int], bytes | None] 
         environs=EnvironReader(config.proc_root, fallback=environ_fallback),
         node_names=frozenset({config.hostname, gethostname()}),
         dra=dra_resolver(config, connection) if client is not None else None, connection=connection,
-        interval=config.pod_resources_interval,
+        interval=config.pod_resources_interval, monotonic=monotonic,
     )
 
 
@@ -485,6 +489,7 @@ def run(config: Config) -> int:
         io = ThreadPoolExecutor(thread_name_prefix=IO_THREAD_PREFIX)  # to_thread's: shutdown waits for it
         loop.set_default_executor(io)
         agent = Agent(config)
+        tune_garbage_collector()
         shutdown = agent.shutdown_plan(exit=process_exit, executor=io, backstop=True)
         stop = asyncio.Event()
         signalled: list[int] = []
@@ -510,6 +515,18 @@ def run(config: Config) -> int:
         return 0
 
     return asyncio.run(main())
+
+
+def tune_garbage_collector() -> None:
+    """Once the agent is built: what start-up loaded (modules, config) is kept out of every later
+    collection (``gc.freeze``), and the youngest generation is collected every ``GC_YOUNG_OBJECTS``
+    allocations. A poll of a pod-dense node makes tens of thousands of objects that live about a poll;
+    at CPython's defaults the collector ran many times a poll and its full passes walked the whole heap,
+    14-36 % of a poll's CPU at 110-250 pods (``bench/bench_scale.py``, docs/scale.md). Cycles are still
+    collected."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
 
 
 def poll_once(config: Config) -> NodeSnapshot:

@@ -2,7 +2,9 @@
 
 Pure parsing, shared by the enforcer's policies (``enforce/policy.py``, which documents the rules) and the
 scheduling hints (``hints/``), so both read a value the same way. Bad values raise ``PolicyValueError``
-saying what was expected and what came; nothing is guessed.
+saying what was expected and what came; nothing is guessed. Both read every pod's annotations on every
+poll, and a pod-dense node repeats a handful of values hundreds of times, so the texts that parse are
+remembered (short ones only, a bounded number: a value from an API request cannot grow the memory).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 MEMORY_MAX_BYTES = 2**63 - 1  # a Kubernetes quantity's int64
 MAX_TEXT = 64  # longer values are refused before any arithmetic
@@ -23,6 +26,7 @@ _QUANTITY_RE = re.compile(
 _NUMBER_AND_UNIT_RE = re.compile(rf"[+-]?(?:{_NUMBER})\s*([A-Za-z]+)", re.ASCII)
 _EXPONENT_AND_UNIT_RE = re.compile(rf"[+-]?(?:{_NUMBER})[eE][+-]?[0-9]+\s*[A-Za-z]+", re.ASCII)
 MEMORY_EXPECTED = "a Kubernetes memory quantity like 8Gi, 512Mi, 8G or plain bytes"
+_REMEMBERED = 1024  # distinct texts that parsed, per parser
 
 
 class PolicyValueError(ValueError):
@@ -65,6 +69,19 @@ def _percent_text(fraction_of_one: float | Fraction) -> str:
 
 def parse_share(value: str) -> float:
     """A GPU share: "30" or "30%" (percent of a GPU's SM time, in (0, 100]) as a ratio, 0.30."""
+    if isinstance(value, str) and len(value) <= MAX_TEXT:
+        return _remembered_share(value)
+    return _parse_share(value)
+
+
+def parse_memory(value: str) -> int:
+    """A Kubernetes memory quantity ("8Gi", "512Mi", "8G", "1.5Gi", "8589934592") in bytes, > 0."""
+    if isinstance(value, str) and len(value) <= MAX_TEXT:
+        return _remembered_memory(value)
+    return _parse_memory(value)
+
+
+def _parse_share(value: str) -> float:
     text = value.strip() if isinstance(value, str) else value
     match = _SHARE_RE.fullmatch(text) if isinstance(text, str) and len(text) <= MAX_TEXT else None
     if match is None:
@@ -72,8 +89,7 @@ def parse_share(value: str) -> float:
     return share_from_number(Fraction(match[1]), text, percent_sign=bool(match[2]))
 
 
-def parse_memory(value: str) -> int:
-    """A Kubernetes memory quantity ("8Gi", "512Mi", "8G", "1.5Gi", "8589934592") in bytes, > 0."""
+def _parse_memory(value: str) -> int:
     text = value.strip() if isinstance(value, str) else value
     if not isinstance(text, str) or len(text) > MAX_TEXT:
         raise PolicyValueError(f"expected {MEMORY_EXPECTED}, got {quoted(value)}")
@@ -96,6 +112,11 @@ def parse_memory(value: str) -> int:
     if size > MEMORY_MAX_BYTES:
         raise PolicyValueError(f"expected at most {MEMORY_MAX_BYTES} bytes, got {quoted(value)}")
     return size
+
+
+# A text that does not parse raises every time (lru_cache keeps results only), with the same message.
+_remembered_share = lru_cache(maxsize=_REMEMBERED)(_parse_share)
+_remembered_memory = lru_cache(maxsize=_REMEMBERED)(_parse_memory)
 
 
 def _unit_hint(text: str) -> str:

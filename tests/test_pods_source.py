@@ -193,6 +193,30 @@ async def test_the_api_server_names_pods_the_kubelet_alone_cannot(tmp_path: Path
     assert 'gpuagent_pod_gpu_memory_used_bytes{namespace="serving",pod="infer-c",gpu="1"' in body
 
 
+async def test_the_kubelet_is_read_every_interval_of_the_agents_clock(tmp_path: Path, proc_root: Path) -> None:
+    path = tmp_path / "pods.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    now = [100.0]
+    with short_socket_dir() as directory:
+        socket = directory / "kubelet.sock"
+        config = load_config(None, env={}, overrides={
+            "backend": "sim", "scenario": str(path), "proc_root": str(proc_root),
+            "pod_resources_socket": str(socket), "pod_resources_interval": 5.0,
+        })
+        agent = Agent(config, nvml=SimulatedNvml(load_scenario(path)), backend="sim", monotonic=lambda: now[0])
+        try:
+            async with PodResourcesServer(socket) as server:
+                reads = []
+                for _ in range(11):  # 10 s of the agent's clock, polled every second, however fast here
+                    await agent.poll_once()
+                    reads.append(server.calls["List"])
+                    now[0] += 1.0
+                assert reads == [1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3]
+        finally:
+            await agent.devices.close()
+            await agent.pods.close()
+
+
 async def test_environments_are_read_once_and_an_unknown_one_a_few_times_more(tmp_path: Path) -> None:
     """A pod process's environment is read once; one that reads as unknown (a process that just started,
     or one the agent may not read) is read again the next polls, a few of them, not every poll forever."""

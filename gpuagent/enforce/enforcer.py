@@ -64,7 +64,7 @@ class _Owner:
     namespace: str | None
     name: str
     limits: Limits
-    util_by_gpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    util_by_gpu: dict[str, float] = field(default_factory=dict)
     memory_bytes: int = 0
     pids: list[int] = field(default_factory=list)
     targets: set[FreezeTarget] = field(default_factory=set)
@@ -99,6 +99,9 @@ class Enforcer:
         self._reported: set[tuple[str, str, str]] = set()  # policy problems logged once each
         self._pending: set[asyncio.Task[object]] = set()
         self._paused_until = float("-inf")  # an operator's manual thaw holds throttling off until then
+        # Each workload's limits and problems by what they are worked out from: this poll's and the last's.
+        self._limits_now: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
+        self._limits_before: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
 
     @property
     def cycling(self) -> bool:
@@ -142,6 +145,7 @@ class Enforcer:
     def set_rules(self, rules: Sequence[PolicyRule]) -> None:
         """New config policies (an admin reload), used from the next poll on."""
         self._rules = tuple(rules)
+        self._limits_now, self._limits_before = {}, {}
 
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
         owners, problems = self._owners(snapshot)
@@ -160,6 +164,7 @@ class Enforcer:
 
     def _owners(self, snapshot: NodeSnapshot) -> tuple[dict[str, _Owner], tuple[PolicyProblem, ...]]:
         pods = {(p.namespace, p.name): p for p in snapshot.pods}
+        self._limits_before, self._limits_now = self._limits_now, {}  # kept: what this poll asks for
         owners: dict[str, _Owner] = {}
         problems: list[PolicyProblem] = []
         for gpu in snapshot.gpus:
@@ -175,7 +180,8 @@ class Enforcer:
                     owner = owners[key] = _Owner(w.namespace, w.name, limits)
                 share = sm_share_ratio(process)
                 if share is not None and not gpu.info.mig_enabled:
-                    owner.util_by_gpu[gpu.info.uuid] += share
+                    uuid = gpu.info.uuid
+                    owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + share
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
                 owner.processes.append(process)
@@ -185,6 +191,23 @@ class Enforcer:
         return owners, tuple(problems)
 
     def _limits(self, workload: Workload, pod: PodUse | None) -> tuple[Limits, tuple[PolicyProblem, ...]]:
+        """A workload's limits and its annotations' problems; the last poll's answer while everything they
+        are worked out from is the same (limits change only with annotations or rules, and every pod's
+        are asked for on every poll)."""
+        if workload.kind != "pod":
+            key: tuple[object, ...] = (workload.kind, workload.name, workload.namespace, workload.cgroup,
+                                       workload.cgroup_v2, workload.cgroup_freezer)
+        else:
+            annotations = pod.annotations if pod is not None else {}
+            key = ("pod", workload.name, workload.namespace, tuple(annotations.items()))
+        known = self._limits_now.get(key) or self._limits_before.get(key)
+        if known is None:
+            known = self._work_out_limits(workload, pod)
+        self._limits_now[key] = known
+        return known
+
+    def _work_out_limits(self, workload: Workload, pod: PodUse | None
+                         ) -> tuple[Limits, tuple[PolicyProblem, ...]]:
         if workload.kind != "pod":
             return limits_for_workload(workload, self._defaults, self._rules), ()
         if pod is None:  # a pod only known from its cgroup: no annotations to read
@@ -205,14 +228,16 @@ class Enforcer:
         fractions: dict[str, float] = defaultdict(float)
         paused = now < self._paused_until  # an operator's manual thaw (``pause``)
         decided: list[tuple[str, str, int, float]] = []
+        tenants_by_gpu: dict[str, list[Tenant]] = {}  # in the owners' order, as the controllers saw them
+        for key, o in owners.items():
+            if o.limits.exempt:
+                continue
+            for uuid, util in o.util_by_gpu.items():
+                tenants_by_gpu.setdefault(uuid, []).append(Tenant(
+                    key=key, util_ratio=util, share_ratio=o.limits.share_ratio, priority=o.limits.priority))
         for gpu in snapshot.gpus:
             uuid = gpu.info.uuid
-            tenants = [
-                Tenant(key=key, util_ratio=o.util_by_gpu[uuid], share_ratio=o.limits.share_ratio,
-                       priority=o.limits.priority)
-                for key, o in owners.items()
-                if uuid in o.util_by_gpu and not o.limits.exempt
-            ]
+            tenants = tenants_by_gpu.get(uuid, [])
             controller = self._controllers.get(uuid)
             if not tenants:
                 if controller is not None:

@@ -163,11 +163,12 @@ class _TenantState:
     last_raw: float | None = None  # the last poll's raw running use (for the noise estimate)
     diffs: deque[float] = field(default_factory=lambda: deque(maxlen=_NOISE_POLLS))  # squared differences
     errors: deque[float] = field(default_factory=lambda: deque(maxlen=_NOISE_POLLS))  # recent use - allowance
+    mean: float | None = None  # achieved() of the samples as they are; None once they changed
 
     def achieved(self) -> float:
-        if not self.samples:
-            return 0.0
-        return math.fsum(u for _, u in self.samples) / len(self.samples)
+        if self.mean is None:
+            self.mean = math.fsum(u for _, u in self.samples) / len(self.samples) if self.samples else 0.0
+        return self.mean
 
     def noise(self) -> float:
         """Standard deviation of one poll's measured use (0 until three differences are known).
@@ -240,7 +241,7 @@ class ShareController:
         decisions = [self._observe(now, t) for t in tenants]
         self._age_absent(now, {t.key for t in tenants})
         self._classify(decisions)
-        errors = [self._effective_error(d, decisions) for d in decisions]
+        errors = self._effective_errors(decisions)
         for d, error in zip(decisions, errors, strict=True):
             self._step(d, error, dt)
         self._drop_common_slice(decisions)
@@ -273,6 +274,7 @@ class ShareController:
             state = self._states[tenant.key] = _TenantState()
         use = min(max(float(tenant.util_ratio), 0.0), 1.0)
         state.samples.append((now, use))
+        state.mean = None
         self._prune(state, now)
         raw = use / (1.0 - state.fraction)
         if state.last_raw is not None:
@@ -284,6 +286,7 @@ class ShareController:
         horizon = now - self.window
         while state.samples and state.samples[0][0] <= horizon:
             state.samples.popleft()
+            state.mean = None
 
     def _age_absent(self, now: float, present: set[str]) -> None:
         """A tenant missing from an update is not throttled; its state goes once its window is empty."""
@@ -301,38 +304,46 @@ class ShareController:
             # idle only when its window's mean is below the threshold by more than its standard error
             stderr = d.noise / math.sqrt(max(len(d.state.samples), 1))
             d.active = d.achieved + stderr >= self.idle_threshold
-        for d in decisions:
+        # What the others reserve is the sum over all tenants less one's own: every tenant's sum at once.
+        reserved = _SumsOfOthers([
+            max(o.achieved, o.tenant.share_ratio or 0.0) if o.active else o.achieved for o in decisions
+        ]) if self.work_conserving else None
+        active = sum(1 for d in decisions if d.active)
+        for index, d in enumerate(decisions):
             share = d.tenant.share_ratio
             if share is None:
                 continue
             share = min(max(float(share), 0.0), 1.0)
-            others = [o for o in decisions if o is not d]
-            if self.work_conserving:
-                reserved = math.fsum(
-                    max(o.achieved, o.tenant.share_ratio or 0.0) if o.active else o.achieved for o in others
-                )
-                d.allowance = max(share, 1.0 - reserved)
-                d.limited = any(o.active for o in others)
+            if reserved is not None:
+                d.allowance = max(share, 1.0 - reserved.without(index))
+                d.limited = active - d.active > 0  # another tenant is active
             else:
                 d.allowance = share
                 d.limited = True
             d.error = d.use - d.allowance
             d.state.errors.append(d.error)
 
-    def _effective_error(self, d: _Decision, decisions: list[_Decision]) -> float:
-        """The excess that is P's own to correct: 0 while a lower priority goes first (P is held)."""
-        if d.error <= 0.0:
-            return d.error
-        deficit = 0.0
-        for q in decisions:
-            if q is d or not q.limited:
-                continue
-            if (q.tenant.priority < d.tenant.priority and q.error > self.tolerance
-                    and q.state.fraction < self.max_frozen):
-                return 0.0  # a lower-priority tenant is still over and can still be throttled more
-            if q.state.fraction > 0.0:
-                deficit += self._deficit(q)  # time we froze out of q: release q rather than throttle d
-        return max(0.0, d.error - deficit)
+    def _effective_errors(self, decisions: list[_Decision]) -> list[float]:
+        """Each tenant's excess that is its own to correct: its error less the deficits of the other
+        throttled tenants (time we froze out of them: releasing them comes first), and 0 while a tenant of
+        lower priority goes first (it is held)."""
+        holding = [  # limited tenants still over and still able to be throttled more
+            q.tenant.priority for q in decisions
+            if q.limited and q.error > self.tolerance and q.state.fraction < self.max_frozen
+        ]
+        lowest_holding = min(holding) if holding else None
+        deficits = _SumsOfOthers([
+            self._deficit(q) if q.limited and q.state.fraction > 0.0 else 0.0 for q in decisions
+        ])
+        errors = []
+        for index, d in enumerate(decisions):
+            if d.error <= 0.0:
+                errors.append(d.error)
+            elif lowest_holding is not None and lowest_holding < d.tenant.priority:
+                errors.append(0.0)  # a lower-priority tenant is still over and can still be throttled more
+            else:
+                errors.append(max(0.0, d.error - deficits.without(index)))
+        return errors
 
     def _drop_common_slice(self, decisions: list[_Decision]) -> None:
         """Work-conserving, with every active tenant throttled: the slice of the period in which all of
@@ -469,6 +480,41 @@ class _Throttle(Generic[T]):
     fraction: float
     frozen: set[T] = field(default_factory=set)
     frozen_since: float | None = None
+
+
+class _SumsOfOthers:
+    """For values ``v``, ``without(i)`` is ``math.fsum`` of every value but ``v[i]``, each in O(1): the
+    values are summed once exactly as integers (a finite float is a multiple of 2**-1074) and a sum is
+    rounded once, as ``fsum`` rounds (int / int is correctly rounded, half to even), so it is the float
+    ``fsum`` gives. What makes a controller's update linear in its tenants, not quadratic. An infinite or
+    NaN value (never met: uses and shares are clamped to [0, 1]) falls back to ``fsum`` itself."""
+
+    __slots__ = ("_exact", "_total", "_values")
+
+    def __init__(self, values: list[float]) -> None:
+        self._values = values
+        self._exact: list[int] | None
+        try:
+            self._exact = [_exact_units(v) for v in values]
+        except (OverflowError, ValueError):
+            self._exact = None
+        self._total = sum(self._exact) if self._exact is not None else 0
+
+    def without(self, index: int) -> float:
+        if self._exact is None:
+            return math.fsum(v for i, v in enumerate(self._values) if i != index)
+        return (self._total - self._exact[index]) / _UNITS_PER_ONE
+
+
+_UNITS_PER_ONE = 1 << 1074  # 2**-1074 is the smallest float step (subnormal), so every float is an integer
+
+
+def _exact_units(value: float) -> int:
+    """``value`` in units of 2**-1074, exactly (``as_integer_ratio`` gives a power-of-two denominator)."""
+    if not value:
+        return 0  # most deficits: a tenant not throttled
+    numerator, denominator = float(value).as_integer_ratio()
+    return numerator << (1075 - denominator.bit_length())
 
 
 class DutyCycler(Generic[T]):

@@ -1,0 +1,108 @@
+"""How the benches measure: quantiles, the simulator's CPU apart from the agent's, prometheus-client's output.
+
+- ``quantiles``: medians and p95 over repeated runs (this machine is noisy, single timings mean nothing).
+- ``SimulatorTime``: a pynvml-shaped proxy around the simulated NVML that sums the CPU time each thread
+  spends inside its calls (``time.thread_time``). On the simulator "NVML" is Python running in the agent's
+  process; a real driver's calls cost the agent no such CPU. The agent's own work in a poll is the
+  process's CPU time over the poll minus that. Thread CPU time, unlike the wall time the agent's guard
+  sums for ``gpuagent_nvml_call_duration_seconds``, does not count a reader thread waiting for the GIL
+  while another thread runs, and does not count time this shared machine gives to other processes.
+- ``PrometheusClientRender``: the same series rendered the way a prometheus-client collector does it:
+  fresh ``Metric`` families filled sample by sample, encoded by ``generate_latest``. The baseline the
+  agent's ``/metrics`` of a new snapshot is compared with (both from data to text).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    """Median, p95 and minimum in milliseconds, and the number of runs."""
+    ordered = sorted(values)
+    return {
+        "median_ms": round(statistics.median(ordered) * 1000, 3),
+        "p95_ms": round(ordered[math.ceil(len(ordered) * 0.95) - 1] * 1000, 3),
+        "min_ms": round(ordered[0] * 1000, 3),
+        "runs": len(ordered),
+    }
+
+
+def median_ms(values: list[float]) -> float:
+    return round(statistics.median(values) * 1000, 3)
+
+
+class SimulatorTime:
+    """Stands where the simulated NVML module would; ``seconds`` is the CPU time spent inside its calls
+    so far, over every thread. Wraps the ``nvml*`` functions and the simulator's ``process_name``."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self._lock = threading.Lock()
+        self._wrapped: dict[str, Callable[..., Any]] = {}
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._nvml, name)
+        if not (callable(value) and not isinstance(value, type)
+                and (name.startswith("nvml") or name == "process_name")):
+            return value
+        wrapped = self._wrapped.get(name)
+        if wrapped is None:
+            wrapped = self._wrapped[name] = self._timed(value)
+        return wrapped
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - started
+                with self._lock:
+                    self.seconds += spent
+
+        return timed
+
+
+def series_count(body: str) -> int:
+    """Sample lines of a text exposition."""
+    return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+
+
+class PrometheusClientRender:
+    """prometheus-client rendering the series of one exposition: ``render()`` builds fresh families from
+    the parsed rows (as a custom collector does on every scrape) and encodes them with ``generate_latest``.
+    Parsing happens in the constructor, outside what is timed."""
+
+    def __init__(self, body: str) -> None:
+        self.families = [
+            (f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])
+            for f in text_string_to_metric_families(body)
+        ]
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Rows(self.families))  # type: ignore[arg-type]
+
+    def render(self) -> bytes:
+        return generate_latest(self._registry)
+
+
+class _Rows:
+    def __init__(self, families: list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for name, documentation, kind, samples in self._families:
+            metric = Metric(name, documentation, kind)
+            for sample_name, labels, value in samples:
+                metric.add_sample(sample_name, labels, value)
+            yield metric

@@ -1,0 +1,54 @@
+"""The benches run, at tiny sizes, so they cannot rot: what they print and write, never how fast it was."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+pytestmark = pytest.mark.integration
+
+
+def run_bench(*argv: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_bench_scale_prints_a_table_a_plot_and_one_json_line(tmp_path: Path) -> None:
+    plot = tmp_path / "scale.png"
+    done = run_bench("bench/bench_scale.py", "--sizes", "2", "9", "--polls", "3", "--scrapes", "2",
+                     "--out", str(tmp_path), "--plot", str(plot), "--profile", str(tmp_path / "profiles"))
+    lines = done.stdout.strip().splitlines()
+    figures = json.loads(lines[-1])
+    assert lines[0].split()[:3] == ["pods", "series", "poll"]
+    assert [row.split()[0] for row in lines[1:3]] == ["2", "9"]
+    assert [size["pods"] for size in figures["sizes"]] == [2, 9]
+    for size in figures["sizes"]:
+        # every pod's process is named through the API server, and the baseline rendered the same series
+        assert size["processes"] == size["processes_named_by_api_server"] == size["pods"]
+        assert size["series"] == size["series_prometheus_client"] > 0
+        assert size["poll_own"]["runs"] == 3 and size["scrape_new_snapshot"]["runs"] == 2
+        assert set(size["phases_median_ms"]) == {
+            "devices", "attribution", "enforcement", "accounting", "hints", "other"}
+    assert set(figures["bars"]) == {"scrape_speedup_min"}  # the poll bars need sizes 8, 110 and 250
+    assert plot.read_bytes().startswith(PNG_MAGIC)
+    assert len(list(tmp_path.glob("scale_*.json"))) == 1
+    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == [
+        "scale-2-poll.pstats", "scale-2-scrape.pstats", "scale-9-poll.pstats", "scale-9-scrape.pstats"]
+
+
+def test_bench_poll_scrape_measures_against_prometheus_client(tmp_path: Path) -> None:
+    done = run_bench("bench/bench_poll_scrape.py", "--polls", "2", "--scrapes", "2", "--soak", "0",
+                     "--out", str(tmp_path))
+    figures = json.loads(done.stdout)["in_process"]
+    assert figures["processes"] == figures["processes_attributed_to_named_pods"] > 0
+    assert figures["prometheus_client_render"]["runs"] == 1
+    assert figures["scrape_new_snapshot_speedup_vs_prometheus_client"] > 0
+    assert len(list(tmp_path.glob("poll_scrape_*.json"))) == 1
