@@ -49,7 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from kubenode import ROOT, VirtualClock, gpus, kubelet_node, one_pod_per_process, running_agent
-from measure import PrometheusClientRender, SimulatorTime, median_ms, quantiles, series_count
+from measure import (
+    PrometheusClientRender,
+    SimulatorTime,
+    median_ms,
+    name_dataclass_constructors,
+    quantiles,
+    series_count,
+)
 
 GPUS = 8
 POLL_INTERVAL = 1.0  # virtual seconds between polls: the agent's default cadence
@@ -291,6 +298,7 @@ async def profile_polls(node: ScaleNode, scrape: Callable[..., Any], count: int,
     import pstats
 
     stem.parent.mkdir(parents=True, exist_ok=True)
+    name_dataclass_constructors()
     polling, scraping = cProfile.Profile(), cProfile.Profile()
     for _ in range(count):
         node.clock.advance(POLL_INTERVAL)
