@@ -78,7 +78,8 @@ class SimulatorTime:
 
 
 def name_dataclass_constructors() -> int:
-    """Rename the code of each ``gpuagent`` dataclass's generated ``__init__`` (and ``__eq__``) to
+    """Rename the code of each ``gpuagent`` dataclass's generated ``__init__`` (and ``__eq__``; by
+    ``dataclasses`` or ``gpuagent.frozen``) to
     ``<dataclass>:0(Class.__init__)`` for cProfile (see the module's docstring); returns how many. The code
     stays the same; only what a profile calls it changes, for the life of the process."""
     import dataclasses
@@ -93,7 +94,7 @@ def name_dataclass_constructors() -> int:
             for method in ("__init__", "__eq__"):
                 fn = cls.__dict__.get(method)
                 code = getattr(fn, "__code__", None)
-                if code is None or code.co_filename != "<string>":
+                if code is None or not code.co_filename.startswith("<"):  # dataclasses' or faster_init's
                     continue
                 label = f"{cls.__name__}.{method}"
                 fn.__code__ = code.replace(co_filename="<dataclass>", co_firstlineno=0, co_name=label,

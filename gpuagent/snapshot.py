@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuagent.frozen import faster_inits
+
 
 class Health(str, enum.Enum):
     """Health of one GPU as the poller last saw it."""
@@ -755,3 +757,8 @@ def _claims_of(devices: tuple[DraDevice, ...], namespace: str | None, pod: str) 
                 entry["problem"] = d.problem
             claims.setdefault(d.claim, []).append(entry)
     return claims
+
+
+# Every frozen dataclass above builds through its slots directly: the same objects, ~45 % faster to make
+# (gpuagent/frozen.py), and a poll of a pod-dense node makes several per pod.
+faster_inits(globals(), __name__)

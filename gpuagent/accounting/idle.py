@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from gpuagent.frozen import faster_init
+
 CHECKPOINTS = 60
 
 K = TypeVar("K")
@@ -28,6 +30,7 @@ class _State:
     checkpoints: deque[tuple[float, float, float]] = field(default_factory=deque)  # (t, allocated, busy)
 
 
+@faster_init  # one per tenant per poll (gpuagent/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Observation:
     idle_since: float | None  # monotonic start of the current idle episode

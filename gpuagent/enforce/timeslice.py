@@ -121,6 +121,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from gpuagent.frozen import faster_init
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=Hashable)
@@ -137,6 +139,7 @@ _WAKE_SIGMAS = 1.0  # a dormant tenant is throttled again once its integral is t
 _RELEASE_SIGMAS = 2.0  # an engaged tenant is released once its integral is this many standard errors below
 
 
+@faster_init  # one per tenant per poll (gpuagent/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Tenant:
     """One tenant of one GPU at one poll."""
