@@ -22,6 +22,7 @@ from gpuagent.snapshot import (
     PodUse,
     ProcessSample,
     SourceStatus,
+    Workload,
 )
 
 
@@ -129,6 +130,28 @@ def test_rate_reader_follows_changed_allocations() -> None:
     reader = RateReader()
     for snapshot in snapshots:
         assert reader.read(snapshot) == poll_rates(snapshot), snapshot.taken_at_monotonic
+
+
+def test_rate_reader_follows_each_process_workload_from_poll_to_poll() -> None:
+    """Each process's owner is kept while its Workload is the same object: a new one (renamed, another
+    container, gone) is read afresh, the same one shared by two GPUs is read once."""
+    def named(g: GpuSample, *workloads: Workload | None) -> GpuSample:
+        return replace(g, processes=tuple(replace(p, workload=w)
+                                          for p, w in zip(g.processes, workloads, strict=True)))
+
+    main = Workload(kind="pod", name="a", namespace="ns", container="main")
+    service = Workload(kind="systemd_service", name="train.service")
+    polls = [
+        [named(gpu(0, 10, 11), main, service), named(gpu(1, 12), main)],
+        [named(gpu(0, 10, 11), main, service), named(gpu(1, 12), main)],  # the same objects
+        [named(gpu(0, 10, 11), replace(main, container="side"), service), named(gpu(1, 12), main)],
+        [named(gpu(0, 10, 11), replace(main, name="b"), None), named(gpu(1, 12), None)],
+        [named(gpu(0, 10, 11), main, service), named(gpu(1, 12), main)],  # back: the old objects again
+    ]
+    reader = RateReader()
+    for t, gpus in enumerate(polls):
+        snapshot = replace(node(t, gpus, []), sources=())
+        assert reader.read(snapshot) == poll_rates(snapshot), t
 
 
 def test_ledger_sums_a_pods_containers_without_touching_the_rates() -> None:

@@ -54,7 +54,6 @@ class IdleTracker(Generic[K]):
         self,
         key: K,
         now: float,
-        *,
         allocated_now: float,
         busy_now: float | None,
         allocated_total: float,

@@ -180,11 +180,11 @@ class Ledger:
                     total.add(first)
                     by_series[key] = total
                 total.add(increment)
-        shares = pending.shares
+        shares, series = pending.shares, self.series
         for key, increment in by_series.items():
             if increment.energy is not None:
                 shares[key] = shares.get(key, 0.0) + increment.energy
-            self._add(self._series(key, current), increment)
+            self._add(series.get(key) or self._series(key, current), increment)
 
     def _settle_energy(
         self, current: GpuRates, totals: GpuTotals, pending: _PendingEnergy, now: float
@@ -256,8 +256,9 @@ class Ledger:
                 total.allocated += rate.allocated
                 if rate.busy is not None:
                     total.busy = (total.busy or 0.0) + rate.busy
+        series = self.series
         for key, rate in now_by_key.items():
-            s = self._series(key, current)
+            s = series.get(key) or self._series(key, current)  # (a Series is never false)
             s.last_seen, s.running = now, True
             s.allocated_now, s.busy_now = rate.allocated, rate.busy
             # a figure known from the first sight starts its counter at 0 (so increase() sees all of it)
