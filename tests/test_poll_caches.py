@@ -107,6 +107,23 @@ def test_attributor_reuses_what_did_not_change_and_rebuilds_what_did() -> None:
     assert gpus[0].processes[0].workload.pod_uid == "uid-z"
 
 
+def test_attributor_passes_a_pods_annotations_on_while_its_names_are_the_same() -> None:
+    """A pod rebuilt for new figures keeps the annotations object of its last PodUse (consumers key their
+    limits on it) while the API server's names are the same; new names give a new one."""
+    identities = {10: Ident("uid-a")}
+    allocations = (Alloc("ns", "a", "main", "GPU-0"),)
+    names = {"uid-a": PodName("ns", "a", {}, {"gpuagent.io/gpu-share": "30%"})}
+    cached = Attributor()
+    _, (first,) = cached.attribute([gpu(0, 10, sm=10.0)], identities, allocations, names)
+    _, (second,) = cached.attribute([gpu(0, 10, sm=20.0)], identities, allocations, names)
+    assert second is not first and second.sm_util_percent == 20.0
+    assert second.annotations is first.annotations
+    renamed = {"uid-a": PodName("ns", "a", {}, {"gpuagent.io/gpu-share": "40%"})}
+    _, (third,) = cached.attribute([gpu(0, 10, sm=30.0)], identities, allocations, renamed)
+    assert third.annotations == {"gpuagent.io/gpu-share": "40%"} and third.annotations is not first.annotations
+    assert (third,) == attribute([gpu(0, 10, sm=30.0)], identities, allocations, renamed)[1]
+
+
 def node(t: float, gpus: list[GpuSample], pods: list[PodUse]) -> NodeSnapshot:
     return NodeSnapshot(hostname="n", backend="sim", taken_at_unix=1e9 + t, taken_at_monotonic=t,
                         poll_duration_seconds=0.001, gpus=tuple(gpus), pods=tuple(pods),

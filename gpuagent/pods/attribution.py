@@ -440,7 +440,9 @@ class Attributor:
             if entry is not None and entry[0] == inputs:
                 pod_use = entry[1]
             else:
-                pod_use = _pod_use(key, allocated, totals, known)
+                # the same names as last poll: the same annotations object too (consumers key on it)
+                same = entry is not None and known is not None and entry[0][1] == known
+                pod_use = _pod_use(key, allocated, totals, known, entry[1].annotations if same else None)
             pod_uses[key] = (inputs, pod_use)
             out.append(pod_use)
         self._pod_uses = pod_uses
@@ -468,7 +470,9 @@ def _pod_use(
     allocated: tuple[Mapping[str, tuple[str, ...]], tuple[str, ...]] | None,
     totals: _PodProcesses | None,
     known: tuple[str, PodName] | None,
+    annotations: Mapping[str, str] | None = None,
 ) -> PodUse:
+    """``annotations``: the last poll's copy of the same names' annotations, to pass on as it is."""
     devices, allocated_gpus = allocated if allocated is not None else ({}, ())
     running = totals.containers if totals is not None else {}
     containers = tuple(
@@ -485,12 +489,14 @@ def _pod_use(
     uid, qos, names_from = None, None, "pod_resources" if allocated is not None else "cgroup"
     if totals is not None:
         uid, qos, names_from = totals.uid, totals.qos, totals.names_from
-    annotations: dict[str, str] = {}
     owner_kind = owner_name = None
     if known is not None:  # the API server knows the pod, idle or not
         uid, name = known
-        qos, names_from, annotations = name.qos or qos, "api_server", dict(name.annotations)
+        qos, names_from = name.qos or qos, "api_server"
+        annotations = dict(name.annotations) if annotations is None else annotations
         owner_kind, owner_name = name.owner_kind, name.owner_name
+    else:
+        annotations = {}
     return PodUse(
         name=key[1], namespace=key[0], uid=uid, qos=qos, names_from=names_from, annotations=annotations,
         containers=containers, allocated_gpus=allocated_gpus,
