@@ -163,14 +163,20 @@ def test_only_short_texts_that_parse_are_remembered() -> None:
 # -- the enforcer's remembered limits -------------------------------------------------------------------------
 
 
-def pod_node(t: float, annotations: dict[str, dict[str, str]]) -> NodeSnapshot:
-    """One GPU whose processes are pods ``ns/<name>`` (one each), with these annotations."""
+def pod_node(t: float, annotations: dict[str, dict[str, str]], objects: dict[object, object] | None = None
+             ) -> NodeSnapshot:
+    """One GPU whose processes are pods ``ns/<name>`` (one each), with these annotations. ``objects``: the
+    same Workload and the same annotations object for equal ones, from poll to poll (as the attribution
+    passes them on)."""
     snapshot = two_gpu_node()
     gpu = snapshot.gpus[0]
     processes, pods = [], []
     for pid, (name, pod_annotations) in enumerate(sorted(annotations.items()), start=7000):
         workload = Workload(kind="pod", name=name, namespace="ns", container="main", pod_uid=f"uid-{name}",
                             names_from="api_server", cgroup=f"/kubepods/pod{pid}")
+        if objects is not None:
+            workload = objects.setdefault(workload, workload)  # type: ignore[assignment]
+            pod_annotations = objects.setdefault((name, *sorted(pod_annotations.items())), pod_annotations)  # type: ignore[assignment]
         processes.append(ProcessSample(pid, "python3", "compute", 2 * 2**30, 40.0, 10.0, workload=workload))
         pods.append(PodUse(name=name, namespace="ns", uid=f"uid-{name}", names_from="api_server",
                            annotations=pod_annotations, containers=(ContainerUse("main", pids=(pid,)),)))
@@ -178,7 +184,8 @@ def pod_node(t: float, annotations: dict[str, dict[str, str]]) -> NodeSnapshot:
                    taken_at_monotonic=t)
 
 
-def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path) -> None:
+@pytest.mark.parametrize("same_objects", [False, True], ids=["new objects", "the same objects"])
+def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path, same_objects: bool) -> None:
     config = load_config(None, env={}, overrides={
         "backend": "sim", "mode": "audit", "journal_path": str(tmp_path / "journal.json"),
         "cgroup_root": str(tmp_path / "cgroup"),
@@ -193,12 +200,14 @@ def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path)
         {"a": {share: "45%", memory: "4Gi"}, "b": {share: "twenty"}},  # a changed, b's is now bad
         {"a": {share: "45%", memory: "4Gi"}, "b": {share: "twenty"}, "c": {}, "d": {}},
         {"a": {memory: "1Gi"}, "c": {"gpuagent.io/priorty": "high"}, "d": {}},  # c's key a typo
+        {"a": {memory: "1Gi"}, "c": {"gpuagent.io/priorty": "high"}, "d": {}},
     ]
+    objects: dict[object, object] | None = {} if same_objects else None
     for step, pods in enumerate(steps):
         if step == 4:
             enforcer.set_rules(parse_rules([{"match_namespace": "ns", "gpu_share": 15}]))
         now[0] = float(step)
-        snapshot = pod_node(now[0], pods)
+        snapshot = pod_node(now[0], pods, objects)
         state = enforcer.update(snapshot)
         expected = {p.name: limits_for_pod(p, NodeDefaults(), enforcer.rules) for p in snapshot.pods}
         assert {s.pod: s.limit_ratio for s in state.shares} == {

@@ -49,6 +49,8 @@ from gpuagent.snapshot import (
 
 log = logging.getLogger(__name__)
 
+_Answer = tuple[Limits, tuple[PolicyProblem, ...]]  # a workload's limits and its annotations' problems
+
 
 def owner_key(workload: Workload) -> str:
     """One key per thing limits apply to: ``ns/pod`` for a pod, ``kind:name`` otherwise."""
@@ -102,6 +104,10 @@ class Enforcer:
         # Each workload's limits and problems by what they are worked out from: this poll's and the last's.
         self._limits_now: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
         self._limits_before: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
+        # The same by the identity of what they come from: id(workload) -> (workload, its pod's annotations
+        # object, the key above, the answer).
+        self._by_workload_now: dict[int, tuple[Workload, object, tuple[object, ...], _Answer]] = {}
+        self._by_workload_before: dict[int, tuple[Workload, object, tuple[object, ...], _Answer]] = {}
 
     @property
     def cycling(self) -> bool:
@@ -146,6 +152,7 @@ class Enforcer:
         """New config policies (an admin reload), used from the next poll on."""
         self._rules = tuple(rules)
         self._limits_now, self._limits_before = {}, {}
+        self._by_workload_now, self._by_workload_before = {}, {}
 
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
         owners, problems = self._owners(snapshot)
@@ -165,6 +172,7 @@ class Enforcer:
     def _owners(self, snapshot: NodeSnapshot) -> tuple[dict[str, _Owner], tuple[PolicyProblem, ...]]:
         pods = {(p.namespace, p.name): p for p in snapshot.pods}
         self._limits_before, self._limits_now = self._limits_now, {}  # kept: what this poll asks for
+        self._by_workload_before, self._by_workload_now = self._by_workload_now, {}
         owners: dict[str, _Owner] = {}
         problems: list[PolicyProblem] = []
         for gpu in snapshot.gpus:
@@ -194,16 +202,24 @@ class Enforcer:
         """A workload's limits and its annotations' problems; the last poll's answer while everything they
         are worked out from is the same (limits change only with annotations or rules, and every pod's
         are asked for on every poll)."""
+        annotations = pod.annotations if pod is not None else None
+        # First by identity: the same Workload object (the attribution passes an unchanged one on) with
+        # the same annotations object (likewise, while the pod's names are the same) asks the same.
+        same = self._by_workload_now.get(id(workload)) or self._by_workload_before.get(id(workload))
+        if same is not None and same[0] is workload and same[1] is annotations:
+            self._by_workload_now[id(workload)] = same
+            self._limits_now[same[2]] = same[3]
+            return same[3]
         if workload.kind != "pod":
             key: tuple[object, ...] = (workload.kind, workload.name, workload.namespace, workload.cgroup,
                                        workload.cgroup_v2, workload.cgroup_freezer)
         else:
-            annotations = pod.annotations if pod is not None else {}
-            key = ("pod", workload.name, workload.namespace, tuple(annotations.items()))
+            key = ("pod", workload.name, workload.namespace, tuple((annotations or {}).items()))
         known = self._limits_now.get(key) or self._limits_before.get(key)
         if known is None:
             known = self._work_out_limits(workload, pod)
         self._limits_now[key] = known
+        self._by_workload_now[id(workload)] = (workload, annotations, key, known)
         return known
 
     def _work_out_limits(self, workload: Workload, pod: PodUse | None
