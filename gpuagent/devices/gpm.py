@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from gpuagent.devices.cadence import Cadence
 from gpuagent.devices.guard import NvmlGuard
 from gpuagent.snapshot import ProfilingSample
 
@@ -52,22 +53,21 @@ class GpmSampler:
         self._handle = handle
         self._scope = scope
         self._gi = gpu_instance_id
-        self._interval = interval
+        self._cadence = Cadence(interval)
         self._clock = clock
         self._previous: Any = None
         self._spare: Any = None
         self._last: ProfilingSample | None = None
-        self._last_at = 0.0
 
     def sample(self) -> ProfilingSample | None:
         """The metrics between the last two samples: a new sample once ``interval`` has passed since the
         last metrics (5 % slack for poll jitter), else those metrics again. None until two samples exist,
         or after a failure (the next poll then samples again)."""
         now = self._clock()
-        if self._last is not None and now - self._last_at < 0.95 * self._interval:
+        if self._last is not None and not self._cadence.due(now):
             return self._last
         self._last = self._take()
-        self._last_at = now
+        self._cadence.mark(now)
         return self._last
 
     def _take(self) -> ProfilingSample | None:

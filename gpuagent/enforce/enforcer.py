@@ -50,6 +50,7 @@ class _Owner:
     util_by_gpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     memory_bytes: int = 0
     pids: list[int] = field(default_factory=list)
+    gpus: set[str] = field(default_factory=set)  # UUIDs of the GPUs it has processes on
     targets: set[FreezeTarget] = field(default_factory=set)
 
 
@@ -81,6 +82,14 @@ class Enforcer:
         self._reported: set[tuple[str, str, str]] = set()  # policy problems logged once each
         self._pending: set[asyncio.Task[object]] = set()
         self._paused_until = float("-inf")  # an operator's manual thaw holds throttling off until then
+        self._contended: frozenset[str] = frozenset()
+
+    @property
+    def contended_gpus(self) -> frozenset[str]:
+        """UUIDs of the GPUs where the share controller acts: two or more non-exempt workloads with processes
+        there at the last update (whether or not their use has been measured yet). The device poller reads
+        per-process utilization every poll on these, and less often elsewhere."""
+        return self._contended
 
     @property
     def cycling(self) -> bool:
@@ -127,6 +136,12 @@ class Enforcer:
 
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
         owners, problems = self._owners(snapshot)
+        tenants: dict[str, int] = defaultdict(int)
+        for owner in owners.values():
+            if not owner.limits.exempt:
+                for uuid in owner.gpus:
+                    tenants[uuid] += 1
+        self._contended = frozenset(uuid for uuid, n in tenants.items() if n >= 2)
         shares = self._shares(snapshot, owners)
         self._memory(owners)
         return EnforcementState(
@@ -159,6 +174,8 @@ class Enforcer:
                     owner.util_by_gpu[gpu.info.uuid] += process.sm_util_percent / 100
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
+                if not gpu.info.mig_enabled:
+                    owner.gpus.add(gpu.info.uuid)
                 target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
                 if target is not None:
                     owner.targets.add(target)
