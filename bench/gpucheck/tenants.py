@@ -20,14 +20,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Every tenant writes its iteration count to the file named by its first argument, at most every 0.1 s.
+_COUNTER = r"""
+import os, sys, time
+_fd, _last = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644), 0.0
+def tick(n):
+    global _last
+    now = time.monotonic()
+    if now - _last > 0.1:
+        os.pwrite(_fd, f"{n:020d}".encode(), 0)
+        _last = now
+"""
+
 # bf16 products, synchronised each iteration; DUTY < 1 sleeps between products (a light tenant)
-MATMUL = r"""
+MATMUL = _COUNTER + r"""
 import os, sys, time, torch
 path, size, duty = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-n, last = 0, 0.0
-fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+n = 0
 while True:
     t0 = time.perf_counter()
     (a @ b).sum().item()
@@ -35,15 +46,12 @@ while True:
     if duty < 1.0:
         busy = time.perf_counter() - t0
         time.sleep(busy * (1.0 - duty) / duty)
-    now = time.monotonic()
-    if now - last > 0.1:
-        os.pwrite(fd, f"{n:020d}".encode(), 0)
-        last = now
+    tick(n)
 """
 
 # a CUDA graph of KERNELS products, replayed DEPTH times before each synchronisation: up to DEPTH x KERNELS
 # kernels queued when the process is frozen. One iteration = one replay.
-DEEP = r"""
+DEEP = _COUNTER + r"""
 import os, sys, time, torch
 path, size, kernels, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
@@ -58,28 +66,23 @@ graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(graph):
     for _ in range(kernels):
         torch.matmul(a, b, out=c)
-n, last = 0, 0.0
-fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+n = 0
 while True:
     for _ in range(depth):
         graph.replay()
     torch.cuda.synchronize()
     n += depth
-    now = time.monotonic()
-    if now - last > 0.1:
-        os.pwrite(fd, f"{n:020d}".encode(), 0)
-        last = now
+    tick(n)
 """
 
 # GPU memory: START_GIB at once, everything up to PEAK_GIB after AFTER_S; ignores SIGTERM (needs the KILL)
-HOG = r"""
+HOG = _COUNTER + r"""
 import os, signal, sys, time, torch
 path, start_gib, peak_gib, after = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 gib = 1 << 30
 held = [torch.empty(int(start_gib * gib), dtype=torch.uint8, device="cuda")]
-began, grown, n, last = time.monotonic(), False, 0, 0.0
-fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+began, grown, n = time.monotonic(), False, 0
 x = torch.randn(1024, 1024, device="cuda")
 while True:
     if not grown and time.monotonic() - began > after:
@@ -88,31 +91,24 @@ while True:
     (x @ x).sum().item()
     n += 1
     time.sleep(0.01)
-    now = time.monotonic()
-    if now - last > 0.1:
-        os.pwrite(fd, f"{n:020d}".encode(), 0)
-        last = now
+    tick(n)
 """
 
 # the simulator's tenants: CPU progress on one CPU, counted; HOLD_TERM ignores SIGTERM
-CPU = r"""
+CPU = _COUNTER + r"""
 import os, signal, sys, time
 path, cpu, hold_term, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4])
 os.sched_setaffinity(0, {cpu})
 if hold_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-n, last = 0, 0.0
-fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+n = 0
 while True:
     for _ in range(20000):
         pass
     n += 1
     if rest:
         time.sleep(rest)
-    now = time.monotonic()
-    if now - last > 0.1:
-        os.pwrite(fd, f"{n:020d}".encode(), 0)
-        last = now
+    tick(n)
 """
 
 GPU_KINDS = ("matmul", "deep")
