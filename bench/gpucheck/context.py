@@ -116,6 +116,20 @@ class Context:
         if runner in self._agents:
             self._agents.remove(runner)
 
+    def after_item(self) -> list[str]:
+        """Between items: stop any agent an item left running (it thaws what it froze on SIGTERM) and thaw
+        the shared tenants, so the next item starts clean."""
+        problems = []
+        for runner in list(self._agents):
+            try:
+                self.stop_agent(runner)
+            except Exception as exc:
+                problems.append(f"agent {runner.name}: {exc!r}")
+        for tenant in self._pool.values():
+            with contextlib.suppress(OSError):
+                tenant.freeze(False)
+        return problems
+
     # -- the end ---------------------------------------------------------------------------------------
 
     def close(self) -> list[str]:

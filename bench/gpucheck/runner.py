@@ -102,6 +102,7 @@ def run_all(args: Any) -> int:
 
     handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     stopped = ""
+    leftovers: list[str] = []
     try:
         for item, why, budget in plan:
             if stopped:
@@ -131,11 +132,12 @@ def run_all(args: Any) -> int:
                 result = ItemResult(status=ERROR, reason=f"{exc!r} (traceback: work/{item.name}.traceback)")
             result.seconds = time.monotonic() - item_began
             results[item.name] = (item, result, budget)
+            leftovers += ctx.after_item()
             print(f"[{time.monotonic() - began:5.0f} s] {item.name}: {result.status}"
                   + (f" ({result.reason})" if result.reason else ""), flush=True)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        problems = ctx.close()
+        problems = leftovers + ctx.close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     document = {

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Every tenant writes its iteration count to the file named by its first argument, at most every 0.1 s.
+# Every tenant writes its iteration count to the file named by its first argument, at most every 0.1 s,
+# and what it prints on stderr (a traceback: CUDA out of memory, no GPU) to that file's ".log".
 _COUNTER = r"""
 import os, sys, time
+sys.stderr = open(sys.argv[1] + ".log", "a", buffering=1)
 _fd, _last = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644), 0.0
 def tick(n):
     global _last
@@ -134,6 +136,14 @@ class Tenant:
     def alive(self) -> bool:
         return self.process.popen.poll() is None
 
+    def said(self) -> str:
+        """The last line the tenant wrote on stderr (its error, when it died)."""
+        try:
+            lines = self.counter.with_name(self.counter.name + ".log").read_text().strip().splitlines()
+        except OSError:
+            return "nothing on stderr"
+        return lines[-1] if lines else "nothing on stderr"
+
     def freeze(self, frozen: bool) -> None:
         """Freeze or thaw its cgroup by hand (v2 ``cgroup.freeze``, else the v1 freezer)."""
         paths = self.process.paths
@@ -183,9 +193,10 @@ def wait_counting(tenants: list[Tenant], timeout: float = 120.0) -> None:
     """Until every tenant has counted an iteration (CUDA start-up takes seconds); raises if one died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        dead = [t.name for t in tenants if not t.alive()]
+        dead = [t for t in tenants if not t.alive()]
         if dead:
-            raise RuntimeError(f"tenant(s) {', '.join(dead)} exited before computing")
+            said = "; ".join(f"{t.name}: {t.said()}" for t in dead)
+            raise RuntimeError(f"tenant(s) exited before computing ({said})")
         if all(t.count() > 0 for t in tenants):
             return
         time.sleep(0.2)

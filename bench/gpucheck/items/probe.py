@@ -167,9 +167,16 @@ def process_figures(nvml: Any, handle: Any, tenants: list[Tenant]) -> dict[str, 
     """Both per-process APIs over the same window, and the samples every 1 s and 0.25 s vs the true split."""
     names = {t.pid: t.name for t in tenants}
     out: dict[str, Any] = {}
-    stamp = max((s.timeStamp for s in nvml.nvmlDeviceGetProcessUtilization(handle, 0)), default=0)
+
+    def samples(cursor: int) -> list[Any]:
+        try:
+            return list(nvml.nvmlDeviceGetProcessUtilization(handle, cursor))
+        except nvml.NVMLError:  # NOT_FOUND: nobody ran kernels since the cursor
+            return []
+
+    stamp = max((s.timeStamp for s in samples(0)), default=0)
     time.sleep(2.0)
-    legacy = nvml.nvmlDeviceGetProcessUtilization(handle, stamp)
+    legacy = samples(stamp)
     try:
         info = processes_utilization_info(nvml, handle, stamp)
     except (nvml.NVMLError, AttributeError) as exc:
@@ -180,7 +187,7 @@ def process_figures(nvml: Any, handle: Any, tenants: list[Tenant]) -> dict[str, 
     }
     for interval in (1.0, 0.25):
         cursor, polls = 0, []
-        nvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        samples(0)
         for _ in range(int(4 / interval)):
             time.sleep(interval)
             try:
