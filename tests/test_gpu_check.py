@@ -182,3 +182,13 @@ def test_the_truth_item_runs_against_an_nvidia_smi(tmp_path: Path, monkeypatch: 
     assert checks["temperature.memory"].passed is None  # N/A from nvidia-smi: recorded, not judged
     assert checks["energy delta over 10 s, J"].expected is not None
     assert result.figures["load"].startswith("needs torch")
+
+
+def test_the_gpu_plan_fits_the_default_deadline_under_eight_minutes(tmp_path: Path) -> None:
+    from gpucheck.context import Context
+
+    ctx = Context(backend="nvml", quick=False, workdir=tmp_path, facts={},
+                  options={"planned": ITEMS.names()})
+    budgets = {item.name: item.budget_s(ctx) for item in ITEMS}
+    assert sum(budgets.values()) <= 470 < 480, budgets  # the runner's default --deadline
+    assert budgets["shares"] >= 4 * 60  # 70/30, 90/10, 50/30/20 of matmul tenants and 70/30 of deep ones

@@ -62,7 +62,7 @@ def measure(runner: Any, seconds: float) -> dict[str, Any]:
 def run(ctx: Context) -> ItemResult:
     result = ItemResult()
     tenants = ctx.tenants((SIM_KINDS if ctx.sim else GPU_KINDS)[0], 2)
-    window = 8.0 if ctx.quick else 25.0
+    window = 8.0 if ctx.quick else 20.0
     figures = {}
     for mode, settings in (("off", {}), ("enforce", {"mode": "enforce",
                                                        "policies": share_policies(tenants, [70, 30])})):
@@ -100,7 +100,7 @@ def modelled(ctx: Context, result: ItemResult) -> None:
         return
     costs = ctx.records.get("probe_costs_file")
     try:
-        figures = bench_nvml_cost.run_modes(60 if ctx.quick else 120, costs, {})
+        figures = bench_nvml_cost.run_modes(60, costs, {})  # two energy reads, six GPM samples a mode
     except ImportError as exc:  # the simulator needs jsonschema, which a lent GPU machine may lack
         result.check("modelled 8-GPU NVML time", None, None, note=f"model not available: {exc}")
         return

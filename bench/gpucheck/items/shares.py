@@ -51,7 +51,7 @@ def budget(ctx: Context) -> float:
     """The runs, an agent start and stop around each, a solo measure and the tenants' start per kind."""
     seconds, _ = lengths(ctx)
     runs = plan(ctx)
-    return len(runs) * (seconds + OVERHEAD_S) + len({k for k, _, _ in runs}) * 6.0 + 20.0
+    return len(runs) * (seconds + OVERHEAD_S) + len({k for k, _, _ in runs}) * 5.0 + 20.0
 
 
 def solo_rate(ctx: Context, tenants: list[Tenant]) -> float:
