@@ -1,36 +1,46 @@
 # Two commands on a fresh machine:
-#   make run    install the agent and run it (a simulated 8xH100 node when no NVIDIA driver is present)
-#   make test   install what the tests need and run lint, layer checks and the test suite
+#   make run    install the agent (its runtime dependencies only) and run it (a simulated 8xH100 node when no
+#               NVIDIA driver is present)
+#   make test   install the agent with the test extras and the system packages the tests use, and run lint,
+#               layer checks and the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SCENARIO ?= examples/scenarios/h100-8x-64proc.yaml
 LISTEN ?= 127.0.0.1:9402
 
-.PHONY: install run test lint bench gpu-check clean
+.PHONY: install install-test run test lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# The runtime (what `gpuagent run` imports), then the test extras on top (pytest, ruff, import-linter,
+# schemathesis, matplotlib, ...): `make run` needs only the first.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
 
+install-test: $(VENV)/.installed-test
+
 run: install
 	$(BIN)/gpuagent run --backend auto --scenario $(SCENARIO) --listen $(LISTEN)
 
-lint: install
+lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-test: install lint
+test: install-test lint
 	./scripts/install-system-deps.sh
 	$(BIN)/python -m pytest -q
 
-bench: install
+bench: install-test
 	$(BIN)/python bench/bench_poll_scrape.py
 
 # The real-GPU proof (docs/real-gpu.md): every check, one report in $(REPORT)/ (report.md, report.json,

@@ -111,7 +111,7 @@ def wait_for_port(port: int, timeout: float = 20) -> None:
 
 
 def pod_args(nodes: list[str], memory_gib: int | None = None) -> dict[str, Any]:
-    from test_extender_fixtures import filter_request
+    from fixture_files import filter_request
 
     args = filter_request()
     annotations = args["Pod"]["metadata"]["annotations"]

@@ -8,13 +8,18 @@ Usage (a GPU, PyTorch, root for cgroups; this repository as the working director
     python3 bench/real_gpu.py monitor --seconds 60   # agent cost and NVML time next to two PyTorch tenants
     python3 bench/real_gpu.py share --seconds 40     # two PyTorch tenants held at 70/30
     python3 bench/real_gpu.py probe                  # what each NVML call costs here
+    python3 bench/real_gpu.py mps --seconds 20       # an MPS daemon, two clients at 70 % / 30 % of the SMs
 
 ``all`` runs the items of ``gpucheck.items`` (probe, truth, cost, ladder, crash, shares, accounting; what each
-proves and its bars: ``docs/real-gpu.md``), each under its time budget and an overall ``--deadline``; without
-a GPU it runs on the simulator what it can there (CPU-burning tenants in real cgroups) and marks the rest
-"needs GPU". Everything it starts is stopped and every cgroup thawed and removed on every way out.
-``--only``, ``--runs``, ``--share-configs`` and ``--share-kinds`` plan longer share matrices across several
-commands. The other subcommands print one JSON document.
+proves and its bars: ``docs/real-gpu.md``) and ``mps`` when time is left, each under its time budget and an
+overall ``--deadline``; without a GPU it runs on the simulator what it can there (CPU-burning tenants in real
+cgroups) and marks the rest "needs GPU". Everything it starts is stopped and every cgroup thawed and removed
+on every way out. ``--only``, ``--runs``, ``--share-configs`` and ``--share-kinds`` plan longer share matrices
+across several commands.
+
+``mps`` (``bench/real_gpu_mps.py``) starts an MPS control daemon of its own, runs two PyTorch clients with
+different ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and records what NVML lists and what the agent exports.
+The subcommands other than ``all`` print one JSON document.
 """
 
 from __future__ import annotations
@@ -33,15 +38,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import real_gpu_mps
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from gpucheck import items  # noqa: E402,F401  (registers the items)
 from gpucheck.agents import free_port, nvml_seconds, parse_metrics  # noqa: E402,F401
 from gpucheck.context import Context  # noqa: E402
-from gpucheck.registry import ITEMS  # noqa: E402
+from gpucheck.registry import ITEMS, Item, fixed, legacy  # noqa: E402
 from gpucheck.tenants import MATMUL as TENANT  # noqa: E402
 from gpucheck.tenants import read_count  # noqa: E402
+
+# the MPS check, after the others: it runs in ``all`` when their budgets leave it time (else ``--only mps``)
+ITEMS.add(Item("mps", "MPS: what NVML lists and the agent exports for two clients", legacy(
+    lambda args: real_gpu_mps.run(sys.modules[__name__], args), seconds=15, threads=(70, 30), size=8192),
+    needs={"nvml": ("torch",)}, budget_s=fixed(45)))
 
 # -- helpers of the first subcommands, kept for items written against them ---------------------------------
 
@@ -171,12 +183,16 @@ def main() -> int:
     s.add_argument("--seconds", type=float, default=40, help="measured time under enforcement")
     s.add_argument("--settle", type=float, default=8, help="time the controller gets before measuring")
     commands.add_parser("probe")
+    real_gpu_mps.register(commands, sys.modules[__name__])  # mps: its own module, run by args.run
     args = parser.parse_args()
     if args.command == "all":
         from gpucheck.runner import run_all
 
         os.chdir(ROOT)
         return run_all(args)
+    if getattr(args, "run", None) is not None:
+        print(json.dumps(args.run(args), indent=1, default=str))
+        return 0
     result = {"monitor": monitor, "share": share, "probe": probe}[args.command](args)
     print(json.dumps(result, indent=1, default=str))
     return 0

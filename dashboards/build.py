@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Writes the Grafana dashboards of this directory: ``python dashboards/build.py`` rewrites them.
 
-The committed ``dashboards/*.json`` are this script's output, byte for byte (``tests/test_dashboards.py``
-checks it): edit the panels here, run the script, commit both. ``--check`` exits 1, naming the files, when
-the committed JSON is not what the script writes. Standard library only; the JSON is the model Grafana 10
-and later save themselves (schemaVersion 39).
+The panels are built with Grafana's own typed builders, the Foundation SDK (``grafana-foundation-sdk``, the
+``dashboards`` extra: ``pip install -e '.[dashboards]'``; ``make test`` installs it), pinned to its Grafana
+10.4 types, so the JSON is the model Grafana 10.4 and later read (schemaVersion 39). Only what differs from
+Grafana's defaults is written: Grafana fills in the rest when it loads a dashboard. The committed
+``dashboards/*.json`` are this script's output, byte for byte (``tests/test_dashboards.py`` checks it, and
+checks them against Grafana's published JSON schema): edit the panels here, run the script, commit both.
+``--check`` exits 1, naming the files, when the committed JSON is not what the script writes.
 
 Conventions every query follows (the query tests rely on them, see ``dashboards/README.md``):
 
@@ -21,14 +24,28 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypeVar
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, statetimeline, timeseries
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import table as table_panel
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat, QueryEditorMode
 
 HERE = Path(__file__).resolve().parent
-SCHEMA_VERSION = 39
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+SCHEMA_VERSION = 39  # the SDK writes the schemaVersion of its CUE kind (36) and has no setter for it
+DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["gpuagent", "gpu", "nvidia"]
 
-Json = dict[str, Any]
+Query: TypeAlias = prometheus.Dataquery
+Panel: TypeAlias = timeseries.Panel | stat_panel.Panel | statetimeline.Panel | table_panel.Panel
+Steps: TypeAlias = db.ThresholdsConfig
+Override: TypeAlias = tuple[dm.MatcherConfig, list[dm.DynamicConfigValue]]
+P = TypeVar("P", timeseries.Panel, stat_panel.Panel, statetimeline.Panel, table_panel.Panel)
 
 # -- PromQL -----------------------------------------------------------------------------------------------
 
@@ -97,14 +114,16 @@ POD_LEGEND = "{{namespace}}/{{pod}}"
 POD_GPU_LEGEND = "{{namespace}}/{{pod}} · GPU {{gpu}}"
 
 
-def q(expr: str, legend: str = "") -> Json:
+def q(expr: str, legend: str = "") -> Query:
     """A range query; its refId is given by the panel."""
-    return {"datasource": DATASOURCE, "editorMode": "code", "expr": expr, "legendFormat": legend or "__auto",
-            "range": True}
+    return (prometheus.Dataquery().datasource(DATASOURCE).editor_mode(QueryEditorMode.CODE).expr(expr)
+            .legend_format(legend or "__auto").range())
 
 
-def thresholds(*steps: tuple[float | None, str]) -> Json:
-    return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in steps]}
+def thresholds(*steps: tuple[float | None, str]) -> Steps:
+    """Absolute thresholds: (value, color), the first value None (-Infinity, as Grafana writes it)."""
+    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
+        [dm.Threshold(value=value, color=color) for value, color in steps])
 
 
 GREEN = thresholds((None, "green"))
@@ -112,174 +131,152 @@ RED_FROM_1 = thresholds((None, "green"), (1, "red"))
 ORANGE_FROM_1 = thresholds((None, "green"), (1, "orange"))
 
 
-def states(*entries: tuple[int, str, str]) -> list[Json]:
+def states(*entries: tuple[int, str, str]) -> list[dm.ValueMapping]:
     """Value mappings: (value, text, color)."""
-    options = {str(value): {"color": color, "index": i, "text": text}
-               for i, (value, text, color) in enumerate(entries)}
-    return [{"type": "value", "options": options}]
+    return [dm.ValueMap(options={str(value): dm.ValueMappingResult(color=color, index=i, text=text)
+                                 for i, (value, text, color) in enumerate(entries)})]
 
 
-def _field(unit: str, color: str, *, minimum: float | None = None, maximum: float | None = None,
-           steps: Json | None = None, mappings: list[Json] | None = None,
-           decimals: int | None = None) -> Json:
-    d: Json = {"color": {"mode": color}, "mappings": mappings or [], "thresholds": steps or GREEN,
-               "unit": unit}
-    for key, value in (("min", minimum), ("max", maximum), ("decimals", decimals)):
-        if value is not None:
-            d[key] = value
-    return d
+def override(matcher: str, target: str, properties: dict[str, object]) -> Override:
+    """Field properties (``{"custom.lineWidth": 2}``) for the fields a matcher (``byName``, ``byRegexp``)
+    picks."""
+    return (dm.MatcherConfig(id_val=matcher, options=target),
+            [dm.DynamicConfigValue(id_val=key, value=value) for key, value in properties.items()])
 
 
-def _panel(kind: str, title: str, description: str, targets: Sequence[Json], defaults: Json, options: Json,
-           overrides: Sequence[Json] = (), transformations: Sequence[Json] = ()) -> Json:
-    panel: Json = {
-        "type": kind, "title": title, "description": description, "datasource": DATASOURCE,
-        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
-        "options": options,
-        "targets": [{**t, "refId": chr(ord("A") + i)} for i, t in enumerate(targets)],
-    }
-    if transformations:
-        panel["transformations"] = list(transformations)
+def dashed(regex: str) -> Override:
+    """The series whose name matches ``regex`` drawn dashed (a limit next to the use)."""
+    return override("byRegexp", regex, {"custom.lineStyle": {"dash": [10, 10], "fill": "dash"},
+                                        "custom.lineWidth": 2})
+
+
+LIMIT_DASHED = dashed("/ limit$/")
+TOOLTIP = cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)
+
+
+def _panel(panel: P, title: str, description: str, targets: Sequence[Query], unit: str,
+           color: dm.FieldColorModeId, steps: Steps | None, *, minimum: float | None = None,
+           maximum: float | None = None, decimals: int | None = None,
+           mappings: list[dm.ValueMapping] | None = None, overrides: Sequence[Override] = ()) -> P:
+    """What every panel has: title, description, the data source, its queries (refIds A, B, ...) and the
+    field defaults."""
+    panel = (panel.title(title).description(description).datasource(DATASOURCE).unit(unit)
+             .color_scheme(db.FieldColor().mode(color)).thresholds(steps or GREEN))
+    for i, target in enumerate(targets):
+        panel = panel.with_target(target.ref_id(chr(ord("A") + i)))
+    if minimum is not None:
+        panel = panel.min(minimum)
+    if maximum is not None:
+        panel = panel.max(maximum)
+    if decimals is not None:
+        panel = panel.decimals(decimals)
+    if mappings:
+        panel = panel.mappings(mappings)
+    for matcher, properties in overrides:
+        panel = panel.with_override(matcher, properties)
     return panel
 
 
-def ts(title: str, description: str, targets: Sequence[Json], unit: str, *, minimum: float | None = 0,
-       maximum: float | None = None, stack: bool = False, bars: bool = False, steps: Json | None = None,
-       threshold_line: bool = False, overrides: Sequence[Json] = (), decimals: int | None = None) -> Json:
-    """A time series panel; ``threshold_line`` draws ``steps`` as dashed lines."""
-    defaults = _field(unit, "palette-classic", minimum=minimum, maximum=maximum, steps=steps,
-                      decimals=decimals)
-    defaults["custom"] = {
-        "axisBorderShow": False, "axisCenteredZero": False, "axisColorMode": "text", "axisLabel": "",
-        "axisPlacement": "auto", "barAlignment": 0, "drawStyle": "bars" if bars else "line",
-        "fillOpacity": 60 if bars else (25 if stack else 8), "gradientMode": "none",
-        "hideFrom": {"legend": False, "tooltip": False, "viz": False}, "insertNulls": False,
-        "lineInterpolation": "linear", "lineWidth": 1, "pointSize": 4,
-        "scaleDistribution": {"type": "linear"}, "showPoints": "never", "spanNulls": False,
-        "stacking": {"group": "A", "mode": "normal" if stack else "none"},
-        "thresholdsStyle": {"mode": "dashed" if threshold_line else "off"},
-    }
-    options = {
-        "legend": {"calcs": ["mean", "max", "lastNotNull"], "displayMode": "table", "placement": "right",
-                   "showLegend": True, "sortBy": "Max", "sortDesc": True},
-        "tooltip": {"mode": "multi", "sort": "desc"},
-    }
-    return _panel("timeseries", title, description, targets, defaults, options, overrides)
+def ts(title: str, description: str, targets: Sequence[Query], unit: str, *, minimum: float | None = 0,
+       maximum: float | None = None, stack: bool = False, bars: bool = False, steps: Steps | None = None,
+       threshold_line: bool = False, overrides: Sequence[Override] = (), decimals: int | None = None
+       ) -> timeseries.Panel:
+    """A time series panel with its legend as a table on the right; ``threshold_line`` draws ``steps`` as
+    dashed lines."""
+    panel = (timeseries.Panel().fill_opacity(60 if bars else (25 if stack else 8)).show_points(
+        cm.VisibilityMode.NEVER).point_size(4).tooltip(TOOLTIP).legend(
+        cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE).placement(cm.LegendPlacement.RIGHT)
+        .show_legend(True).calcs(["mean", "max", "lastNotNull"]).sort_by("Max").sort_desc(True)))
+    if bars:
+        panel = panel.draw_style(cm.GraphDrawStyle.BARS)
+    if stack:
+        panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
+    if threshold_line:
+        panel = panel.thresholds_style(
+            cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED))
+    return _panel(panel, title, description, targets, unit, dm.FieldColorModeId.PALETTE_CLASSIC, steps,
+                  minimum=minimum, maximum=maximum, decimals=decimals, overrides=overrides)
 
 
-def stat(title: str, description: str, expr: str, unit: str = "none", *, steps: Json | None = None,
-         legend: str = "", decimals: int | None = None, text_mode: str = "auto",
-         color_mode: str = "value") -> Json:
-    defaults = _field(unit, "thresholds", steps=steps, decimals=decimals)
-    options = {
-        "colorMode": color_mode, "graphMode": "area", "justifyMode": "auto", "orientation": "auto",
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-        "showPercentChange": False, "textMode": text_mode, "wideLayout": True,
-    }
-    return _panel("stat", title, description, [q(expr, legend)], defaults, options)
+def stat(title: str, description: str, expr: str, unit: str = "none", *, steps: Steps | None = None,
+         legend: str = "", decimals: int | None = None,
+         text_mode: cm.BigValueTextMode = cm.BigValueTextMode.AUTO,
+         color_mode: cm.BigValueColorMode = cm.BigValueColorMode.VALUE) -> stat_panel.Panel:
+    """The last value of one query, with its sparkline."""
+    panel = (stat_panel.Panel().text_mode(text_mode).color_mode(color_mode)
+             .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+    return _panel(panel, title, description, [q(expr, legend)], unit, dm.FieldColorModeId.THRESHOLDS, steps,
+                  decimals=decimals)
 
 
-def count(title: str, description: str, expr: str, steps: Json | None = None) -> Json:
+def count(title: str, description: str, expr: str, steps: Steps | None = None) -> stat_panel.Panel:
     """A stat of a whole number."""
     return stat(title, description, expr, steps=steps, decimals=0)
 
 
-def timeline(title: str, description: str, targets: Sequence[Json], mappings: list[Json], *,
-             steps: Json | None = None) -> Json:
+def timeline(title: str, description: str, targets: Sequence[Query], mappings: list[dm.ValueMapping], *,
+             steps: Steps | None = None) -> statetimeline.Panel:
     """A state timeline: one row per series, colored by the value mappings."""
-    defaults = _field("none", "thresholds", steps=steps, mappings=mappings)
-    defaults["custom"] = {"fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False, "viz": False},
-                          "insertNulls": False, "lineWidth": 0, "spanNulls": False}
-    options = {"alignValue": "left", "mergeValues": True, "rowHeight": 0.9, "showValue": "auto",
-               "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
-               "tooltip": {"mode": "single", "sort": "none"}}
-    return _panel("state-timeline", title, description, targets, defaults, options)
+    panel = (statetimeline.Panel().fill_opacity(80).legend(cb.VizLegendOptions().show_legend(False))
+             .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.SINGLE).sort(cm.SortOrder.NONE)))
+    return _panel(panel, title, description, targets, "none", dm.FieldColorModeId.THRESHOLDS, steps,
+                  mappings=mappings)
 
 
 def table(title: str, description: str, exprs: Sequence[str], *, hide: Iterable[str] = (),
           rename: dict[str, str] | None = None, units: dict[str, str] | None = None,
-          sort_by: str | None = None) -> Json:
+          sort_by: str | None = None) -> table_panel.Panel:
     """An instant table, one row per series. Several queries are merged into one row per label set, so they
     must have the same labels; ``rename`` maps a column (``Value #A`` is query A's value) to its title,
     ``units`` a column (by its new title) to its unit."""
     hidden = {name: True for name in ("Time", "__name__", "job", "Hostname", "UUID", *hide)}
-    transformations: list[Json] = [{"id": "merge", "options": {}}] if len(exprs) > 1 else []
-    transformations.append({"id": "organize", "options": {
-        "excludeByName": hidden, "indexByName": {}, "renameByName": rename or {}}})
-    overrides = [{"matcher": {"id": "byName", "options": column},
-                  "properties": [{"id": "unit", "value": unit}]} for column, unit in (units or {}).items()]
-    defaults = _field("none", "thresholds")
-    defaults["custom"] = {"align": "auto", "cellOptions": {"type": "auto"}, "filterable": True,
-                          "inspect": False}
-    options: Json = {"cellHeight": "sm", "showHeader": True,
-                     "footer": {"countRows": False, "fields": "", "reducer": ["sum"], "show": False}}
+    panel = table_panel.Panel().filterable(True)
+    if len(exprs) > 1:
+        panel = panel.with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
+    panel = panel.with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": hidden, "indexByName": {}, "renameByName": rename or {}}))
     if sort_by:
-        options["sortBy"] = [{"desc": True, "displayName": sort_by}]
-    targets = [{**q(expr), "format": "table", "instant": True, "range": False} for expr in exprs]
-    return _panel("table", title, description, targets, defaults, options, overrides, transformations)
-
-
-def dashed(regex: str) -> Json:
-    """An override drawing the series whose name matches ``regex`` dashed (a limit next to the use)."""
-    return {"matcher": {"id": "byRegexp", "options": regex}, "properties": [
-        {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
-        {"id": "custom.lineWidth", "value": 2}]}
-
-
-LIMIT_DASHED = dashed("/ limit$/")
+        panel = panel.sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(True)])
+    targets = [q(expr).format(PromQueryFormat.TABLE).instant() for expr in exprs]
+    return _panel(panel, title, description, targets, "none", dm.FieldColorModeId.THRESHOLDS, None,
+                  overrides=[override("byName", column, {"unit": unit})
+                             for column, unit in (units or {}).items()])
 
 
 class Board:
-    """Lays panels out left to right in rows of 24 columns, under row headers, and numbers them."""
+    """A dashboard's panels, left to right in rows of 24 columns under row headers, numbered in order. The
+    SDK lays them out: it starts a new line once a line is full, so the widths of a line must add up to 24
+    (``tests/test_dashboards.py`` fails on a panel past the grid's edge)."""
 
     def __init__(self) -> None:
-        self.panels: list[Json] = []
-        self._x = self._y = self._height = 0
+        self.dashboard = db.Dashboard("")
+        self._ids = 0
+
+    def _id(self) -> int:
+        self._ids += 1
+        return self._ids
 
     def row(self, title: str) -> None:
-        self._newline()
-        self.panels.append({"type": "row", "title": title, "collapsed": False, "panels": [],
-                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self._y}, "id": len(self.panels) + 1})
-        self._y += 1
+        self.dashboard.with_row(db.Row(title).id(self._id()))
 
-    def add(self, w: int, h: int, panel: Json) -> None:
-        if self._x + w > 24:
-            self._newline()
-        panel["gridPos"] = {"h": h, "w": w, "x": self._x, "y": self._y}
-        panel["id"] = len(self.panels) + 1
-        self.panels.append(panel)
-        self._x += w
-        self._height = max(self._height, h)
-
-    def _newline(self) -> None:
-        if self._x:
-            self._y += self._height
-        self._x = self._height = 0
+    def add(self, w: int, h: int, panel: Panel) -> None:
+        self.dashboard.with_panel(panel.span(w).height(h).id(self._id()))
 
 
 # -- variables --------------------------------------------------------------------------------------------
 
-DATASOURCE_VAR = {
-    "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {},
-    "hide": 0, "includeAll": False, "multi": False, "options": [], "refresh": 1, "regex": "",
-    "skipUrlSync": False,
-}
+DATASOURCE_VAR = db.DatasourceVariable("datasource").label("Data source").type("prometheus")
 
 
 def variable(name: str, label: str, query: str, description: str, *, all_value: str | None = ".*",
-             sort: int = 1) -> Json:
+             sort: dm.VariableSort = dm.VariableSort.ALPHABETICAL_ASC) -> db.QueryVariable:
     """A multi-value ``label_values`` variable with All selected. ``all_value`` ``.*`` (the default) also
     matches a series without the label; None makes All the list of values found (for short lists)."""
-    v: Json = {
-        "name": name, "label": label, "description": description, "type": "query", "datasource": DATASOURCE,
-        "definition": query, "query": query,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "hide": 0, "includeAll": True, "multi": True, "options": [], "refresh": 2, "regex": "",
-        "skipUrlSync": False, "sort": sort,
-    }
-    if all_value is not None:
-        v["allValue"] = all_value
-    return v
+    v = (db.QueryVariable(name).label(label).description(description).datasource(DATASOURCE).query(query)
+         .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
+         .include_all(True).multi(True)
+         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(sort))
+    return v if all_value is None else v.all_value(all_value)
 
 
 CLUSTER_VAR = variable(
@@ -289,7 +286,8 @@ CLUSTER_VAR = variable(
 NODE_VAR = variable("node", "Node", 'label_values(gpuagent_up{cluster=~"$cluster"}, instance)',
                     "The agents' scrape targets (`instance`).")
 GPU_VAR = variable("gpu", "GPU", f"label_values(gpuagent_gpu_info{{{NODE}}}, gpu)",
-                   "GPU index (the `gpu` label of dcgm-exporter's series).", sort=3)
+                   "GPU index (the `gpu` label of dcgm-exporter's series).",
+                   sort=dm.VariableSort.NUMERICAL_ASC)
 NAMESPACE_VAR = variable("namespace", "Namespace", f"label_values(gpuagent_pod_info{{{NODE}}}, namespace)",
                          "Namespaces of the pods holding or using GPUs.")
 POD_VAR = variable("pod", "Pod", f'label_values(gpuagent_pod_info{{{NODE}, namespace=~"$namespace"}}, pod)',
@@ -299,34 +297,21 @@ JOB_VAR = variable("job", "Job", 'label_values(gpuagent_up{cluster=~"$cluster"},
                    all_value=None)
 
 
-def dashboard(uid: str, title: str, description: str, board: Board, variables: Sequence[Json],
-              tags: Sequence[str]) -> Json:
-    return {
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
-            "type": "dashboard"}]},
-        "description": description,
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "id": None,
-        "links": [{"asDropdown": False, "icon": "external link", "includeVars": True, "keepTime": True,
-                   "tags": ["gpuagent"], "targetBlank": False, "title": "gpuagent", "tooltip": "",
-                   "type": "dashboards", "url": ""}],
-        "panels": board.panels,
-        "refresh": "30s",
-        "schemaVersion": SCHEMA_VERSION,
-        "tags": [*TAGS, *tags],
-        "templating": {"list": [DATASOURCE_VAR, *variables]},
-        "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "title": title,
-        "uid": uid,
-        "version": 1,
-        "weekStart": "",
-    }
+def dashboard(uid: str, title: str, description: str, board: Board, variables: Sequence[db.QueryVariable],
+              tags: Sequence[str]) -> dm.Dashboard:
+    built = (board.dashboard.title(title).uid(uid).description(description).tags([*TAGS, *tags])
+             .tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-1h", "now")
+             .annotation(db.AnnotationQuery().name("Annotations & Alerts").built_in(1).enable(True).hide(True)
+                         .icon_color("rgba(0, 211, 255, 1)").type("dashboard")
+                         .datasource(dm.DataSourceRef(type_val="grafana", uid="-- Grafana --")))
+             .link(db.DashboardLink("gpuagent").type(dm.DashboardLinkType.DASHBOARDS).icon("external link")
+                   .tags(["gpuagent"]).include_vars(True).keep_time(True))
+             .with_variable(DATASOURCE_VAR))
+    for v in variables:
+        built = built.with_variable(v)
+    model = built.build()
+    model.schema_version = SCHEMA_VERSION
+    return model
 
 
 # -- 1. GPU nodes -----------------------------------------------------------------------------------------
@@ -335,7 +320,7 @@ def g(metric: str, *extra: str) -> str:
     return sel(metric, GPU, *extra)
 
 
-def node_overview() -> Json:
+def node_overview() -> dm.Dashboard:
     b = Board()
     used, free = g("DCGM_FI_DEV_FB_USED"), g("DCGM_FI_DEV_FB_FREE")
     power, energy = g("DCGM_FI_DEV_POWER_USAGE"), g("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
@@ -526,7 +511,7 @@ def pg(metric: str, *extra: str) -> str:
     return sel(metric, POD_GPU, *extra)
 
 
-def pods() -> Json:
+def pods() -> dm.Dashboard:
     b = Board()
 
     b.row("Overview")
@@ -555,7 +540,8 @@ def pods() -> Json:
     b.add(3, 4, stat("Enforcement mode", "Agents per enforcement mode (`gpuagent_enforcement_mode`; an agent "
                      "with enforcement off exports none).",
                      f'{by("count", "mode", modes + " == 1")} or label_replace({off}, "mode", "off", "", "")',
-                     legend="{{mode}}", text_mode="value_and_name", color_mode="none"))
+                     legend="{{mode}}", text_mode=cm.BigValueTextMode.VALUE_AND_NAME,
+                     color_mode=cm.BigValueColorMode.NONE))
 
     b.row("GPU memory")
     memory = p("gpuagent_pod_gpu_memory_used_bytes")  # every GPU of the pod: its limit covers them all
@@ -667,7 +653,7 @@ def n(metric: str, *extra: str) -> str:
     return sel(metric, NODE, *extra)
 
 
-def agent() -> Json:
+def agent() -> dm.Dashboard:
     b = Board()
     buckets = n("gpuagent_poll_duration_seconds_bucket")
     nvml_seconds = n("gpuagent_nvml_call_duration_seconds_sum")
@@ -795,7 +781,7 @@ def efficiency(labels: str, window: str, fn: str = "increase") -> str:
     return f"sum{group} ({busy}) / sum{group} ({allocated} and {busy})"
 
 
-def accounting() -> Json:
+def accounting() -> dm.Dashboard:
     b = Board()
     whole = "$__range"
     flagged = (f"{sel('gpuagent_pod_gpu_idle_seconds', ACCT)} >= on (instance, job) group_left () "
@@ -855,8 +841,7 @@ def accounting() -> Json:
                     [q(efficiency("cluster", "$__rate_interval", "rate"), "all"),
                      q(efficiency(PER_NAMESPACE, "$__rate_interval", "rate"), "{{namespace}}")],
                     "percentunit", maximum=1,
-                    overrides=[{"matcher": {"id": "byName", "options": "all"},
-                                "properties": [{"id": "custom.lineWidth", "value": 3}]}]))
+                    overrides=[override("byName", "all", {"custom.lineWidth": 3})]))
 
     b.row("Idle pods")
     idle_top = f"topk(10, {acct_sum('idle_allocated_seconds', PER_ACCT_POD, whole, '3600')})"
@@ -901,7 +886,7 @@ DASHBOARDS = {
 
 def render() -> dict[str, str]:
     """File name -> the exact text the script writes."""
-    return {name: json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+    return {name: json.dumps(build(), cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
             for name, build in DASHBOARDS.items()}
 
 

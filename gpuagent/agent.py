@@ -3,7 +3,7 @@
 The device poller runs at a fixed rate; each poll publishes a new immutable :class:`NodeSnapshot` by a
 single attribute assignment (atomic for every reader on the loop and in threads). The HTTP server reads
 only that. The tasks are supervised: the first one to fail is logged and stops the others; SIGTERM and
-SIGINT stop everything cleanly.
+SIGINT stop everything within ``shutdown_timeout``, thawing first (:mod:`gpuagent.shutdown`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from socket import gethostname
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.accounting import Accountant, AccountingSettings
@@ -39,8 +41,10 @@ from gpuagent.httperrors import json_errors
 from gpuagent.network.podnet import pod_pids
 from gpuagent.network.source import network_source
 from gpuagent.pods.cgroup import CgroupReader
+from gpuagent.pods.environ import EnvironReader
 from gpuagent.pods.podresources import PodResourcesClient
 from gpuagent.pods.source import PodsSource
+from gpuagent.shutdown import IO_THREAD_PREFIX, Shutdown, Step, arm_backstop, process_exit
 
 if TYPE_CHECKING:
     from gpuagent.pods.metadata import PodMetadata
@@ -56,7 +60,7 @@ from gpuagent.snapshot import (
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_STEP_SECONDS = 10
+HTTP_DRAIN_SECONDS = 2.0  # at shutdown, requests in flight get this long (at most a quarter of the deadline)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -116,7 +120,7 @@ class Agent:
             clock=clock,
             monotonic=monotonic,
         )
-        self.pods = pods_source(config)
+        self.pods = pods_source(config, environ_fallback=getattr(nvml, "process_environ", None))
         self.network = network_source(config, monotonic=monotonic)  # None with network: false
         self.enforcer = build_enforcer(config)
         self.accountant = build_accountant(config)
@@ -276,21 +280,26 @@ class Agent:
                 next_tick = now + interval - ((now - next_tick) % interval)
             await asyncio.sleep(next_tick - now)
 
-    async def serve(self, stop: asyncio.Event) -> None:
-        """Run the poller and the HTTP server until ``stop`` is set or one of them fails."""
+    async def serve(self, stop: asyncio.Event, shutdown: Shutdown | None = None) -> bool:
+        """Run the poller and the HTTP server until ``stop`` is set or one of them fails, then shut down
+        (``shutdown``, by default one that reports and never exits the process); True if that was clean."""
         from aiohttp import web
 
         recovered = recover_frozen(self.config)
         if recovered:
             log.warning("thawed %d cgroups a previous run left frozen (from %s)", recovered,
                         self.config.journal_path)
+        shutdown = shutdown or self.shutdown_plan()
         admin = self.admin_actions()
         app = build_app(lambda: self.latest, self.registry, clock=self._clock, admin=admin,
                         admin_token_file=self.config.admin_token_file)
-        runner = web.AppRunner(app, access_log=None)
+        drain = min(HTTP_DRAIN_SECONDS, self.config.shutdown_timeout / 4)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain)
         await runner.setup()
-        admin_runner = web.AppRunner(build_admin_app(admin, (json_errors,)), access_log=None) if (
-            admin is not None and self.config.admin_socket) else None
+        admin_runner = None
+        if admin is not None and self.config.admin_socket:
+            admin_runner = web.AppRunner(build_admin_app(admin, (json_errors,)), access_log=None,
+                                         shutdown_timeout=drain)
         tasks: list[asyncio.Task[Any]] = []
         try:
             if admin_runner is not None:
@@ -324,26 +333,25 @@ class Agent:
                     raise task.exception()  # type: ignore[misc]
                 log.error("task %s ended on its own; stopping", task.get_name())
         finally:
-            if self.enforcer is not None:  # thaw first, before anything else can fail
-                thawed = self.enforcer.shutdown()
-                if thawed:
-                    log.info("thawed %d cgroups on the way out", thawed)
-            for task in tasks:  # only our own tasks, never every task of the loop
-                task.cancel()
-            for step, work in (
-                ("tasks", asyncio.gather(*tasks, return_exceptions=True)),
-                ("http", runner.cleanup()),
-                ("admin", admin_runner.cleanup() if admin_runner is not None else asyncio.sleep(0)),
-                ("nvml", self.devices.close()),
-                ("pods", self.pods.close()),
-                ("network", self.network.close() if self.network is not None else asyncio.sleep(0)),
-                ("idle-events", self.accountant.close()),
-            ):
-                try:  # a stuck step must not hold the exit (everything was thawed above)
-                    await asyncio.wait_for(work, SHUTDOWN_STEP_SECONDS)
-                except (TimeoutError, asyncio.TimeoutError):
-                    log.error("shutdown: %s did not finish in %ds; leaving it", step, SHUTDOWN_STEP_SECONDS)
-            log.info("stopped")
+            clean = await shutdown.run(tasks, [
+                Step("http", runner.cleanup),
+                *([Step("admin", admin_runner.cleanup)] if admin_runner is not None else []),
+                Step("nvml", self.devices.close),
+                Step("pods", self.pods.close),
+                *([Step("network", self.network.close)] if self.network is not None else []),
+                Step("idle-events", self.accountant.close),
+            ])
+            log.info("stopped" if clean else "stopped, leaving the above unfinished")
+        return clean
+
+    def shutdown_plan(self, **process: Any) -> Shutdown:
+        """The bounded shutdown of this agent: thaw the enforcer's freezes first, wait for the GPU workers;
+        ``process`` (``exit``, ``executor``, ``backstop``) makes it end the process when it cannot finish."""
+        return Shutdown(self.config.shutdown_timeout, thaw=self._thaw_everything,
+                        threads=self.devices.working_threads, **process)
+
+    def _thaw_everything(self) -> int:
+        return self.enforcer.shutdown() if self.enforcer is not None else 0
 
 
 def build_accountant(config: Config) -> Accountant:
@@ -401,9 +409,10 @@ def recover_frozen(config: Config) -> int:
     return actions.recover()
 
 
-def pods_source(config: Config) -> PodsSource:
+def pods_source(config: Config, environ_fallback: Callable[[int], bytes | None] | None = None) -> PodsSource:
     """Cgroup attribution always; the kubelet's allocations when this is a kubelet node (its pod-resources
-    directory exists) or the socket was configured explicitly."""
+    directory exists) or the socket was configured explicitly. ``environ_fallback``: the simulator's
+    environments of its made-up PIDs."""
     socket = config.pod_resources_socket
     explicit = config.sources.get("pod_resources_socket", "default") != "default"
     client = None
@@ -411,6 +420,8 @@ def pods_source(config: Config) -> PodsSource:
         client = PodResourcesClient(socket, resource_names=config.gpu_resource_names)
     return PodsSource(
         cgroups=CgroupReader(config.proc_root), podresources=client, metadata=pod_metadata(config),
+        environs=EnvironReader(config.proc_root, fallback=environ_fallback),
+        node_names=frozenset({config.hostname, gethostname()}),
         interval=config.pod_resources_interval,
     )
 
@@ -429,16 +440,33 @@ def pod_metadata(config: Config) -> PodMetadata | None:
 
 
 def run(config: Config) -> int:
-    """``gpuagent run``: serve until SIGTERM or SIGINT. Returns the process exit code."""
+    """``gpuagent run``: serve until SIGTERM or SIGINT. Returns the process exit code (0; 1 when it cannot
+    listen); a shutdown that cannot finish in ``shutdown_timeout`` ends the process with 3 instead."""
 
     async def main() -> int:
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        io = ThreadPoolExecutor(thread_name_prefix=IO_THREAD_PREFIX)  # to_thread's: shutdown waits for it
+        loop.set_default_executor(io)
         agent = Agent(config)
+        shutdown = agent.shutdown_plan(exit=process_exit, executor=io, backstop=True)
+        stop = asyncio.Event()
+        signalled: list[int] = []
+
+        def on_signal(signum: int, _frame: object) -> None:
+            # A Python-level handler, not loop.add_signal_handler: it runs even while the loop is blocked,
+            # so the backstop is armed whatever the loop is doing. It only arms and schedules.
+            signalled.append(signum)
+            if len(signalled) == 1:
+                arm_backstop(config.shutdown_timeout)
+                loop.call_soon_threadsafe(stop.set)
+            else:  # a second signal: no more waiting
+                reason = f"{signal.Signals(signum).name} again during shutdown"
+                loop.call_soon_threadsafe(shutdown.force, reason)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
         try:
-            await agent.serve(stop)
+            await agent.serve(stop, shutdown)
         except OSError as exc:
             log.error("cannot listen on %s: %s", config.listen, exc)
             return 1
@@ -448,7 +476,7 @@ def run(config: Config) -> int:
 
 
 def poll_once(config: Config) -> NodeSnapshot:
-    """``gpuagent snapshot``: two polls 200 ms apart (GPM counters need a previous sample), the last one."""
+    """``gpuagent snapshot``: two polls 200 ms apart, the last one (per-process figures since the first)."""
 
     async def main() -> NodeSnapshot:
         agent = Agent(config)

@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from gpuagent import __version__
 from gpuagent.config import CONFIG_ENV, KEYS, KEYS_BY_NAME, Config, ConfigError, describe_keys, load_config
 from gpuagent.hints import extender_config
+from gpuagent.recommend.cli import add_recommend_parser
 from gpuagent.report.cli import add_report_parser
+from gpuagent.top.cli import add_top_parser
 
 EXIT_CONFIG_ERROR = 2  # also argparse's exit status for bad usage
 
@@ -79,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(command=_check_config)
 
     add_report_parser(commands)  # gpuagent report: chargeback from Prometheus (gpuagent/report/cli.py)
+    add_recommend_parser(commands)  # gpuagent recommend: right-sizing from Prometheus (gpuagent/recommend/)
+    add_top_parser(commands)  # gpuagent top: the live view of a node or a cluster (gpuagent/top/cli.py)
 
     extender = commands.add_parser(
         "extender", help="serve kube-scheduler's extender verbs (filter, prioritize) from the agents' hints"

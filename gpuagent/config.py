@@ -64,6 +64,16 @@ class ConfigError(ValueError):
 # value is a string that stands for any type (env and flags); false for YAML values, whose type counts.
 
 
+# In env and flags a value is text: these words stand for YAML's null there, for every key (a key that does
+# not take null then rejects it, naming the key, exactly as it rejects ``key: null`` in the file).
+NULL_WORDS = ("null", "~")
+
+
+def is_null_text(value: Any) -> bool:
+    """Whether an env or flag value is the word for null (``null``, ``Null``, ``NULL`` or ``~``)."""
+    return isinstance(value, str) and value.strip().lower() in NULL_WORDS
+
+
 class _Ctx(NamedTuple):
     text: bool
     base_dir: str | None = None  # where relative paths in a file are resolved from
@@ -195,6 +205,16 @@ def _optional_path(value: Any, ctx: _Ctx) -> str | None:
     return path
 
 
+def _path(value: Any, ctx: _Ctx) -> str:
+    """A path that must be given (a root the agent reads or writes under): null is not allowed."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise _Invalid("a path")
+    path = os.path.expanduser(value)
+    if ctx.base_dir is not None and not os.path.isabs(path):
+        path = os.path.join(ctx.base_dir, path)
+    return path
+
+
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -224,7 +244,7 @@ def _bool(value: Any, ctx: _Ctx) -> bool:
 
 def _percent_or_null(value: Any, ctx: _Ctx) -> float | None:
     """A share of a GPU in percent (0, 100], or null for none."""
-    if value is None or (ctx.text and value in ("", "null", "none")):
+    if value is None or (ctx.text and value.strip().lower() in ("", "none")):
         return None
     return _number(0, high=100)(value, ctx)
 
@@ -234,7 +254,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 
 def _quantity_or_null(value: Any, ctx: _Ctx) -> str | None:
     """A Kubernetes memory quantity ("8Gi", "512Mi", plain bytes), or null for none."""
-    if value is None or (ctx.text and value in ("", "null", "none")):
+    if value is None or (ctx.text and value.strip().lower() in ("", "none")):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return str(value)
@@ -367,6 +387,11 @@ class Config:
     nvml_timeout: float = _key(
         5.0, _number(0), "seconds one GPU's read may take before that GPU is marked stale", "SECONDS"
     )
+    shutdown_timeout: float = _key(
+        10.0, _number(0, high=600),
+        "seconds from SIGTERM to exit: thaw, stop, close; what is left then is logged with its stack and "
+        "the agent exits with code 3", "SECONDS",
+    )
     backend: str = _key(
         "auto",
         _choice(*BACKENDS),
@@ -402,7 +427,7 @@ class Config:
         "resource names counted as GPUs besides nvidia.com/mig-* (add e.g. nvidia.com/gpu.shared)",
         "NAMES",
     )
-    proc_root: str = _key("/proc", _optional_path, "where /proc is (the host's, mounted elsewhere)", "PATH")
+    proc_root: str = _key("/proc", _path, "where /proc is (the host's, mounted elsewhere)", "PATH")
     kubernetes_api: str = _key(
         "auto",
         _choice(*KUBERNETES_API_MODES),
@@ -440,10 +465,10 @@ class Config:
     )
     memory_kill_grace: float = _key(30.0, _number(0), "seconds after SIGTERM before SIGKILL", "SECONDS")
     journal_path: str = _key(
-        "/var/lib/gpuagent/freeze-journal.json", _optional_path,
+        "/var/lib/gpuagent/freeze-journal.json", _path,
         "file naming every cgroup the agent may have frozen, so a restart thaws them", "PATH",
     )
-    cgroup_root: str = _key("/sys/fs/cgroup", _optional_path, "where cgroupfs is mounted", "PATH")
+    cgroup_root: str = _key("/sys/fs/cgroup", _path, "where cgroupfs is mounted", "PATH")
     freezable_outside_kubepods: tuple[str, ...] = _key(
         (), _globs, "cgroup path globs outside kubepods the enforcer may act on (off Kubernetes)", "GLOBS"
     )
@@ -504,7 +529,7 @@ class Config:
         default_doc="lo, veth*, cali*, cni*, flannel*, docker*, br-*, and other per-pod/CNI links",
     )
     sysfs_root: str = _key(
-        "/sys", _optional_path, "where sysfs is (link speeds, /sys/class/infiniband)", "PATH"
+        "/sys", _path, "where sysfs is (link speeds, /sys/class/infiniband)", "PATH"
     )
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
 
@@ -654,6 +679,8 @@ def _lookup(name: Any, source: str) -> Key:
 
 
 def _parse(key: Key, raw: Any, ctx: _Ctx, source: str) -> Any:
+    if ctx.text and is_null_text(raw):
+        raw, ctx = None, ctx._replace(text=False)  # "null" from env or a flag is YAML's null
     try:
         return key.parse(raw, ctx)
     except _Invalid as err:

@@ -1,4 +1,5 @@
-"""JSON error answers for every HTTP server of the project (the agent's API and the extender).
+"""JSON error answers for every HTTP server of the project (the agent's API and the extender), and the
+words for a failed request of its HTTP clients (the extender's and ``gpuagent top``'s, both aiohttp).
 
 Errors are ``{"error": ..., "field": ...}`` with a 4xx/5xx status, never an HTML page; the middleware turns
 aiohttp's own 404/405/413 into the same shape.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 
+import aiohttp
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -34,3 +36,33 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if "Allow" in exc.headers:  # a 405 says which methods the path takes (RFC 9110)
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+
+
+def client_error_text(exc: aiohttp.ClientError) -> str:
+    """A failed client request in a few words, for logs and views ("cannot connect: connection refused")."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return f"cannot connect: unknown host {exc.host}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return "cannot connect: connection refused"
+        return (
+            f"cannot connect: {exc.os_error.strerror or exc.os_error}" if exc.os_error else "cannot connect"
+        )
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the agent closed the connection"
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def read_body(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body of a client response, or None when it is over ``limit`` bytes (then not all read).
+
+    ``response.content.read(n)`` would return whatever part has arrived: a body in several segments would be
+    cut short."""
+    if response.content_length is not None and response.content_length > limit:
+        return None
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,13 +49,29 @@ class Workload:
     cgroup_freezer: str | None = None
 
 
+MPS_CLIENT = "mps_client"  # ProcessSample.kind of an MPS client (nvmlDeviceGetMPSComputeRunningProcesses_v3)
+MPS_SERVER = "mps_server"  # ProcessSample.kind of the MPS server (or control daemon): infrastructure
+
+
+@dataclass(frozen=True, slots=True)
+class MpsLimits:
+    """An MPS client's limits on the GPU (or MIG instance) it runs on, from its environment.
+
+    ``None`` in a field: the variable is not set there, so the client's environment does not limit it (the
+    MPS control daemon may still apply a default of its own, which no environment shows).
+    """
+
+    active_thread_percent: float | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: share of the SMs, 0-100
+    pinned_memory_limit_bytes: int | None = None  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for this device
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessSample:
     """One process using a GPU (or a MIG instance of it)."""
 
     pid: int
     comm: str  # process name from /proc/PID/comm, "" when it exited before we looked
-    kind: str  # "compute" or "graphics"
+    kind: str  # "compute", "graphics", MPS_CLIENT or MPS_SERVER (infrastructure: nobody's tenant)
     used_memory_bytes: int | None
     # Mean over the GPU's last per-process read window (GpuSample.process_util_*); None on MIG (NVML has no
     # per-process utilization there) and for a process that appeared after the last read.
@@ -63,6 +79,9 @@ class ProcessSample:
     memory_util_percent: float | None
     gpu_instance_id: int | None = None  # the MIG GPU instance it runs in, None when not MIG
     workload: Workload | None = None  # set by the pods source; None before attribution, or PID vanished
+    # An MPS client's limits on this device, set by the pods source from its environment; None: not an MPS
+    # client, or its environment could not be read (unknown, which is not "unlimited").
+    mps: MpsLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +251,10 @@ class PodUse:
     sm_util_percent: float | None = None
     process_count: int = 0
     annotations: Mapping[str, str] = field(default_factory=dict)  # gpuagent.io/* only (the API server's)
+    # The top of its controller chain from the API server (Deployment, CronJob, ...; "Pod" for a bare pod);
+    # None without the API server or while it is being asked
+    owner_kind: str | None = None
+    owner_name: str | None = None
 
     @property
     def unallocated_use(self) -> tuple[str, ...]:
@@ -392,12 +415,14 @@ class TenantHint:
     name: str  # "namespace/pod" for a pod, else the workload's name ("unknown" for unattributed processes)
     kind: str  # "pod", or a Workload kind ("systemd_service", "slurm_job", ..., "unknown")
     share_ratio: float | None  # its SM-time share limit (0-1); None: no limit
-    memory_limit_bytes: int | None  # None: no limit
+    memory_limit_bytes: int | None  # None: no limit; the smaller of its gpu-memory limit and its MPS limit
     memory_used_bytes: int
-    sm_util_ratio: float | None  # measured use now (0-1); None on MIG (NVML has no per-process figure)
+    sm_util_ratio: float | None  # measured share of SM time now (0-1); None on MIG (no per-process figure)
     allocated: bool = False  # the kubelet allocated it this GPU (else it only runs processes on it)
     replicas: int = 0  # time-slicing replicas (``GPU-…::n``) it holds; 0: the whole GPU or no allocation
     mig_instance: str | None = None  # the MIG device UUID it holds or runs in, None outside MIG
+    mps_active_thread_ratio: float | None = None  # its MPS clients' SM cap here (0-1); None: not all capped
+    mps_memory_limit_bytes: int | None = None  # its MPS clients' memory limits here; None: not all limited
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,6 +563,8 @@ class WorkloadGpuUsage:
     efficiency_ratio: float | None = None  # busy / allocated over the efficiency window, 0-1
     idle_seconds: float = 0.0  # length of the current idle episode; 0 when busy or not holding the GPU
     ended_at_unix: float | None = None  # when it was last seen; None while it runs
+    # GPUs held x time since AccountingState.day_started_at_unix (00:00 UTC, or the agent's start if later)
+    allocated_gpu_seconds_today: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,6 +606,7 @@ class AccountingState:
     efficiency_window_seconds: float = 3600.0
     retention_seconds: float = 300.0
     events_total: Mapping[str, int] = field(default_factory=dict)  # idle Event outcome -> count
+    day_started_at_unix: float | None = None  # what "today" counts from: 00:00 UTC, or the agent's first poll
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,6 +637,43 @@ class NodeSnapshot:
     @property
     def stale(self) -> bool:
         return any(g.stale for g in self.gpus)
+
+
+def combined_mps_limits(processes: Iterable[ProcessSample]) -> MpsLimits | None:
+    """The MPS limits of one workload's processes on one GPU (or MIG instance), added up: MPS holds each
+    client to its own limits, so a workload of two 30 % clients may use 60 % of the SMs. A field is None
+    when any of the processes is not held to it (not an MPS client, or a client without that variable);
+    the whole is None when none of them is an MPS client with known limits."""
+    threads: float | None = 0.0
+    memory: int | None = 0
+    clients = 0
+    for process in processes:
+        limits = process.mps if process.kind == MPS_CLIENT else None
+        if limits is None:
+            threads = memory = None
+            continue
+        clients += 1
+        threads = None if threads is None or limits.active_thread_percent is None else (
+            threads + limits.active_thread_percent)
+        memory = None if memory is None or limits.pinned_memory_limit_bytes is None else (
+            memory + limits.pinned_memory_limit_bytes)
+    if not clients:
+        return None
+    return MpsLimits(None if threads is None else min(100.0, threads), memory)
+
+
+def sm_share_ratio(process: ProcessSample) -> float | None:
+    """A process's share of its GPU's SM time (0-1) as decisions count it: NVML's per-process utilization,
+    the fraction of time its kernels ran, taken as the whole GPU; for an MPS client held to a fraction of
+    the SMs (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) that fraction of it, since it keeps at most that many
+    SMs busy while it runs. None when NVML gives no per-process figure (MIG, some MPS drivers)."""
+    if process.sm_util_percent is None:
+        return None
+    ratio = min(1.0, process.sm_util_percent / 100.0)
+    limits = process.mps if process.kind == MPS_CLIENT else None
+    if limits is not None and limits.active_thread_percent is not None:
+        ratio *= limits.active_thread_percent / 100.0
+    return ratio
 
 
 def to_jsonable(value: Any) -> Any:

@@ -270,10 +270,12 @@ class CgroupSandbox:
         return os.path.join(hierarchy.own_path, self.name, path.strip("/")).rstrip("/")
 
     def spawn(
-        self, path: str, argv: Sequence[str] = SLEEP, *, controllers: Iterable[str] | None = None
+        self, path: str, argv: Sequence[str] = SLEEP, *, controllers: Iterable[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> CgroupProcess:
-        """Start ``argv`` and move it into ``path`` (relative to the sandbox) in each hierarchy (or those
-        carrying ``controllers``), creating the directories; checks /proc/PID/cgroup says so."""
+        """Start ``argv`` (with ``env`` as its whole environment, when given) and move it into ``path``
+        (relative to the sandbox) in each hierarchy (or those carrying ``controllers``), creating the
+        directories; checks /proc/PID/cgroup says so."""
         wanted = set(controllers) if controllers is not None else None
         hierarchies = [
             h for h in self.hierarchies
@@ -285,7 +287,7 @@ class CgroupSandbox:
         paths = {h.key: self._make(h, cgroup_paths[h.key]) for h in hierarchies}
         popen = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )
         process = CgroupProcess(popen, paths, cgroup_paths)
         self.processes.append(process)

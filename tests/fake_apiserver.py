@@ -19,11 +19,22 @@ from the requested ``resourceVersion`` and then live. It honours ``fieldSelector
         api.requests, api.lists, api.watches           # requests seen: path, query, token, time
         api.pdb_blocks("ml-team", "job-0")             # its Evictions get 429 (a PodDisruptionBudget)
         api.evictions                                  # Evictions seen (POST .../pods/<name>/eviction)
+        api.add_owner(make_owner("Deployment", "web"))  # GET /apis/{apps,batch}/v1/.../<kind>s/<name>
+        api.fail_owner_gets(403, times=2)              # the next two owner GETs get a Status error
+        api.owner_gets                                 # owner GETs seen (not in api.requests)
+        api.owner_delay = 0.5                          # owner GETs answered after this long
+
+For the agent's watcher against it: ``async with metadata_runner(api) as start: metadata = start()`` (a
+running ``PodMetadata`` of NODE with quick retries, cancelled on exit), and ``await eventually(predicate)``.
 
 Pods are plain dicts in the API's JSON; :func:`make_pod` builds realistic ones (spec, status, managed
 fields, a large last-applied annotation), and :func:`container_id` gives the bare ID of a container.
+A pod's controller is a ReplicaSet ``<name>-rs`` unless ``owner=`` names one (an object of
+:func:`make_owner`, whose own controller its ``owner=`` names) or ``owner=None`` (a bare pod). Owners of
+the kinds the agent walks (ReplicaSet, Deployment, StatefulSet, Job, CronJob) are served by
+``GET /apis/apps/v1/namespaces/{ns}/<kind>s/{name}`` (``batch/v1`` for jobs and cron jobs) once added.
 
-``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the shared
+``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the
 fixture's ``Status`` body, or 429 with the PodDisruptionBudget fixture's after ``pdb_blocks(ns, name)``;
 400 when the body is not an Eviction of that pod. Evictions are recorded in ``api.evictions`` (not in
 ``api.requests``), and ``fail_next`` applies to them too.
@@ -38,24 +49,25 @@ after the API server's validation of the fields it requires (``eventTime``, ``re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiohttp import web
+from fixture_files import kubernetes_body
 
 NODE = "gpu-node-1"
 TOKEN = "test-token"
 RUNTIME_PREFIX = {"containerd": "containerd://", "cri-o": "cri-o://", "docker": "docker://"}
 _DROP, _END = object(), object()
-_K8S_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kubernetes"
 
 
 # -- pods ------------------------------------------------------------------------------------------------
@@ -80,6 +92,7 @@ def make_pod(
     started: bool = True,
     gpus: int = 1,
     mirror_of: str | None = None,
+    owner: Mapping[str, Any] | str | None = "replicaset",
 ) -> dict[str, Any]:
     """A pod as the API server returns it. ``started=False``: containers still waiting (no IDs yet);
     ``mirror_of``: the mirror of a static pod whose kubelet-side UID (config hash) is this."""
@@ -93,13 +106,16 @@ def make_pod(
                                              "command": ["python", "-m", "train", "--epochs", "100"] * 20}
                                             for c in containers]}}),
     )
-    owner = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs", "uid": str(uuid.uuid4()),
-              "controller": True, "blockOwnerDeletion": True}]
+    if owner == "replicaset":
+        owners = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs", "uid": str(uuid.uuid4()),
+                   "controller": True, "blockOwnerDeletion": True}]
+    else:
+        owners = [owner_ref(owner)] if isinstance(owner, Mapping) else []
     if mirror_of:
         annotations.update({"kubernetes.io/config.mirror": mirror_of, "kubernetes.io/config.hash": mirror_of,
                             "kubernetes.io/config.source": "file"})
-        owner = [{"apiVersion": "v1", "kind": "Node", "name": node or NODE, "uid": str(uuid.uuid4()),
-                  "controller": True}]
+        owners = [{"apiVersion": "v1", "kind": "Node", "name": node or NODE, "uid": str(uuid.uuid4()),
+                   "controller": True}]
     resources = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"},
                  "requests": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"}} if gpus else {}
 
@@ -155,7 +171,7 @@ def make_pod(
         "metadata": {
             "name": name, "namespace": namespace, "uid": uid, "resourceVersion": "0",
             "creationTimestamp": "2026-08-07T10:20:05Z", "labels": {"app": name, "pod-template-hash": "7d9c6b8f5d"},
-            "annotations": annotations, "ownerReferences": owner,
+            "annotations": annotations, **({"ownerReferences": owners} if owners else {}),
             "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
                                "time": "2026-08-07T10:20:11Z", "fieldsType": "FieldsV1", "subresource": "status",
                                "fieldsV1": {"f:status": {f"f:{k}": {} for k in status}}}],
@@ -163,6 +179,29 @@ def make_pod(
         "spec": spec,
         "status": status,
     }
+
+
+_API_VERSIONS = {"ReplicaSet": "apps/v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
+                 "Job": "batch/v1", "CronJob": "batch/v1"}
+
+
+def make_owner(kind: str, name: str, *, namespace: str = "default", owner: Mapping[str, Any] | None = None,
+               api_version: str | None = None, uid: str | None = None) -> dict[str, Any]:
+    """A controller object as the API server returns it (what the agent reads of it: metadata), controlled
+    by ``owner`` (another object of this function) when given."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
+                                "resourceVersion": "1", "labels": {"app": name},
+                                "annotations": {"deployment.kubernetes.io/revision": "3"}}
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_ref(owner)]
+    return {"apiVersion": api_version or _API_VERSIONS.get(kind, "example.com/v1"), "kind": kind,
+            "metadata": metadata, "spec": {"replicas": 1}, "status": {"replicas": 1}}
+
+
+def owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The controller ``ownerReferences`` entry pointing at ``obj``."""
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
 # -- the server ------------------------------------------------------------------------------------------
@@ -222,6 +261,10 @@ class FakeApiServer:
         self.evictions: list[SeenEviction] = []
         self.events: list[SeenEvent] = []
         self._pdb_blocked: set[tuple[str, str]] = set()
+        self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, namespace, name) -> object
+        self.owner_gets: list[SeenRequest] = []
+        self._owner_failures: list[int] = []
+        self.owner_delay = 0.0  # seconds before an owner GET is answered
 
     # lifecycle
     async def __aenter__(self) -> FakeApiServer:
@@ -234,6 +277,7 @@ class FakeApiServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_get("/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}", self._owner)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict)
         app.router.add_post("/apis/events.k8s.io/v1/namespaces/{namespace}/events", self._event)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
@@ -339,6 +383,14 @@ class FakeApiServer:
             self._pdb_blocked.add((namespace, name))
         else:
             self._pdb_blocked.discard((namespace, name))
+
+    def add_owner(self, obj: Mapping[str, Any]) -> None:
+        """Serves ``obj`` (of :func:`make_owner`) to GETs of its kind, namespace and name."""
+        meta = obj["metadata"]
+        self.owners[(obj["kind"].lower() + "s", meta["namespace"], meta["name"])] = copy.deepcopy(dict(obj))
+
+    def fail_owner_gets(self, status: int = 500, *, times: int = 1) -> None:
+        self._owner_failures.extend([status] * times)
 
     # what tests look at
     @property
@@ -456,6 +508,24 @@ class FakeApiServer:
             self._watchers.discard(w)
         return response
 
+    async def _owner(self, request: web.Request) -> web.Response:
+        self.owner_gets.append(SeenRequest(request.method, request.path, dict(request.query),
+                                           request.headers.get("Authorization"), time.monotonic()))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+        plural, namespace, name = (request.match_info[k] for k in ("plural", "namespace", "name"))
+        if self.owner_delay:
+            await asyncio.sleep(self.owner_delay)
+        if self._owner_failures:
+            code = self._owner_failures.pop(0)
+            message = (f'{plural}.{request.match_info["group"]} "{name}" is forbidden: User '
+                       f'"system:serviceaccount:gpuagent:gpuagent" cannot get resource "{plural}"')
+            return web.json_response(_status(code, _REASONS.get(code, "Unknown"), message), status=code)
+        obj = self.owners.get((plural, namespace, name))
+        if obj is None:
+            return web.json_response(_status(404, "NotFound", f'{plural} "{name}" not found'), status=404)
+        return web.json_response(obj)
+
     async def _evict(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
@@ -560,25 +630,48 @@ def _event_problems(body: Any, namespace: str) -> list[str]:
     return problems
 
 
-def _eviction_fixture(name: str, fallback: dict[str, Any]) -> dict[str, Any]:
-    """A shared fixture body (``shared/fixtures/kubernetes``), or the same body where shared/ is absent."""
-    try:
-        return json.loads((_K8S_FIXTURES / name).read_text())
-    except (OSError, ValueError):
-        return fallback
-
-
-EVICTION_SUCCESS = _eviction_fixture(
-    "eviction-response-success.json",
-    {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
-EVICTION_PDB = _eviction_fixture("eviction-response-429-pdb.json", {
-    **_status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."),
-    "details": {"causes": [{"reason": "DisruptionBudget",
-                            "message": "The disruption budget llm-train-pdb needs 2 healthy pods and has 2 currently"}]},
-})
+EVICTION_SUCCESS = kubernetes_body("eviction-response-success.json")
+EVICTION_PDB = kubernetes_body("eviction-response-429-pdb.json")
 
 
 def pod_list(pods: Iterable[Mapping[str, Any]], resource_version: str = "1000") -> dict[str, Any]:
     """A PodList body of these pods."""
     return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": resource_version},
             "items": list(pods)}
+
+
+# -- the agent's watcher against it --------------------------------------------------------------------------
+FAST_RETRIES = {"relist_backoff": 0.02, "max_backoff": 0.1}
+
+
+async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> None:
+    """Until ``predicate()`` is true, polling every 5 ms; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {predicate}")
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def metadata_runner(api: FakeApiServer) -> AsyncIterator[Callable[..., Any]]:
+    """``start(**kwargs)`` -> a running ``PodMetadata`` of NODE against ``api`` (quick retries unless given);
+    every one started is cancelled on exit."""
+    from gpuagent.pods.metadata import PodMetadata
+
+    tasks: list[asyncio.Task] = []
+
+    def start(**kwargs: Any) -> PodMetadata:
+        kwargs.setdefault("config", api.kubeconfig())
+        for key, value in FAST_RETRIES.items():
+            kwargs.setdefault(key, value)
+        metadata = PodMetadata(NODE, **kwargs)
+        tasks.append(asyncio.create_task(metadata.run()))
+        return metadata
+
+    try:
+        yield start
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -92,7 +92,7 @@ def gpus(*device_ids: str, resource: str = "nvidia.com/gpu", numa: Sequence[int]
 
 
 def load_list_response(path: str | os.PathLike[str]) -> list[api_pb2.PodResources]:
-    """The pods of a ``ListPodResourcesResponse`` written in proto3 JSON (as in shared/fixtures)."""
+    """The pods of a ``ListPodResourcesResponse`` written in proto3 JSON (as in tests/fixtures/kubernetes)."""
     answer = json_format.Parse(Path(path).read_text(), api_pb2.ListPodResourcesResponse())
     return list(answer.pod_resources)
 

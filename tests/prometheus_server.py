@@ -18,6 +18,10 @@ Tests that only need one, function-scoped, take the :func:`prometheus` fixture (
     def test_x(prometheus):
         prom = prometheus(["127.0.0.1:9402"], rule_files=[...])
 
+Backfilled data instead of scrapes: ``with backfill(workdir, days, openmetrics, "report") as filled:`` writes
+``openmetrics(start_unix)`` into a TSDB with ``promtool tsdb create-blocks-from openmetrics`` and serves it;
+``filled.run(*args)`` runs ``gpuagent report`` over exactly that range (``filled.json(...)`` its JSON).
+
 Without the binary the caller is skipped with the way to install it (``scripts/install-system-deps.sh``,
 which ``make test`` and so ``.ci/run`` runs); with ``GPUAGENT_REQUIRE_PROMETHEUS=1`` it fails instead.
 """
@@ -264,6 +268,47 @@ class PrometheusServer:
             return len(values) >= len(self.targets) and min(values) >= samples
 
         self.wait_for(expr, enough, timeout, f"{samples} scrapes of {metric} from {len(self.targets)} target(s)")
+
+
+@dataclass
+class Backfilled:
+    """A Prometheus serving ``days`` of backfilled data ending at ``end_unix`` (whole hours, an hour ago)."""
+
+    prometheus: PrometheusServer
+    start_unix: int
+    end_unix: int
+    workdir: Path
+    command: str  # the gpuagent command run over the range
+    defaults: tuple[str, ...] = ()  # its arguments before any given
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        from agent_runner import run_gpuagent
+
+        return run_gpuagent(self.command, "--prometheus", self.prometheus.url, "--start", str(self.start_unix),
+                            "--end", str(self.end_unix), *self.defaults, *args)
+
+    def json(self, *args: str) -> Any:
+        done = self.run("--format", "json", *args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+
+@contextlib.contextmanager
+def backfill(workdir: Path, days: int, openmetrics: Callable[[int], str], command: str,
+             defaults: Sequence[str] = ()) -> Iterator[Backfilled]:
+    """``openmetrics(start_unix)`` (the text, ``# EOF`` ended) backfilled into a TSDB, served."""
+    prometheus_binary()
+    end = int(time.time()) // 3600 * 3600 - 3600  # whole hours, an hour ago
+    start = end - days * 86400
+    source = workdir / "backfill.om"
+    source.write_text(openmetrics(start))
+    data = workdir / "prometheus" / "data"
+    data.mkdir(parents=True)
+    done = subprocess.run([promtool_binary(), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+                           str(source), str(data)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with PrometheusServer([], workdir / "prometheus") as prom:
+        yield Backfilled(prom, start, end, workdir, command, tuple(defaults))
 
 
 @contextlib.contextmanager

@@ -491,6 +491,40 @@ def test_state_lists_idle_workloads_first_and_small() -> None:
     assert next(iter(doc)) == "idle" and doc["idle"][0]["name"] == "notebook"
 
 
+def test_gpu_seconds_today_count_from_midnight_utc_or_the_first_poll() -> None:
+    """``allocated_gpu_seconds_today`` (what ``gpuagent top`` shows as GPU-hours today): from the agent's first
+    poll on its first day, then from the first poll after 00:00 UTC; a series born today starts at 0."""
+    early, late = pod_workload("ns", "early", "c"), pod_workload("ns", "late", "c")
+    g = gpu_sample(0).info.uuid
+    pods = [pod("ns", "early", "c", [g + "::0"]), pod("ns", "late", "c", [g + "::1"])]
+    midnight = (WALL // 86400 + 1) * 86400 - WALL  # seconds from WALL to the next 00:00 UTC
+    acct = accountant()
+
+    def poll(t: float, *workloads: Workload) -> tuple[dict[str, WorkloadGpuUsage], float | None]:
+        procs = [proc(i + 1, w, 50) for i, w in enumerate(workloads)]
+        state = acct.update(node(t, [gpu_sample(0, processes=procs)], pods[:len(workloads)]))
+        return {u.name: u for u in state.usage if u.level == "pod"}, state.day_started_at_unix
+
+    first = midnight - 4
+    for t in range(int(first), int(midnight)):  # 4 s before midnight: early alone holds the GPU
+        usage, started = poll(t, early)
+        assert started == WALL + first  # the agent's first day starts at its first poll
+    assert usage["early"].allocated_gpu_seconds_today == pytest.approx(3.0)
+    for t in range(int(midnight), int(midnight) + 5):  # from midnight on, late holds the other replica
+        usage, started = poll(t, early, late)
+    assert started == WALL + midnight
+    # the interval across midnight went to yesterday (with the first poll of the day); since then 4 s of half
+    # a GPU, out of a total of 3 + 0.75 (the interval across midnight, from 1 GPU to 1/2) + 2
+    assert usage["early"].allocated_gpu_seconds_today == pytest.approx(4 * 0.5)
+    assert usage["early"].allocated_gpu_seconds_total == pytest.approx(3 + 0.75 + 2)
+    # late's first quarter GPU-second (the trapezoid of the interval across midnight) is yesterday's too
+    assert usage["late"].allocated_gpu_seconds_today == pytest.approx(2.0)
+    assert usage["late"].allocated_gpu_seconds_total == pytest.approx(2.25)
+    doc = to_jsonable(state_snapshot(acct.update(node(midnight + 5, [gpu_sample(0)], pods))))["accounting"]
+    assert doc["day_started_at_unix"] == WALL + midnight
+    assert {u["name"] for u in doc["usage"] if u["allocated_gpu_seconds_today"] > 0} == {"early", "late"}
+
+
 def state_snapshot(state: Any, gpus: Sequence[GpuSample] = ()) -> NodeSnapshot:
     return replace(node(0, gpus), accounting=state)
 

@@ -238,8 +238,9 @@ async def test_socket_thaw_really_thaws_and_holds_throttling_off(
     serving = asyncio.create_task(agent.serve(stop))
 
     def freezes() -> int:
-        state = agent.latest.enforcement if agent.latest else None
-        return state.actions_total.get(("freeze", "done"), 0) if state else 0
+        # The gate's own count, not the last snapshot's: that one lags by up to a poll, so a freeze made
+        # just before the pause would show up during it.
+        return agent.enforcer.actions.counts().get(("freeze", "done"), 0)
 
     try:
         await wait_until(lambda: freezes() > 0, 10, "the tenant is throttled")

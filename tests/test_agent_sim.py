@@ -39,7 +39,8 @@ def live_pids(nvml: SimulatedNvml) -> set[int]:
     pids = set()
     for i in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        for fn in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+        for fn in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses,
+                   nvml.nvmlDeviceGetMPSComputeRunningProcesses_v3):  # MPS clients: only on that list
             pids.update(p.pid for p in fn(handle))
     return pids
 

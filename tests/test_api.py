@@ -80,6 +80,21 @@ async def test_state_is_serialised_once_per_snapshot(client, holder):
     assert json.loads(await (await client.get("/v1/state")).read())["taken_at_unix"] == NOW + 1
 
 
+async def test_state_answers_304_for_the_snapshot_a_client_has(client, holder):
+    """gpuagent top asks at the poll rate: a second ask within one poll costs no body."""
+    holder["snapshot"] = snapshot()
+    first = await client.get("/v1/state")
+    etag = first.headers["ETag"]
+    assert first.status == 200 and first.headers["Cache-Control"] == "no-cache"
+    again = await client.get("/v1/state", headers={"If-None-Match": etag})
+    assert again.status == 304 and again.headers["ETag"] == etag and await again.read() == b""
+    assert (await client.get("/v1/state", headers={"If-None-Match": f'"x", W/{etag}'})).status == 304
+    holder["snapshot"] = snapshot(taken_at=NOW + 1)  # the next poll: a new ETag, the new body
+    changed = await client.get("/v1/state", headers={"If-None-Match": etag})
+    assert changed.status == 200 and changed.headers["ETag"] != etag
+    assert (await changed.json())["taken_at_unix"] == NOW + 1
+
+
 async def test_openmetrics_when_asked(client, holder):
     holder["snapshot"] = snapshot()
     response = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})

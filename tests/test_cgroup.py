@@ -1,12 +1,13 @@
-"""``pods.cgroup``: the parse of ``/proc/PID/cgroup``, over the shared real-world fixtures and beyond."""
+"""``pods.cgroup``: the parse of ``/proc/PID/cgroup``, over the real-world fixtures (tests/fixtures/cgroup) and
+beyond."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from cgroups import kubelet_container_path
+from fixture_files import CGROUP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,12 +20,7 @@ from gpuagent.pods.cgroup import (
     unescape_systemd_name,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "cgroup"
-EXPECTED_FILE = FIXTURES / "expected.json"
-EXPECTED: dict[str, dict] = json.loads(EXPECTED_FILE.read_text()) if EXPECTED_FILE.is_file() else {}
-needs_fixtures = pytest.mark.skipif(
-    not EXPECTED, reason=f"cgroup fixtures absent: {EXPECTED_FILE} (shared/ is expected beside the clone)"
-)
+EXPECTED: dict[str, dict] = json.loads((CGROUP / "expected.json").read_text())
 FIELDS = ("cgroup_version", "container_id", "driver", "is_container", "is_k8s", "pod_uid", "qos", "runtime")
 
 # What the fixtures' notes say beyond the eight fields of expected.json.
@@ -78,7 +74,7 @@ NOTES: dict[str, dict[str, object]] = {
 
 def fixture_text(name: str) -> str:
     """A fixture file without its '#' header (no kernel line starts with '#')."""
-    text = (FIXTURES / name).read_text()
+    text = (CGROUP / name).read_text()
     return "\n".join(line for line in text.split("\n") if not line.startswith("#"))
 
 
@@ -90,8 +86,7 @@ def as_expected(identity: CgroupIdentity) -> dict[str, object]:
     return got
 
 
-@needs_fixtures
-@pytest.mark.parametrize("name", sorted(EXPECTED) or ["none"])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_fixture(name: str) -> None:
     identity = parse_proc_cgroup(fixture_text(name))
     assert as_expected(identity) == EXPECTED[name]["expect"], EXPECTED[name].get("note")
@@ -101,9 +96,8 @@ def test_fixture(name: str) -> None:
         assert identity.workload_kind == "pod"
 
 
-@needs_fixtures
 def test_every_fixture_file_has_an_expectation() -> None:
-    assert sorted(p.name for p in FIXTURES.glob("*.txt")) == sorted(EXPECTED)
+    assert sorted(p.name for p in CGROUP.glob("*.txt")) == sorted(EXPECTED)
     assert set(NOTES) <= set(EXPECTED)
 
 

@@ -38,6 +38,7 @@ def test_defaults_without_file_or_env() -> None:
     assert config.poll_interval == 1.0
     assert config.slow_poll_interval == 30.0
     assert config.nvml_timeout == 5.0
+    assert config.shutdown_timeout == 10.0
     assert config.backend == "auto"
     assert config.scenario is None
     assert config.xid_window == 300.0
@@ -68,6 +69,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "process_utilization_interval",
         "detail_interval",
         "nvml_timeout",
+        "shutdown_timeout",
         "backend",
         "scenario",
         "hostname",
@@ -197,6 +199,8 @@ def test_slow_poll_interval_default_rises_with_poll_interval() -> None:
         ("poll_interval: .nan\n", "poll_interval", "got nan"),
         ("poll_interval: [1]\n", "poll_interval", "got a list"),
         ("slow_poll_interval: .inf\n", "slow_poll_interval", "expected a number > 0"),
+        ("shutdown_timeout: 0\n", "shutdown_timeout", "expected a number > 0 and <= 600, got 0"),
+        ("shutdown_timeout: 601\n", "shutdown_timeout", "got 601"),
         ("poll_interval: 10\nslow_poll_interval: 5\n", "slow_poll_interval", ">= poll_interval (10"),
         ("nvml_timeout: 0\n", "nvml_timeout", "expected a number > 0, got 0"),
         ("xid_window: -5\n", "xid_window", "expected a number > 0, got -5"),
@@ -517,3 +521,61 @@ def test_enforcement_keys(tmp_path) -> None:
         assert fragment in str(info.value)
     with pytest.raises(ConfigError, match="only the config file can give"):
         load_config(None, env={"GPUAGENT_POLICIES": "x"})
+
+
+# --- null from env and flags ----------------------------------------------------------------------------------
+
+
+def _outcome(load: object) -> tuple[str, object]:
+    """("ok", the key's value) or ("error", the message after the source) of one way of giving null."""
+    try:
+        return "ok", load()  # type: ignore[operator]
+    except ConfigError as err:
+        return "error", err.message
+
+
+@pytest.mark.parametrize("key", [k for k in KEYS if k.name != "policies"], ids=lambda k: k.name)
+@pytest.mark.parametrize("word", ["null", "NULL", " ~ "])
+def test_null_means_the_same_from_file_env_and_flag(tmp_path: Path, key: object, word: str) -> None:
+    """Every key: the word null from env or a flag is YAML's null, accepted (with the same value) where
+    the file accepts ``key: null`` and rejected with the same message where it does not."""
+    name = key.name  # type: ignore[attr-defined]
+    path = write(tmp_path, f"{name}: null\n")
+    base = {"NODE_NAME": "n1"}
+    from_file = _outcome(lambda: getattr(load_config(path, env=base), name))
+    from_env = _outcome(lambda: getattr(load_config(env={**base, key.env: word}), name))  # type: ignore[attr-defined]
+    from_flag = _outcome(lambda: getattr(load_config(env=base, overrides={name: word}), name))
+    assert from_env == from_file and from_flag == from_file
+
+
+def test_null_turns_the_kubelet_socket_off_from_flags_and_env() -> None:
+    """The issue's case: --pod-resources-socket null was read as a relative path named "null"."""
+    assert load_config(env={}, overrides={"pod_resources_socket": "null"}).pod_resources_socket is None
+    assert load_config(env={"GPUAGENT_POD_RESOURCES_SOCKET": "null"}).pod_resources_socket is None
+    config = load_config(env={}, overrides={"pod_resources_socket": "null"})
+    assert config.sources["pod_resources_socket"] == "flag --pod-resources-socket"
+    # the other keys null turns off or back to their default, from a flag
+    flags = {"scenario": "null", "kubeconfig": "Null", "admin_socket": "~", "default_gpu_share": "null",
+             "default_gpu_memory": "null", "web_config": "null", "admin_token_file": "null"}
+    config = load_config(env={}, overrides=flags)
+    assert all(getattr(config, name) is None for name in flags)
+    assert load_config(env={"NODE_NAME": "n1"}, overrides={"hostname": "null"}).hostname == "n1"
+
+
+@pytest.mark.parametrize("name", ["proc_root", "cgroup_root", "sysfs_root", "journal_path"])
+def test_roots_do_not_take_null(tmp_path: Path, name: str) -> None:
+    """A root the agent reads or writes under has no "off": null is an error naming the key, from the file,
+    env and flags alike (it used to be accepted and crash the agent later)."""
+    for err in (
+        error_of(write(tmp_path, f"{name}: null\n"), env={}),
+        error_of(env={f"GPUAGENT_{name.upper()}": "null"}),
+        error_of(env={}, overrides={name: "null"}),
+    ):
+        assert err.key_path == name and err.message == "expected a path, got null"
+
+
+def test_a_file_named_null_is_given_as_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "null").write_text("gpus: []\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config(env={}, overrides={"scenario": "./null"}).scenario == "./null"
+    assert load_config(env={}, overrides={"scenario": "null"}).scenario is None

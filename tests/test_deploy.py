@@ -32,8 +32,8 @@ import jsonschema
 import pytest
 import yaml
 
-from gpuagent import agent
 from gpuagent.config import CONFIG_ENV, KEYS, NODE_NAME_ENV, Config, load_config
+from gpuagent.shutdown import BACKSTOP_GRACE_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -59,9 +59,9 @@ NAMESPACE = "gpuagent"
 DEFAULT = Config(hostname="test-node")
 AGENT_PORT = DEFAULT.listen_port  # 9402
 KEY_ENVS = {key.env for key in KEYS}
-# The agent's shutdown after SIGTERM: thaw (immediate), then 4 steps (tasks, http, nvml, pods) of at
-# most SHUTDOWN_STEP_SECONDS each; the grace periods must cover that with room to spare.
-SHUTDOWN_BOUND_SECONDS = 4 * agent.SHUTDOWN_STEP_SECONDS + 10
+# The agent's shutdown after SIGTERM: thaw (immediate), then everything else within shutdown_timeout, and
+# faulthandler's backstop a little after; the grace periods must cover that with room to spare.
+SHUTDOWN_BOUND_SECONDS = DEFAULT.shutdown_timeout + BACKSTOP_GRACE_SECONDS + 10
 
 # The least privilege of the node agent: (API group, resource, verb).
 AGENT_RBAC = {
@@ -71,6 +71,11 @@ AGENT_RBAC = {
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
+    # the owners walked above a pod (gpuagent.pods.owners.WALKED), one GET each
+    ("apps", "replicasets", "get"),
+    ("apps", "deployments", "get"),
+    ("apps", "statefulsets", "get"),
+    ("batch", "jobs", "get"),
 }
 NOT_CORE = {"ServiceMonitor", "Kustomization"}
 
@@ -305,6 +310,14 @@ def test_daemonset_service_account_exists_and_is_bound_to_the_least_privilege_ro
     assert [doc["metadata"]["name"] for _, doc in _all_docs() if doc["kind"] in {"ClusterRoleBinding", "RoleBinding"}] == ["gpuagent"]
 
 
+def test_the_role_allows_a_get_of_every_owner_kind_the_agent_walks() -> None:
+    from gpuagent.pods.owners import WALKED
+
+    walked = {(group, path.split("/")[-2], "get") for (group, _), path in WALKED.items()}
+    assert walked and walked <= AGENT_RBAC
+    assert {r for r in AGENT_RBAC if r[0] in ("apps", "batch")} == walked  # and no more
+
+
 def test_workload_selectors_match_their_pod_labels(daemonset: dict) -> None:
     for workload in (daemonset,):
         labels = workload["spec"]["template"]["metadata"]["labels"]
@@ -473,6 +486,58 @@ def test_kustomization_applies_the_node_agent_only() -> None:
         assert (DEPLOY / resource).is_file(), resource
     # Not the ServiceMonitor (it needs the Prometheus operator's CRDs).
     assert set(kustomization["resources"]) == {"namespace.yaml", "rbac.yaml", "daemonset.yaml", "service.yaml"}
+
+
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
+    """What ``kubectl kustomize <directory>`` renders (Debian's kubernetes-client, or any kubectl)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: scripts/install-system-deps.sh (run by `make test`) installs "
+                    "Debian's kubernetes-client")
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"kubectl kustomize {directory.relative_to(ROOT)}: {done.stderr}"
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
+
+
+def _identity(doc: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (doc["apiVersion"], doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
+
+
+@pytest.mark.parametrize("directory", ["deploy", "deploy/extender"])
+def test_kustomize_renders_the_listed_resources_and_they_validate_strictly(directory: str) -> None:
+    """``kubectl apply -k`` is how the README deploys: what kustomize renders (not only the files one by one)
+    must be exactly the resources the kustomization lists, each valid for every Kubernetes version we
+    support, strictly (an unknown field is an error)."""
+    base = ROOT / directory
+    rendered = _kustomize(base)
+    listed = [doc for name in _load(base / "kustomization.yaml")[0]["resources"] for doc in _load(base / name)]
+    assert sorted(map(_identity, rendered)) == sorted(map(_identity, listed))
+    kv = _kubernetes_validate()
+    for version in _k8s_versions():
+        for doc in rendered:
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as err:
+                where = ".".join(str(part) for part in err.path)
+                pytest.fail(f"{directory}: {doc['kind']}/{doc['metadata']['name']} as rendered is not valid "
+                            f"for Kubernetes {err.version}: {where}: {err.message}")
+
+
+def test_a_kustomize_patch_that_breaks_a_manifest_is_caught_as_rendered(tmp_path: Path) -> None:
+    """What the check above catches: a patch (as a user's overlay would add) whose result is invalid."""
+    overlay = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, overlay, ignore=shutil.ignore_patterns("extender"))
+    kustomization = _load(overlay / "kustomization.yaml")[0]
+    # patchesJson6902: what both Debian's kubectl 1.20 (kustomize 2) and today's kubectl understand.
+    (overlay / "typo.yaml").write_text("- op: add\n  path: /spec/template/spec/hostPid\n  value: true\n")
+    kustomization["patchesJson6902"] = [{"target": {"group": "apps", "version": "v1", "kind": "DaemonSet",
+                                                    "name": "gpuagent"}, "path": "typo.yaml"}]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    rendered = {doc["kind"]: doc for doc in _kustomize(overlay)}
+    assert rendered["DaemonSet"]["spec"]["template"]["spec"]["hostPid"] is True  # kustomize applied it
+    kv = _kubernetes_validate()
+    with pytest.raises(kv.ValidationError):
+        kv.validate(rendered["DaemonSet"], "1.30", strict=True)
 
 
 def test_deploy_readme_documents_every_manifest() -> None:

@@ -14,18 +14,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import psutil
 import pytest
 import yaml
 from cgroups import CgroupSandbox, kubelet_container_path, new_pod_uid, sandbox_for_test
 from fake_apiserver import NODE, FakeApiServer, container_id, make_pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
 
 pytestmark = pytest.mark.integration
 
-BURN_CPU = max(os.sched_getaffinity(0))  # the tenants contend for this one CPU; the agent runs elsewhere
+BURN_CPU = max(os.sched_getaffinity(0))  # the tenants contend for this one CPU (conftest's agent_off_the_burn_cpu)
 
 
 def burner(cpu: int) -> tuple[str, ...]:
@@ -37,19 +39,6 @@ def cgroup_sandbox() -> Iterator[CgroupSandbox]:
     yield from sandbox_for_test()
 
 
-@pytest.fixture
-def agent_off_the_burn_cpu() -> Iterator[None]:
-    before = os.sched_getaffinity(0)
-    others = before - {BURN_CPU}
-    if not others:
-        pytest.skip("needs two CPUs: one for the tenants, one for the agent")
-    os.sched_setaffinity(0, others)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,9 +47,11 @@ def free_port() -> int:
 
 async def run_enforced(
     sandbox: CgroupSandbox, tmp_path: Path, tenants: list[tuple[str, str | None, bool]], *,
-    warmup: float, measure: float, mode: str = "enforce",
+    warmup: float, measure: float, mode: str = "enforce", scrape: list[str] | None = None,
+    work_conserving: bool = True,
 ) -> tuple[dict[str, float], Agent, list]:
-    """tenants: (pod name, gpu-share annotation or None, busy). Returns CPU share per pod over ``measure``."""
+    """tenants: (pod name, gpu-share annotation or None, busy). Returns CPU share per pod over ``measure``;
+    ``scrape`` gets the agent's ``/metrics``, read over HTTP at the end of ``measure``."""
     procs, pods, processes = {}, [], []
     for name, share, busy in tenants:
         uid = new_pod_uid()
@@ -78,11 +69,12 @@ async def run_enforced(
         for pod in pods:
             api.add_pod(pod)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        listen = f"127.0.0.1:{free_port()}"
         config = load_config(None, env={}, overrides={
-            "backend": "sim", "scenario": str(scenario), "listen": f"127.0.0.1:{free_port()}",
+            "backend": "sim", "scenario": str(scenario), "listen": listen,
             "poll_interval": 0.5, "mode": mode, "journal_path": str(tmp_path / "journal.json"),
             "kubernetes_api": "on", "kubeconfig": str(kubeconfig), "hostname": NODE,
-            "pod_resources_socket": None,
+            "pod_resources_socket": None, "work_conserving": work_conserving,
         })
         agent = Agent(config)
         stop = asyncio.Event()
@@ -96,6 +88,9 @@ async def run_enforced(
             shares = {n: (sum(psutil.Process(p.pid).cpu_times()[:2]) - sum(cpu[n][:2])) / wall
                       for n, p in procs.items()}
             states = list(agent.latest.enforcement.shares) if agent.latest and agent.latest.enforcement else []
+            if scrape is not None:
+                async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/metrics") as answer:
+                    scrape.append(await answer.text())
         finally:
             stop.set()
             await asyncio.wait_for(serving, 30)
@@ -144,11 +139,22 @@ async def test_an_idle_tenant_leaves_the_other_unthrottled(
 async def test_audit_mode_decides_but_touches_nothing(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path, agent_off_the_burn_cpu: None
 ) -> None:
-    shares, agent, states = await run_enforced(
-        cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "30", True)], warmup=3, measure=4,
-        mode="audit")
+    scrape: list[str] = []
+    shares, _, states = await run_enforced(
+        cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "10", True)], warmup=3, measure=4,
+        mode="audit", scrape=scrape, work_conserving=False)
     assert abs(shares["big"] - shares["small"]) < 0.15, shares  # nobody was frozen: they split the CPU
+    # Not work-conserving: the small pod is over its 10 % however busy the machine keeps the "GPU".
     small = next(s for s in states if s.pod == "small")
-    assert small.frozen_ratio > 0 and small.throttled_seconds_total == 0  # decided, not done
-    counts = agent.latest.enforcement.actions_total
-    assert not counts.get(("freeze", "done"))
+    assert 0 < small.frozen_ratio < 1 and small.throttled_seconds_total == 0  # decided, not done
+    assert not (tmp_path / "journal.json").exists()  # nothing journaled: nothing was to be thawed
+    # /metrics: the duty cycle's decisions for the small pod's one cgroup, a freeze and a thaw per
+    # share_period (0.1 s) while it is over its share, under outcome="audit", never "done".
+    families = {family.name: family for family in text_string_to_metric_families(scrape[0])}
+    actions = {(s.labels["action"], s.labels["outcome"]): s.value
+               for s in families["gpuagent_enforcement_actions"].samples if s.name.endswith("_total")}
+    assert actions[("freeze", "audit")] >= 10, actions  # seconds of decisions, not one per episode
+    assert actions[("freeze", "audit")] - actions[("thaw", "audit")] in (0, 1), actions  # one period open
+    assert not any(count for (_, outcome), count in actions.items() if outcome in ("done", "failed")), actions
+    frozen = {s.labels["pod"]: s.value for s in families["gpuagent_pod_gpu_frozen_ratio"].samples}
+    assert frozen["small"] > 0 and frozen["big"] == 0

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
-from test_extender_fixtures import FILTER_RESPONSE_JSON, PRIORITIZE_RESPONSE_JSON, filter_request
+from fixture_files import filter_request, kubernetes_body
 from test_tls import issue
 
 from gpuagent.api.tls import load_web_config, server_ssl_context
@@ -192,7 +192,7 @@ async def test_filter_answers_the_fixture_request_in_its_own_form(harness: Any) 
     status, reply = await h.post("filter", filter_request())
     assert status == 200
     # Every key of ExtenderFilterResult, PascalCase, in the fixture response's shape.
-    assert set(reply) == set(json.loads(FILTER_RESPONSE_JSON))
+    assert set(reply) == set(kubernetes_body("extender-filter-response.json"))
     assert reply["Nodes"] is None
     assert reply["NodeNames"] == [NODES[0]]
     assert reply["Error"] == ""
@@ -213,7 +213,7 @@ async def test_prioritize_scores_fitting_nodes_0_to_10(harness: Any) -> None:
     status, reply = await h.post("prioritize", body)
     assert status == 200
     assert isinstance(reply, list)
-    assert [set(item) for item in reply] == [set(json.loads(PRIORITIZE_RESPONSE_JSON)[0])] * 4
+    assert [set(item) for item in reply] == [set(kubernetes_body("extender-prioritize-response.json")[0])] * 4
     scores = {item["Host"]: item["Score"] for item in reply}
     assert [item["Host"] for item in reply] == body["NodeNames"]
     assert all(isinstance(s, int) and 0 <= s <= 10 for s in scores.values())

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_extender_fixtures import filter_request
+from fixture_files import filter_request
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "examples" / "scenarios"

@@ -8,7 +8,7 @@ import pytest
 
 from gpuagent.cli import main
 from gpuagent.config import ConfigError
-from gpuagent.hints.extender_config import ExtenderOptions, load_options
+from gpuagent.hints.extender_config import OPTION_KEYS, ExtenderOptions, load_options
 
 
 def test_defaults() -> None:
@@ -86,3 +86,29 @@ def test_cli_bad_flag_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> N
     assert "flag --max-age: expected a number > 0" in capsys.readouterr().err
     assert main(["extender", "--help"]) == 0
     assert "GPUAGENT_EXTENDER_AGENT_URL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", [k.name for k in OPTION_KEYS])
+def test_null_means_the_same_from_file_env_and_flag(tmp_path: Path, name: str) -> None:
+    """As for the agent's options: null from env or a flag is YAML's null, accepted or rejected alike."""
+    key = next(k for k in OPTION_KEYS if k.name == name)
+    path = tmp_path / "extender.yaml"
+    path.write_text(f"{name}: null\n")
+
+    def outcome(load: object) -> tuple[str, object]:
+        try:
+            return "ok", getattr(load(), name)  # type: ignore[operator]
+        except ConfigError as err:
+            return "error", err.message
+
+    from_file = outcome(lambda: load_options(str(path), env={}))
+    assert outcome(lambda: load_options(None, env={key.env: "null"})) == from_file
+    assert outcome(lambda: load_options(None, env={}, overrides={name: "NULL"})) == from_file
+
+
+def test_null_agent_url_from_a_flag_turns_the_template_off(tmp_path: Path) -> None:
+    agents = tmp_path / "agents.yaml"
+    agents.write_text("node-a: http://10.0.0.1:9402\n")
+    options = load_options(None, env={}, overrides={"agent_url": "null", "agents": str(agents)})
+    assert options.agent_url is None and options.agent_ca_file is None
+    assert load_options(None, env={}, overrides={"agent_ca_file": "null"}).agent_ca_file is None

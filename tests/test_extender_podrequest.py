@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_extender_fixtures import filter_request
+from fixture_files import filter_request
 
 from gpuagent.hints.podrequest import (
     MalformedPod,

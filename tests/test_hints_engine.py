@@ -115,8 +115,9 @@ def test_enforcer_decisions_override_annotations() -> None:
 
 def test_mps_server_marks_the_mode_and_is_no_tenant() -> None:
     snap = two_gpu_node()
-    gpu0 = replace(snap.gpus[0], processes=(ProcessSample(5, "nvidia-cuda-mps-server", "compute", 0, 0.0, 0.0),
-                                            ProcessSample(6, "client", "compute", GIB, 10.0, 0.0)))
+    # the devices name the server's kind (its /proc comm is cut to "nvidia-cuda-mps"): kind decides
+    gpu0 = replace(snap.gpus[0], processes=(ProcessSample(5, "nvidia-cuda-mps", "mps_server", 0, 0.0, 0.0),
+                                            ProcessSample(6, "client", "mps_client", GIB, 10.0, 0.0)))
     hints = HintsEngine().update(replace(snap, gpus=(gpu0, snap.gpus[1])))
     assert hints.gpus[0].sharing_mode == "mps"
     assert [t.name for t in hints.gpus[0].tenants] == ["unattributed"]

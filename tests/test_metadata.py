@@ -13,22 +13,22 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from fake_apiserver import NODE, FakeApiServer, container_id, make_pod
+from fake_apiserver import (
+    NODE,
+    FakeApiServer,
+    container_id,
+    eventually,
+    make_owner,
+    make_pod,
+    metadata_runner,
+)
 
 from gpuagent.pods.attribution import PodName
 from gpuagent.pods.metadata import PodMetadata, api_server_available, strip_runtime
+from gpuagent.pods.owners import OwnerResolver
 
 REPO = Path(__file__).resolve().parent.parent
 LOGGER = "gpuagent.pods.metadata"
-FAST = {"relist_backoff": 0.02, "max_backoff": 0.1}
-
-
-async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {predicate}")
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -38,22 +38,10 @@ async def api() -> AsyncIterator[FakeApiServer]:
 
 
 @pytest.fixture
-async def start(api: FakeApiServer):
+async def start(api: FakeApiServer) -> AsyncIterator[Callable[..., PodMetadata]]:
     """start(**kwargs) -> a running PodMetadata for NODE against ``api``; cancelled at teardown."""
-    tasks: list[asyncio.Task] = []
-
-    def _start(**kwargs: object) -> PodMetadata:
-        kwargs.setdefault("config", api.kubeconfig())
-        for key, value in FAST.items():
-            kwargs.setdefault(key, value)
-        metadata = PodMetadata(NODE, **kwargs)  # type: ignore[arg-type]
-        tasks.append(asyncio.create_task(metadata.run()))
-        return metadata
-
-    yield _start
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    async with metadata_runner(api) as starter:
+        yield starter
 
 
 @pytest.fixture(autouse=True)
@@ -116,11 +104,15 @@ async def test_the_first_list_names_this_nodes_pods_by_uid(api: FakeApiServer, s
 
     view = metadata.names_by_uid()
     assert set(view) == {uid_of(train), uid_of(infer), uid_of(legacy), uid_of(pending)}
+    # owners are walked beside the list (their ReplicaSets are not served here: they stay the owners)
+    await eventually(lambda: all(n.owner_kind for n in metadata.names_by_uid().values()))
+    view = metadata.names_by_uid()
     t = uid_of(train)
     assert view[t] == PodName(
         namespace="ml", name="train-0",
         containers_by_id={container_id(t, c): c for c in ("trainer", "logger", "fetch-weights", "debugger")},
-        annotations={"gpuagent.io/gpu-share": "0.5", "gpuagent.io/priority": "high"}, qos="guaranteed")
+        annotations={"gpuagent.io/gpu-share": "0.5", "gpuagent.io/priority": "high"}, qos="guaranteed",
+        owner_kind="ReplicaSet", owner_name="train-0-rs")
     assert view[uid_of(infer)].containers_by_id == {container_id(uid_of(infer), "main"): "main"}
     assert view[uid_of(infer)].qos == "besteffort"
     assert view[uid_of(legacy)].containers_by_id == {container_id(uid_of(legacy), "main"): "main"}
@@ -193,7 +185,9 @@ async def test_watch_events_update_the_view_within_a_second(api: FakeApiServer, 
 async def test_a_bookmark_moves_the_resume_point_and_nothing_else(api: FakeApiServer, start) -> None:
     api.add_pod(make_pod("a"))
     metadata = start()
-    await eventually(lambda: metadata.synced and api.open_watches == 1)
+    # synced, watching, and its owner's walk answered (that changes the view too)
+    await eventually(lambda: metadata.synced and api.open_watches == 1
+                     and all(n.owner_kind for n in metadata.names_by_uid().values()))
     view = metadata.names_by_uid()
     api.add_pod(make_pod("elsewhere", node="gpu-node-2"))  # moves the version; this node sees nothing
     api.send_bookmark()
@@ -356,7 +350,7 @@ async def test_a_bug_is_reported_and_retried_not_raised(
 ) -> None:
     import gpuagent.pods.metadata as module
 
-    def broken(pod: object) -> PodName:
+    def broken(pod: object, owner: object = None) -> PodName:
         raise KeyError("surprise")
 
     api.add_pod(make_pod("a"))
@@ -425,6 +419,106 @@ n = asyncio.run(main()) if url else 0
 hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"pods": n, "rss_mib": int(hwm.split()[1]) / 1024}))
 """
+
+
+# -- owners ---------------------------------------------------------------------------------------------------
+OWNERS_LOGGER = "gpuagent.pods.owners"
+
+
+def owner_of(metadata: PodMetadata, pod: dict) -> tuple[str | None, str | None]:
+    name = metadata.names_by_uid().get(pod["metadata"]["uid"])
+    return (None, None) if name is None else (name.owner_kind, name.owner_name)
+
+
+def known(metadata: PodMetadata, *pods: dict) -> Callable[[], bool]:
+    return lambda: all(owner_of(metadata, p)[0] is not None for p in pods)
+
+
+async def test_deployment_pods_are_owned_by_their_deployment_with_one_get_per_owner(
+        api: FakeApiServer, start) -> None:
+    web = make_owner("Deployment", "web", namespace="serving")
+    rs = make_owner("ReplicaSet", "web-7d9c6b8f5d", namespace="serving", owner=web)
+    api.add_owner(web)
+    api.add_owner(rs)
+    pods = [api.add_pod(make_pod(f"web-7d9c6b8f5d-{s}", namespace="serving", owner=rs)) for s in ("x2k4p", "b9m7q")]
+    metadata = start()
+    await eventually(known(metadata, *pods), timeout=5)
+    assert {owner_of(metadata, p) for p in pods} == {("Deployment", "web")}
+    assert sorted(r.path for r in api.owner_gets) == [
+        "/apis/apps/v1/namespaces/serving/deployments/web",
+        "/apis/apps/v1/namespaces/serving/replicasets/web-7d9c6b8f5d"]
+    # a third replica, and a status change of the first: answered from the cache, no GET
+    third = api.add_pod(make_pod("web-7d9c6b8f5d-q8w2z", namespace="serving", owner=rs))
+    api.update_pod(pods[0]["metadata"]["uid"], lambda p: p["status"].update(podIP="10.0.0.9"))
+    await eventually(known(metadata, third), timeout=5)
+    assert owner_of(metadata, third) == ("Deployment", "web") and len(api.owner_gets) == 2
+    assert all(r.authorization == "Bearer test-token" for r in api.owner_gets)
+    assert all(r.query == {"resourceVersion": "0"} for r in api.owner_gets)  # the API server's cache
+
+
+async def test_jobs_of_a_cronjob_statefulsets_of_a_notebook_and_other_controllers(
+        api: FakeApiServer, start) -> None:
+    nightly = make_owner("CronJob", "nightly-eval", namespace="research")
+    job = make_owner("Job", "nightly-eval-29412000", namespace="research", owner=nightly)
+    notebook = make_owner("Notebook", "alice", namespace="research", api_version="kubeflow.org/v1")
+    sts = make_owner("StatefulSet", "alice", namespace="research", owner=notebook)
+    ray = make_owner("RayCluster", "tune", namespace="research", api_version="ray.io/v1")
+    plain_job = make_owner("Job", "etl-once", namespace="research")
+    for obj in (job, sts, plain_job):
+        api.add_owner(obj)
+    cron_pod = api.add_pod(make_pod("nightly-eval-29412000-h7x2k", namespace="research", owner=job))
+    nb_pod = api.add_pod(make_pod("alice-0", namespace="research", owner=sts))
+    ray_pod = api.add_pod(make_pod("tune-worker-x8k2p", namespace="research", owner=ray))
+    etl_pod = api.add_pod(make_pod("etl-once-4kq9z", namespace="research", owner=plain_job))
+    bare = api.add_pod(make_pod("debug-shell", namespace="research", owner=None))
+    mirror = api.add_pod(make_pod("dcgm-static", namespace="kube-system", mirror_of="0" * 32))
+    metadata = start()
+    await eventually(known(metadata, cron_pod, nb_pod, ray_pod, etl_pod, bare, mirror), timeout=5)
+    assert owner_of(metadata, cron_pod) == ("CronJob", "nightly-eval")
+    assert owner_of(metadata, nb_pod) == ("Notebook", "alice")
+    assert owner_of(metadata, ray_pod) == ("RayCluster", "tune")  # a custom resource: not walked
+    assert owner_of(metadata, etl_pod) == ("Job", "etl-once")
+    assert owner_of(metadata, bare) == ("Pod", "debug-shell")  # no controller: itself
+    assert owner_of(metadata, mirror) == ("Pod", "dcgm-static")  # its Node groups nothing
+    # only what is walked is asked for: the Jobs and the StatefulSet, not the CronJob, Notebook or RayCluster
+    assert sorted(r.path.split("/")[-2] for r in api.owner_gets) == ["jobs", "jobs", "statefulsets"]
+
+
+async def test_the_view_never_waits_for_an_owner(api: FakeApiServer, start) -> None:
+    rs = make_owner("ReplicaSet", "slow-5f6d7c8b9", namespace="ml", owner=make_owner("Deployment", "slow"))
+    api.add_owner(rs)
+    api.owner_delay = 0.5
+    pod = api.add_pod(make_pod("slow-5f6d7c8b9-abcde", namespace="ml", owner=rs))
+    metadata = start()
+    await eventually(lambda: metadata.synced, timeout=5)
+    assert owner_of(metadata, pod) == (None, None)  # named at once; its owner being asked
+    await eventually(known(metadata, pod), timeout=5)
+    # the Deployment itself is not served: the walk ends at the last owner it knows
+    assert owner_of(metadata, pod) == ("Deployment", "slow")
+
+
+async def test_forbidden_keeps_the_direct_owner_says_rbac_once_and_retries(
+        api: FakeApiServer, start, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=OWNERS_LOGGER)
+    web = make_owner("Deployment", "web")
+    rs = make_owner("ReplicaSet", "web-6c8d9f7b5", owner=web)
+    api.add_owner(web)
+    api.add_owner(rs)
+    api.fail_owner_gets(403, times=3)
+    pods = [api.add_pod(make_pod(f"web-6c8d9f7b5-{s}", owner=rs)) for s in ("a2b4c", "d5f6g", "h7j8k")]
+    resolver = OwnerResolver(retry_after=0.2)
+    metadata = start(owners=resolver)
+    await eventually(known(metadata, *pods), timeout=5)
+    assert {owner_of(metadata, p) for p in pods} == {("ReplicaSet", "web-6c8d9f7b5")}
+    # retried after retry_after (pods keep asking as they change); the third 403, then the walk succeeds
+    for attempt in range(3):
+        await asyncio.sleep(0.25)
+        api.update_pod(pods[0]["metadata"]["uid"], lambda p, a=attempt: p["metadata"]["labels"].update(n=str(a)))
+    await eventually(lambda: owner_of(metadata, pods[0]) == ("Deployment", "web"), timeout=5)
+    await eventually(lambda: {owner_of(metadata, p) for p in pods} == {("Deployment", "web")}, timeout=5)
+    warned = [r.getMessage() for r in caplog.records if r.name == OWNERS_LOGGER and r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "RBAC must allow get on replicasets (apps)" in warned[0], warned
+    assert any("answers the owners' GETs again" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.integration

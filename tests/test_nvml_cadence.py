@@ -82,9 +82,10 @@ def test_a_gap_drops_what_was_pending_and_restarts_at_the_next_reading() -> None
     assert ledger.gpus["GPU-0"].gap_seconds == pytest.approx(29.0)
 
 
-@pytest.mark.parametrize(("interval", "samples"), [(5.0, 5), (0.5, 21)])
+@pytest.mark.parametrize(("interval", "samples"), [(5.0, 6), (0.5, 22)])
 async def test_gpm_is_sampled_every_profiling_interval(interval: float, samples: int) -> None:
-    """Samples at t=0 (nothing to compare yet), t=1 (the first metrics), then once 5 s have passed."""
+    """A pair at the first poll (the first metrics at once), then one sample once ``interval`` has passed:
+    5 s, at t = 1, 1, 6, 11, 16, 21 (polls at t = 1..21); 0.5 s, every poll."""
     clock = FakeClock(start=1.0)
     h100 = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
     config = load_config(None, env={}, overrides={
@@ -101,4 +102,4 @@ async def test_gpm_is_sampled_every_profiling_interval(interval: float, samples:
     finally:
         await agent.devices.close()
     assert nvml.call_counts()["nvmlGpmSampleGet"] == samples * len(snapshot.gpus)
-    assert profiles[0] is None and all(p is not None for p in profiles[1:])  # carried between samples
+    assert all(p is not None for p in profiles)  # from the first poll, carried between samples

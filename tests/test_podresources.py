@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fixture_files import KUBERNETES
 from podresources_server import (
     Container,
     Devices,
@@ -34,30 +34,11 @@ from gpuagent.pods.podresources import (
 
 REPO = Path(__file__).resolve().parent.parent
 KUBELET_DIR = REPO / "gpuagent" / "pods" / "kubelet"
-SHARED_FIXTURE = REPO.parent / "shared" / "fixtures" / "kubernetes" / "podresources-list-response.json"
 
 UUID_A = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"
 UUID_B = "GPU-4b6e2a17-90cd-4f3e-a8b1-2c3d4e5f6a7b"
 MIG_1 = "MIG-0c4a3b2e-1d5f-5a6b-9c8d-7e6f5a4b3c2d"
 MIG_2 = "MIG-9a8b7c6d-5e4f-5a3b-8c2d-1e0f9a8b7c6d"
-
-# A copy of shared/fixtures/kubernetes/podresources-list-response.json, so the suite needs nothing
-# outside the repository; test_fixture_copy_matches_shared checks it against the original when present.
-LIST_RESPONSE_JSON = """
-{"podResources": [
-  {"name": "llm-train-7d9c6b8f5d-x2kqp", "namespace": "ml-team",
-   "containers": [{"name": "trainer",
-                   "devices": [{"resourceName": "nvidia.com/gpu",
-                                "deviceIds": ["GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"],
-                                "topology": {"nodes": [{"ID": "0"}]}}],
-                   "cpuIds": ["2", "3"]}]},
-  {"name": "shared-infer-0", "namespace": "ml-team",
-   "containers": [{"name": "server",
-                   "devices": [{"resourceName": "nvidia.com/gpu",
-                                "deviceIds": ["GPU-4b6e2a17-90cd-4f3e-a8b1-2c3d4e5f6a7b::1"]}]}]},
-  {"name": "coredns-5d78c9869d-abcde", "namespace": "kube-system", "containers": [{"name": "coredns"}]}
-]}
-"""
 
 
 @pytest.fixture
@@ -232,22 +213,13 @@ async def test_non_gpu_resources_ignored_but_pods_counted(server, client):
 
 
 async def test_fixture_list_response(server, client):
-    with short_socket_dir() as d:
-        path = d / "list.json"
-        path.write_text(LIST_RESPONSE_JSON)
-        server.set_pods(load_list_response(path))
+    server.set_pods(load_list_response(KUBERNETES / "podresources-list-response.json"))
     snap = await client.fetch()
     assert snap.pods_seen == 3
     assert snap.allocations == (
         alloc("ml-team", "llm-train-7d9c6b8f5d-x2kqp", "trainer", UUID_A, gpu=UUID_A, numa=(0,)),
         alloc("ml-team", "shared-infer-0", "server", f"{UUID_B}::1", gpu=UUID_B, replica=1),
     )
-
-
-def test_fixture_copy_matches_shared():
-    if not SHARED_FIXTURE.exists():
-        pytest.skip(f"{SHARED_FIXTURE} not present")
-    assert json.loads(LIST_RESPONSE_JSON) == json.loads(SHARED_FIXTURE.read_text())
 
 
 # -- failures ------------------------------------------------------------------------------------------

@@ -191,3 +191,44 @@ async def test_the_api_server_names_pods_the_kubelet_alone_cannot(tmp_path: Path
     assert infer_b.annotations == {"gpuagent.io/gpu-share": "30"} and infer_b.uid == UID_B
     body = generate_text(agent.registry).decode()
     assert 'gpuagent_pod_gpu_memory_used_bytes{namespace="serving",pod="infer-c",gpu="1"' in body
+
+
+async def test_environments_are_read_once_and_an_unknown_one_a_few_times_more(tmp_path: Path) -> None:
+    """A pod process's environment is read once; one that reads as unknown (a process that just started,
+    or one the agent may not read) is read again the next polls, a few of them, not every poll forever."""
+    from gpuagent.pods.cgroup import CgroupReader
+    from gpuagent.pods.environ import EnvironReader
+    from gpuagent.pods.source import ENVIRON_RETRIES, PodsSource
+    from gpuagent.snapshot import GpuInfo, GpuSample, ProcessSample
+
+    root = tmp_path / "proc"
+    for pid, uid in ((101, UID_A), (102, UID_B), (103, None)):
+        (root / str(pid)).mkdir(parents=True)
+        line = kubepods_line(uid, f"{pid:064x}") if uid else "0::/system.slice/ollama.service\n"
+        (root / str(pid) / "cgroup").write_text(line)
+    (root / "101" / "environ").write_bytes(b"HOSTNAME=trainer-0\0")
+    (root / "102" / "environ").mkdir()  # unreadable (EISDIR): unknown
+
+    reads: list[int] = []
+
+    class Counting(EnvironReader):
+        def read(self, pid: int):  # type: ignore[override]
+            reads.append(pid)
+            return super().read(pid)
+
+    source = PodsSource(cgroups=CgroupReader(root), environs=Counting(root), identity_ttl=3600.0)
+    info = GpuInfo(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", serial=None, pci_bus_id="0:0",
+                   minor_number=0, memory_total_bytes=80 << 30, power_limit_watts=700.0, mig_enabled=False)
+    gpu = GpuSample(info=info, sampled_at_unix=0.0, processes=tuple(
+        ProcessSample(pid, "p", "compute", 1 << 30, 1.0, 1.0) for pid in (101, 102, 103)))
+    for _ in range(ENVIRON_RETRIES + 3):
+        await source.attribute([gpu])
+    assert reads.count(101) == 1  # once
+    assert reads.count(102) == ENVIRON_RETRIES  # unknown: a few times, then no more
+    assert 103 not in reads  # not a pod's process, not an MPS client: never read
+    (root / "102" / "environ").rmdir()
+    (root / "102" / "environ").write_bytes(b"HOSTNAME=infer-b\0")
+    gone = GpuSample(info=info, sampled_at_unix=0.0, processes=gpu.processes[:1])
+    await source.attribute([gone])  # 102 left the GPU: forgotten, read afresh if it comes back
+    await source.attribute([gpu])
+    assert reads.count(102) == ENVIRON_RETRIES + 1

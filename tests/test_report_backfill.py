@@ -11,18 +11,13 @@ extrapolation; in one chunk it must equal the counters' ``increase`` over the ra
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_server import PrometheusServer, prometheus_binary, promtool_binary
+from prometheus_server import Backfilled, backfill
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_S = 600  # the scrape interval of the backfilled data
@@ -135,45 +130,14 @@ def openmetrics(start_unix: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class Backfilled:
-    prometheus: PrometheusServer
-    start_unix: int
-    end_unix: int
-    workdir: Path
-
-    def report(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gpuagent", "report", "--prometheus", self.prometheus.url,
-             "--start", str(self.start_unix), "--end", str(self.end_unix), *args],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")})
-
-    def json_report(self, *args: str) -> dict:
-        done = self.report("--format", "json", *args)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-
 @pytest.fixture(scope="module")
 def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]:
-    prometheus_binary()
-    work = tmp_path_factory.mktemp("report-backfill")
-    end = int(time.time()) // 3600 * 3600 - 3600  # whole hours, an hour ago
-    start = end - DAYS * 86400
-    source = work / "counters.om"
-    source.write_text(openmetrics(start))
-    data = work / "prometheus" / "data"
-    data.mkdir(parents=True)
-    done = subprocess.run([promtool_binary(), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-                           str(source), str(data)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    with PrometheusServer([], work / "prometheus") as prom:
-        yield Backfilled(prom, start, end, work)
+    with backfill(tmp_path_factory.mktemp("report-backfill"), DAYS, openmetrics, "report") as filled:
+        yield filled
 
 
 def test_report_finds_the_true_figures_in_daily_chunks(backfilled: Backfilled) -> None:
-    document = backfilled.json_report("--chunk", "1d", "--step", "1h")
+    document = backfilled.json("--chunk", "1d", "--step", "1h")
     truth: dict[tuple[str, str], dict[str, float]] = {}
     for tenant in tenants():
         row = truth.setdefault((tenant.group, tenant.name), {})
@@ -197,9 +161,9 @@ def test_report_finds_the_true_figures_in_daily_chunks(backfilled: Backfilled) -
 
 
 def test_one_chunk_is_exactly_the_counters_increase(backfilled: Backfilled) -> None:
-    document = backfilled.json_report("--chunk", "3d")
+    document = backfilled.json("--chunk", "3d")
     # in daily pieces: within a scrape interval per piece and GPU of one query's figure (extrapolation)
-    chunked = {p["pod"]: p for p in backfilled.json_report("--chunk", "1d")["pods"]}
+    chunked = {p["pod"]: p for p in backfilled.json("--chunk", "1d")["pods"]}
     for whole in document["pods"]:
         gpus = 2 if whole["pod"] == "llama-ft-0" else 1
         assert chunked[whole["pod"]]["allocated_gpu_hours"] == pytest.approx(
@@ -218,12 +182,12 @@ def test_one_chunk_is_exactly_the_counters_increase(backfilled: Backfilled) -> N
 def test_per_model_prices_and_the_html_page(backfilled: Backfilled) -> None:
     prices = backfilled.workdir / "prices.yaml"
     prices.write_text('currency: USD\nkwh: 0.15\ngpu_hour:\n  "NVIDIA H100*": 4.0\n  "*A100*": 1.8\n')
-    document = backfilled.json_report("--prices", str(prices))
+    document = backfilled.json("--prices", str(prices))
     for row in [*document["pods"], *document["workloads"]]:
         rate = 4.0 if row["gpu_models"] == [H100] else 1.8
         assert row["cost"] == pytest.approx(row["allocated_gpu_hours"] * rate + row["energy_kwh"] * 0.15)
     page = backfilled.workdir / "report.html"
-    done = backfilled.report("--prices", str(prices), "--format", "html", "--output", str(page))
+    done = backfilled.run("--prices", str(prices), "--format", "html", "--output", str(page))
     assert done.returncode == 0, done.stderr
     text = page.read_text()
     assert text.count("<svg") == 3 and "notebook-3" in text and "cost USD" in text

@@ -13,27 +13,25 @@ series that ended inside the range must still be counted); then the agent restar
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
 import math
-import os
 import re
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import agent_runner
 import pytest
 import yaml
-from agent_runner import AgentRunner
+from agent_runner import AgentRunner, run_gpuagent
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
 from prometheus_server import PrometheusServer, free_port, prometheus_binary
+from tenant_node import LoopThread, gpu_uuids
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_PID = 4_200_000  # the simulator's PID of scenario process i (without a pid of its own) is FAKE_PID + i
@@ -84,46 +82,8 @@ def scenario(short_runs: bool) -> dict[str, Any]:
 
 def write_proc(root: Path) -> Path:
     """``/proc/<pid>/cgroup`` of every scenario process: kubelet's cgroup v2 layout, and a service."""
-    lines = {}
-    for i, t in enumerate(TENANTS):
-        slice_uid = t.uid.replace("-", "_")
-        container_id = f"{i + 1:064x}"
-        lines[FAKE_PID + i] = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}"
-                               f".slice/cri-containerd-{container_id}.scope\n")
-    lines[FAKE_PID + len(TENANTS)] = f"0::/system.slice/{SERVICE}\n"
-    for pid, line in lines.items():
-        (root / str(pid)).mkdir(parents=True)
-        (root / str(pid) / "cgroup").write_text(line)
-    return root
-
-
-def gpu_uuids(scenario_path: Path) -> list[str]:
-    from gpuagent.devices.sim import SimulatedNvml, load_scenario
-
-    nvml = SimulatedNvml(load_scenario(scenario_path))
-    nvml.nvmlInit()
-    try:
-        return [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(5)]
-    finally:
-        nvml.nvmlShutdown()
-
-
-class LoopThread:
-    """An asyncio loop in a daemon thread, for the pod-resources gRPC server."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="report-e2e-kubelet", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        if not self.thread.is_alive():
-            self.loop.close()
+    return agent_runner.write_proc(root, FAKE_PID, [(t.uid, f"{i + 1:064x}") for i, t in enumerate(TENANTS)],
+                                   SERVICE)
 
 
 @dataclass
@@ -140,11 +100,8 @@ class Run:
 
     def report(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``gpuagent report`` over the run's range, as a separate process."""
-        return subprocess.run(
-            [sys.executable, "-m", "gpuagent", "report", "--prometheus", self.prometheus.url,
-             "--start", f"{self.start_unix:.3f}", "--end", f"{self.end_unix:.3f}", "--step", "2s", *args],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")})
+        return run_gpuagent("report", "--prometheus", self.prometheus.url, "--start", f"{self.start_unix:.3f}",
+                            "--end", f"{self.end_unix:.3f}", "--step", "2s", *args, timeout=60)
 
     def increases(self, quantity: str, prefix: str = "gpuagent_pod_gpu") -> list[tuple[dict[str, str], float]]:
         """Every series' ``increase`` over the run's range, evaluated at its end, as Prometheus gives it."""

@@ -115,7 +115,10 @@ def legacy(fn: Callable[[argparse.Namespace], dict[str, Any]], **defaults: Any) 
 
     def run(ctx: Any) -> ItemResult:
         started = time.monotonic()
-        figures = fn(argparse.Namespace(**defaults))
+        try:
+            figures = fn(argparse.Namespace(**defaults))
+        except SystemExit as exc:  # such functions give up with SystemExit("why"): the item's error
+            return ItemResult(status=ERROR, reason=str(exc), seconds=time.monotonic() - started)
         return ItemResult(status=RECORDED, figures=figures, seconds=time.monotonic() - started)
 
     return run

@@ -37,12 +37,15 @@ class Accountant:
         )
         self._notified: set[tuple[str | None, str]] = set()  # pods whose current idle episode has its Event
         self._rates = RateReader()
+        self._today = _Today()
 
     def update(self, snapshot: NodeSnapshot) -> AccountingState:
         now = snapshot.taken_at_monotonic
         dropped = self.ledger.update(self._rates.read(snapshot), now, snapshot.poll_interval_seconds)
         for key in dropped:
             self.idle.forget(key)
+            self._today.forget(key)
+        self._today.roll(snapshot.taken_at_unix, self.ledger)
         usage: list[WorkloadGpuUsage] = []
         idle: list[IdleWorkload] = []
         uids = {(p.namespace, p.name): p.uid for p in snapshot.pods}
@@ -56,7 +59,7 @@ class Accountant:
                     )
                 else:
                     self.idle.end(key)
-            usage.append(_usage(key, series, observation, snapshot))
+            usage.append(_usage(key, series, observation, snapshot, self._today.of(key, series)))
             if observation is not None and self.idle.flagged(observation):
                 assert observation.idle_since is not None
                 idle.append(IdleWorkload(
@@ -80,6 +83,7 @@ class Accountant:
             efficiency_window_seconds=self.settings.efficiency_window_seconds,
             retention_seconds=self.settings.retention_seconds,
             events_total=self.events.counts() if self.events is not None else {},
+            day_started_at_unix=self._today.started_at_unix,
         )
 
     async def close(self) -> None:
@@ -115,8 +119,39 @@ def _describe(entry: IdleWorkload, pods: Mapping[SeriesKey, Series]) -> str:
     return text
 
 
+class _Today:
+    """GPU-seconds held today (UTC): each series' counter less its value at the first poll of the day.
+
+    The interval across midnight counts to the day before (one poll's worth); a series first seen today
+    starts from 0; on the agent's first day, "today" starts at its first poll (``started_at_unix`` says so).
+    """
+
+    def __init__(self) -> None:
+        self.day: int | None = None
+        self.started_at_unix: float | None = None
+        self._base: dict[SeriesKey, float] = {}
+
+    def roll(self, now_unix: float, ledger: Ledger) -> None:
+        day = int(now_unix // _DAY_SECONDS)
+        if day == self.day:
+            return
+        first = self.day is None
+        self.day = day
+        self.started_at_unix = now_unix if first else float(day * _DAY_SECONDS)
+        self._base = {key: s.allocated_gpu_seconds for key, s in ledger}
+
+    def of(self, key: SeriesKey, series: Series) -> float:
+        return series.allocated_gpu_seconds - self._base.get(key, 0.0)
+
+    def forget(self, key: SeriesKey) -> None:
+        self._base.pop(key, None)
+
+
+_DAY_SECONDS = 86400
+
+
 def _usage(
-    key: SeriesKey, s: Series, observation: Observation | None, snapshot: NodeSnapshot
+    key: SeriesKey, s: Series, observation: Observation | None, snapshot: NodeSnapshot, today: float
 ) -> WorkloadGpuUsage:
     ended = None if s.running else snapshot.taken_at_unix - (snapshot.taken_at_monotonic - s.last_seen)
     return WorkloadGpuUsage(
@@ -132,4 +167,5 @@ def _usage(
         efficiency_ratio=observation.efficiency_ratio if observation is not None else None,
         idle_seconds=observation.idle_seconds if observation is not None else 0.0,
         ended_at_unix=ended,
+        allocated_gpu_seconds_today=today,
     )

@@ -231,6 +231,8 @@ class Ledger:
         if counter is None:
             pending.drop()
             return
+        if totals.energy_joules is None:  # as for the series: known from the first reading, counted from 0
+            totals.energy_joules = totals.energy_unattributed_joules = 0.0
         read_at = (("read", current.energy_read_at_unix) if current.energy_read_at_unix is not None
                    else ("poll", now))
         if read_at == pending.read_at:

@@ -11,12 +11,16 @@ Rules (the README's "Accounting" section states them for users):
   ``<id>::<n>`` 1/N of its device, N the number of that device's replicas allocated on the node (the
   device plugin's advertised count is not in the snapshot; with every replica in use the two agree, and
   the holders of one GPU then add up to the GPU). Otherwise (off Kubernetes, or no allocations known) a
-  workload with a process on a GPU holds it: the whole GPU, or its MIG instance's fraction.
-- **Busy.** The sum of its processes' SM utilization (NVML's per-process samples), clamped to the GPU.
+  workload with a process on a GPU holds it: the whole GPU, or its MIG instance's fraction. A workload
+  whose processes there are MPS clients held to a share of the SMs (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``)
+  holds that share instead (of its MIG instance's fraction, on MIG): that is what MPS gives it.
+- **Busy.** The sum of its processes' SM utilization (NVML's per-process samples), clamped to the GPU; an
+  MPS client held to a share of the SMs counts that share of its utilization (``sm_share_ratio``).
   NVML has no per-process utilization on MIG: there the instance's GPM graphics-engine activity (the same
   time-based measure; SM activity when that is absent) times the instance's fraction, shared equally by
   the workloads with processes in it; no GPM (A100 and older) means busy is unknown (``None``), never 0.
 - **Memory.** The sum of its processes' used GPU memory.
+- **Infrastructure.** The MPS server is nobody's: it is not billed, and its use is not a tenant's.
 
 All quantities are in GPU units (1 = a whole GPU), so MIG slices, replicas and whole GPUs add up.
 """
@@ -27,7 +31,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProcessSample
+from gpuagent.snapshot import (
+    MPS_SERVER,
+    GpuSample,
+    Health,
+    MigSample,
+    NodeSnapshot,
+    ProcessSample,
+    combined_mps_limits,
+    sm_share_ratio,
+)
 
 REPLICA_SEPARATOR = "::"
 
@@ -52,6 +65,7 @@ class Rate:
     allocated: float = 0.0  # GPUs held
     busy: float | None = 0.0  # GPUs kept busy; None: unknown
     memory_bytes: float = 0.0
+    mps_held: float | None = None  # the share of the GPU MPS gives its clients, which it holds instead
 
 
 @dataclass(slots=True)
@@ -131,6 +145,9 @@ def _rates(
             if rate is None:
                 rate = rates.units[(owner, instance)] = Rate(busy=_idle_busy(gpu, instance))
             rate.allocated += fraction
+        for rate in rates.units.values():
+            if rate.mps_held is not None:
+                rate.allocated = rate.mps_held
         out[gpu.info.uuid] = rates
     return out
 
@@ -186,6 +203,8 @@ def _use(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
     """Busy and memory of every owner with a process on the GPU; what they hold when processes count."""
     by_place: dict[tuple[Owner, int | None], list[ProcessSample]] = {}
     for process in gpu.processes:
+        if process.kind == MPS_SERVER:
+            continue  # infrastructure: nobody's
         place = (owner_of(process), process.gpu_instance_id)
         group = by_place.get(place)
         if group is None:
@@ -201,16 +220,20 @@ def _use(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
         rate = Rate(memory_bytes=float(sum([p.used_memory_bytes or 0 for p in processes])))
         mig = migs.get(instance) if instance is not None else None
         if instance is None:
-            known = [p.sm_util_percent for p in processes if p.sm_util_percent is not None]
-            rate.busy = min(1.0, sum(known) / 100.0) if known else None
+            known = [share for share in map(sm_share_ratio, processes) if share is not None]
+            rate.busy = min(1.0, sum(known)) if known else None
         else:
             active = _instance_active(mig)
             if active is not None and mig is not None:
                 rate.busy = active * mig.slice_fraction / sharing[instance]
             else:
                 rate.busy = None
+        place_fraction = 1.0 if instance is None else (mig.slice_fraction if mig is not None else 0.0)
+        mps = combined_mps_limits(processes) if owner is not UNATTRIBUTED else None
+        if mps is not None and mps.active_thread_percent is not None:
+            rate.mps_held = place_fraction * mps.active_thread_percent / 100.0
         if owner is not UNATTRIBUTED and not (pods_by_allocation and owner.kind == "pod"):
-            rate.allocated = 1.0 if instance is None else (mig.slice_fraction if mig is not None else 0.0)
+            rate.allocated = place_fraction
         rates.units[(owner, instance)] = rate
 
 

@@ -7,6 +7,7 @@ are JSON ``{"error": ..., "field": ...}`` with a 4xx/5xx status, never an HTML p
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuagent.api.admin import AdminActions, add_admin_routes
 from gpuagent.api.hints import add_routes as add_hint_routes
+from gpuagent.api.hints import if_none_match
 from gpuagent.export import scrape
 from gpuagent.httperrors import json_error, json_errors
 from gpuagent.snapshot import NodeSnapshot, allocation_view, to_jsonable
@@ -64,6 +66,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def state(request: web.Request) -> web.Response:
+    """The snapshot; its ETag names the poll, so a client asking faster than the agent polls (``gpuagent
+    top``) gets a 304 for a snapshot it already has. Freshness is /healthz's to judge, not the ETag's."""
     snapshot = _latest(request)
     if snapshot is None:
         return json_error(503, "no snapshot yet: the first poll has not finished")
@@ -71,8 +75,13 @@ async def state(request: web.Request) -> web.Response:
     if cache.get("snapshot") is not snapshot:  # serialise each snapshot once, however many readers
         body = {**to_jsonable(snapshot), "allocation": allocation_view(snapshot)}
         cache["body"] = json.dumps(body, separators=(",", ":")).encode()
+        cache["generation"] = generation = cache.get("generation", 0) + 1  # this app's snapshots, counted
+        cache["etag"] = f'"{cache["instance"]}-{generation}"'
         cache["snapshot"] = snapshot
-    return web.Response(body=cache["body"], content_type="application/json")
+    headers = {"ETag": cache["etag"], "Cache-Control": "no-cache"}
+    if if_none_match(request.headers.get("If-None-Match", ""), cache["etag"]):
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=cache["body"], content_type="application/json", headers=headers)
 
 
 def build_app(
@@ -85,7 +94,7 @@ def build_app(
     app[_LATEST] = latest
     app[_REGISTRY] = registry
     app[_CLOCK] = clock
-    app[_STATE_CACHE] = {}
+    app[_STATE_CACHE] = {"instance": secrets.token_hex(4)}  # a restarted agent's ETags are new ones
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -52,7 +52,8 @@ def _current(request: web.Request) -> tuple[NodeSnapshot, NodeHints] | web.Respo
     return snapshot, snapshot.hints
 
 
-def _if_none_match(header: str, etag: str) -> bool:
+def if_none_match(header: str, etag: str) -> bool:
+    """Whether an If-None-Match header matches ``etag`` (weak comparison, as RFC 9110 asks for GETs)."""
     if header.strip() == "*":
         return True
     return any(tag.strip().removeprefix("W/") == etag for tag in header.split(","))
@@ -76,7 +77,7 @@ async def get_hints(request: web.Request) -> web.Response:
         cache["snapshot"] = snapshot
     etag: str = cache["etag"]
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
-    if _if_none_match(request.headers.get("If-None-Match", ""), etag):
+    if if_none_match(request.headers.get("If-None-Match", ""), etag):
         return web.Response(status=304, headers=headers)
     return web.Response(body=cache["body"], content_type="application/json", headers=headers)
 

@@ -5,6 +5,12 @@ GPM metrics are computed between two samples taken more than 100 ms apart: a sam
 the two; polls in between carry the last metrics. On an H100 (driver 580) a sample and its metrics cost
 about 1.7 ms of NVML time, the largest per-GPU cost after per-process utilization, hence the interval.
 Supported on Hopper and later; elsewhere there is no sampler and the fields are absent, never faked.
+
+A new sampler has no sample to compare with, so the reader primes it (:meth:`GpmSampler.prime`) as soon as it
+exists (at the first poll, or when a MIG instance appears): the first sample of a pair is taken then, and
+the first :meth:`GpmSampler.sample` waits out what is left of ``PAIR_GAP_SECONDS`` before the second. So the
+first snapshot the agent publishes has the profiling figures, at the price of one extra sample and at most
+0.1 s more on each GPU's worker thread, once; samplers primed together wait together.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from gpuagent.devices.guard import NvmlGuard
 from gpuagent.snapshot import ProfilingSample
 
 MIB = 1024 * 1024
+PAIR_GAP_SECONDS = 0.1  # the first pair is at least this far apart (the 100 ms above; later ones: interval)
 
 # GPM metric constant -> (ProfilingSample field, factor from GPM's unit: percent -> ratio, MiB/s -> B/s)
 _METRICS: tuple[tuple[str, str, float], ...] = (
@@ -48,6 +55,7 @@ class GpmSampler:
         *,
         interval: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
     ):
         self._guard = guard
         self._handle = handle
@@ -55,17 +63,32 @@ class GpmSampler:
         self._gi = gpu_instance_id
         self._cadence = Cadence(interval)
         self._clock = clock
+        self._sleep = sleep
+        self._primed_at: float | None = None  # when the first sample of the first pair was taken
         self._previous: Any = None
         self._spare: Any = None
         self._last: ProfilingSample | None = None
 
+    def prime(self) -> None:
+        """Take the first sample of the first pair now (a no-op once there is one); the next :meth:`sample`
+        completes the pair."""
+        if self._previous is None:
+            self._take()
+            self._primed_at = self._clock() if self._previous is not None else None
+
     def sample(self) -> ProfilingSample | None:
         """The metrics between the last two samples: a new sample once ``interval`` has passed since the
-        last metrics (5 % slack for poll jitter), else those metrics again. None until two samples exist,
-        or after a failure (the next poll then samples again)."""
+        last metrics (5 % slack for poll jitter), else those metrics again. None after a failure (the next
+        poll then samples again), and at the first call of a sampler that was not primed."""
         now = self._clock()
         if self._last is not None and not self._cadence.due(now):
             return self._last
+        if self._primed_at is not None:  # the second sample of the first pair, PAIR_GAP_SECONDS on
+            wait = min(max(self._primed_at + PAIR_GAP_SECONDS - now, 0.0), PAIR_GAP_SECONDS)
+            self._primed_at = None
+            if wait > 0:
+                self._sleep(wait)
+                now = self._clock()
         self._last = self._take()
         self._cadence.mark(now)
         return self._last

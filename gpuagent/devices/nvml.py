@@ -11,7 +11,8 @@ driver lock is held briefly (DESIGN.md, "Do no harm"):
 - every ``detail_interval`` (10 s, ``details``): the memory and graphics clocks, encoder and decoder
   utilization, and the batched counters (PCIe, NVLink, replays, memory temperature);
 - every ``energy_interval`` (30 s): the energy counter (about 3 ms a read on an H100);
-- every ``profiling_interval`` (10 s): a GPM sample and the profiling metrics since the last (1.7 ms);
+- every ``profiling_interval`` (10 s): a GPM sample and the profiling metrics since the last (1.7 ms); a
+  new GPU or MIG instance takes its first pair at once (``devices/gpm.py``), so the first poll has them;
 - every slow poll: static info (name, serial, PCI, power limit, MIG mode and layout, NVLink peers, NUMA
   node, compute mode, the MIG profiles and how many more of each can be created), ECC and retired pages
   (batched field values), remapped rows.
@@ -41,8 +42,10 @@ from gpuagent.devices.fields import (
 )
 from gpuagent.devices.gpm import GpmSampler
 from gpuagent.devices.guard import GpuLostError, NvmlGuard
+from gpuagent.devices.mps import MPS_LIST, ClientUtilization, is_mps_daemon, process_kind
 from gpuagent.devices.procutil import ProcessUtilization
 from gpuagent.snapshot import (
+    MPS_CLIENT,
     EccCounts,
     GpuInfo,
     GpuSample,
@@ -97,8 +100,10 @@ class GpuReader:
         profiling_interval: float = 10.0,
         process_utilization_interval: float = 10.0,
         detail_interval: float = 10.0,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.guard = guard
+        self._sleep = sleep  # GPM's first pair waits on this (the reader's own thread)
         self.profiling_interval = profiling_interval
         self._energy = Cadence(energy_interval)
         self._energy_joules: float | None = None
@@ -116,6 +121,7 @@ class GpuReader:
         self.process_utilization = ProcessUtilization(
             guard, handle, index, interval=process_utilization_interval, clock=clock)
         self._details = DetailReader(guard, handle, index, interval=detail_interval, clock=clock)
+        self._mps_clients = ClientUtilization()  # whether this driver samples MPS clients (devices/mps.py)
         self._gpm: GpmSampler | None = None
         self._mig_gpm: dict[int, GpmSampler] = {}
         self._fast_ids = field_ids(self.nvml, FAST_FIELDS)
@@ -258,14 +264,18 @@ class GpuReader:
                 self._mig_gpm.pop(gi).close()
             for gi in wanted - set(self._mig_gpm):
                 self._mig_gpm[gi] = GpmSampler(self.guard, self.handle, (self.index, "gpm", gi), gi,
-                                               interval=self.profiling_interval, clock=self._clock)
+                                               interval=self.profiling_interval, clock=self._clock,
+                                               sleep=self._sleep)
         else:
             for sampler in self._mig_gpm.values():
                 sampler.close()
             self._mig_gpm.clear()
             if self._gpm is None:
                 self._gpm = GpmSampler(self.guard, self.handle, self.index,
-                                       interval=self.profiling_interval, clock=self._clock)
+                                       interval=self.profiling_interval, clock=self._clock, sleep=self._sleep)
+        for sampler in (self._gpm, *self._mig_gpm.values()):  # new ones take their first sample now
+            if sampler is not None:
+                sampler.prime()
 
     def _read_health_counters(self) -> None:
         g, s = self.guard, self.index
@@ -358,9 +368,9 @@ class GpuReader:
         return memory
 
     def _processes(self) -> tuple[ProcessSample, ...]:
-        """Both process lists once each, joined with the per-process utilization of the last read
-        (``procutil``: every poll where the share controller acts, every ``process_utilization_interval``
-        elsewhere)."""
+        """Both process lists once each (and the MPS clients' where an MPS server runs), joined with the
+        per-process utilization of the last read (``procutil``: every poll where the share controller acts,
+        every ``process_utilization_interval`` elsewhere)."""
         g, h, s = self.guard, self.handle, self.index
         found: dict[int, tuple[str, Any]] = {}
         for kind, function in (
@@ -371,6 +381,9 @@ class GpuReader:
                 previous = found.get(proc.pid)
                 if previous is None or _memory(proc) > _memory(previous[1]):
                     found[proc.pid] = (kind, proc)
+        if any(is_mps_daemon(self._names(pid)) for pid in found):
+            for proc in g.call(MPS_LIST, h, scope=s) or ():
+                found[proc.pid] = (MPS_CLIENT, proc)
         per_process_util = not (self.info and self.info.mig_enabled)  # NVML has none on MIG
         if per_process_util:
             self.process_utilization.update(found)
@@ -382,14 +395,14 @@ class GpuReader:
                 ProcessSample(
                     pid=pid,
                     comm=self._names(pid),
-                    kind=kind,
+                    kind=process_kind(kind, self._names(pid)),
                     used_memory_bytes=proc.usedGpuMemory,
                     sm_util_percent=sm,
                     memory_util_percent=mem,
                     gpu_instance_id=None if gi in (None, NO_INSTANCE) else gi,
                 )
             )
-        return tuple(out)
+        return self._mps_clients.settle(tuple(out), self.process_utilization.sampled)
 
     def _read_migs(self, processes: tuple[ProcessSample, ...]) -> tuple[MigSample, ...]:
         out = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -287,6 +288,14 @@ class DevicePoller:
     @property
     def xid_watcher(self) -> XidWatcher | None:
         return self._watcher
+
+    def working_threads(self) -> list[threading.Thread]:
+        """Threads inside an NVML call now (a worker's read or close, the XID watcher's wait), for
+        shutdown to wait for and, if they do not return, to name."""
+        threads = [w.thread for w in [*self._workers.values(), self._node] if w.busy]
+        if self._watcher is not None and self._watcher.thread is not None and self._watcher.alive:
+            threads.append(self._watcher.thread)
+        return threads
 
 
 def _placeholder_info(index: int) -> GpuInfo:

@@ -42,6 +42,7 @@ class ProcessUtilization:
         self._clock = clock
         self._cursor = 0
         self._figures: dict[int, tuple[float, float]] = {}  # pid -> (SM %, memory %) of the last read
+        self.sampled: frozenset[int] = frozenset()  # the PIDs with samples at the last read
         self.every_poll = False
         self.read_at: float | None = None
         self.window_seconds: float | None = None
@@ -66,6 +67,7 @@ class ProcessUtilization:
             mem.setdefault(sample.pid, []).append(float(sample.memUtil))
             self._cursor = max(self._cursor, int(sample.timeStamp))
         self._figures = {pid: (_mean(sm.get(pid)), _mean(mem.get(pid))) for pid in pids}
+        self.sampled = frozenset(sm)
         self.window_seconds = now - self.read_at if self.read_at is not None else None
         self.read_at = now
 

@@ -35,6 +35,10 @@ class DaemonWorker:
     def busy(self) -> bool:
         return self._busy.is_set()
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on this worker's thread; refuses while an earlier call is still running."""
         if self._busy.is_set():

@@ -112,6 +112,10 @@ class XidWatcher:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
     def _run(self) -> None:
         g, nvml = self._guard, self._guard.nvml
         try:

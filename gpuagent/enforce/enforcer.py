@@ -2,9 +2,22 @@
 
 Each poll, per workload (a pod, or a workload a config rule names): its limits (annotations > config rules >
 node defaults), its measured SM use per GPU and its GPU memory. One :class:`ShareController` per GPU decides
-frozen fractions; the :class:`DutyCycler` applies them between polls (enforce mode only); the
-:class:`MemoryLadder` decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit
-mode only counts, every step. MIG instances are hard isolation already: no shares there.
+frozen fractions; the :class:`DutyCycler` applies them between polls; the :class:`MemoryLadder` decides
+warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit mode only counts, every step.
+MIG instances are hard isolation already: no shares there.
+
+The duty cycle runs in audit mode too, so that audit counts what enforce would do, decision for decision: one
+``freeze`` (outcome "audit") each time a throttled workload's cgroup would go from thawed to frozen (once per
+``share_period`` while its frozen fraction is under 1; once for as long as it is held at 1) and one ``thaw``
+each time it would be let go, exactly the writes enforce counts as "done". ``Actions`` touches nothing in
+audit mode, and the time a workload would have spent frozen is not reported as throttled time.
+
+On an MPS GPU the server is infrastructure and never acted on; clients are frozen per cgroup like any
+process. MPS's own limits are not fought (docs/mps.md): an MPS client held to a share of the SMs is
+measured in SMs (``sm_share_ratio``), so a client whose MPS share is within its share limit is never
+throttled, and one above it is time-sliced down to it; a workload whose MPS memory limits add up to no more
+than its GPU memory limit is left to MPS (its allocations fail past that limit), since NVML's memory figure
+also counts what the pinned limit does not (the CUDA context) and would put it over a limit it keeps.
 """
 
 from __future__ import annotations
@@ -22,12 +35,16 @@ from gpuagent.enforce.memory import MemoryLadder, pod_key
 from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
 from gpuagent.enforce.timeslice import DutyCycler, ShareController, Tenant
 from gpuagent.snapshot import (
+    MPS_SERVER,
     EnforcementState,
     NodeSnapshot,
     PodUse,
     PolicyProblem,
+    ProcessSample,
     ShareState,
     Workload,
+    combined_mps_limits,
+    sm_share_ratio,
 )
 
 log = logging.getLogger(__name__)
@@ -52,6 +69,7 @@ class _Owner:
     pids: list[int] = field(default_factory=list)
     gpus: set[str] = field(default_factory=set)  # UUIDs of the GPUs it has processes on
     targets: set[FreezeTarget] = field(default_factory=set)
+    processes: list[ProcessSample] = field(default_factory=list)
 
 
 class Enforcer:
@@ -72,7 +90,7 @@ class Enforcer:
         self._ladder = ladder
         self._defaults = defaults or NodeDefaults()
         self._rules = tuple(rules)
-        self._cycler = cycler if mode == "enforce" else None
+        self._cycler = cycler
         self._new_controller = controller
         self._controllers: dict[str, ShareController] = {}
         self._clock = clock
@@ -93,11 +111,11 @@ class Enforcer:
 
     @property
     def cycling(self) -> bool:
-        """Whether there is a duty cycle to run (enforce mode)."""
+        """Whether there is a duty cycle to run (audit counts its freezes, enforce makes them)."""
         return self._cycler is not None
 
     async def run(self) -> None:
-        """The duty cycle, between polls (enforce mode); returns at once otherwise."""
+        """The duty cycle, between polls; returns at once without one."""
         if self._cycler is not None:
             await self._cycler.run()
 
@@ -162,20 +180,22 @@ class Enforcer:
         for gpu in snapshot.gpus:
             for process in gpu.processes:
                 w = process.workload
-                if w is None:
-                    continue
+                if w is None or process.kind == MPS_SERVER:
+                    continue  # the MPS server serves every tenant: never throttled, never killed
                 key = owner_key(w)
                 owner = owners.get(key)
                 if owner is None:
                     limits, found = self._limits(w, pods.get((w.namespace, w.name)))
                     problems.extend(found)
                     owner = owners[key] = _Owner(w.namespace, w.name, limits)
-                if process.sm_util_percent is not None and not gpu.info.mig_enabled:
-                    owner.util_by_gpu[gpu.info.uuid] += process.sm_util_percent / 100
+                share = sm_share_ratio(process)
+                if share is not None and not gpu.info.mig_enabled:
+                    owner.util_by_gpu[gpu.info.uuid] += share
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
                 if not gpu.info.mig_enabled:
                     owner.gpus.add(gpu.info.uuid)
+                owner.processes.append(process)
                 target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
                 if target is not None:
                     owner.targets.add(target)
@@ -244,7 +264,8 @@ class Enforcer:
                 limit_ratio=owner.limits.share_ratio,
                 achieved_ratio=self._controllers[uuid].achieved(key),
                 frozen_ratio=fraction,
-                throttled_seconds_total=self._cycler.throttled_seconds(key) if self._cycler else 0.0,
+                throttled_seconds_total=(self._cycler.throttled_seconds(key)
+                                         if self._cycler is not None and self.mode == "enforce" else 0.0),
                 priority=owner.limits.priority,
             ))
         return tuple(states)
@@ -263,8 +284,7 @@ class Enforcer:
         # The ladder keys pods as "ns/name"; a non-pod workload goes in under its owner key ("kind:name"),
         # so two workloads of different kinds with one name stay apart.
         items = [
-            (o.name if o.namespace else key, o.namespace, None if o.limits.exempt else o.limits.memory_bytes,
-             o.memory_bytes, tuple(o.pids))
+            (o.name if o.namespace else key, o.namespace, _ladder_limit(o), o.memory_bytes, tuple(o.pids))
             for key, o in owners.items()
         ]
         for step in self._ladder.update(items):
@@ -282,3 +302,14 @@ class Enforcer:
                 task = asyncio.ensure_future(eviction)
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
+
+
+def _ladder_limit(owner: _Owner) -> int | None:
+    """The limit the ladder holds a workload to: its GPU memory limit, unless its processes are all MPS
+    clients whose pinned limits add up to no more (MPS holds it to those already: see the module)."""
+    limit = None if owner.limits.exempt else owner.limits.memory_bytes
+    if limit is None:
+        return None
+    mps = combined_mps_limits(owner.processes)
+    held = mps.pinned_memory_limit_bytes if mps is not None else None
+    return None if held is not None and held <= limit else limit

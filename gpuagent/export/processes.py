@@ -3,11 +3,13 @@
 A process series carries the GPU's join keys (``gpu, UUID, Hostname``, as on dcgm-exporter's series), the MIG
 instance it runs in (``GPU_I_PROFILE``/``GPU_I_ID``), ``pid``, ``comm`` (left
 out when the process exited before its name was read) and ``kind``: a process with both a compute and a
-graphics context is listed twice by NVML, and ``kind`` keeps its two series apart. Utilization ratios exist
-only where NVML reports them (never on MIG); ``None`` gives no series. They are NVML's means over one
-read's window, which ``gpuagent_gpu_process_utilization_window_seconds`` states per GPU (a poll where the
-share controller acts, ``process_utilization_interval`` elsewhere), read at
-``gpuagent_gpu_process_utilization_timestamp_seconds``.
+graphics context is listed twice by NVML, and ``kind`` keeps its two series apart; ``kind`` is also
+``mps_client`` for an MPS client and ``mps_server`` for the MPS server. Utilization ratios exist only where
+NVML reports them (never on MIG; on some drivers not for MPS clients); ``None`` gives no series. They are
+NVML's means over one read's window, which ``gpuagent_gpu_process_utilization_window_seconds`` states per GPU
+(a poll where the share controller acts, ``process_utilization_interval`` elsewhere), read at
+``gpuagent_gpu_process_utilization_timestamp_seconds``. An MPS client's limits, where its environment sets
+them, are series of their own.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ class ProcessCollector(GpuRenderer):
             "gpuagent_gpu_process_utilization_timestamp_seconds",
             "Unix time of the last read of the GPU's per-process utilization.",
         )
+        mps_threads = gauge(
+            "gpuagent_process_mps_active_thread_ratio",
+            "Share of the GPU's SMs the MPS client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0-1).",
+        )
+        mps_memory = gauge(
+            "gpuagent_process_mps_memory_limit_bytes",
+            "GPU memory the MPS client may allocate on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).",
+        )
         count = gauge("gpuagent_gpu_processes", "Number of processes using the GPU.")
         for gpu in snapshot.gpus:
             if gpu.health is Health.LOST:
@@ -54,10 +64,13 @@ class ProcessCollector(GpuRenderer):
                 add_known(memory, series, process.used_memory_bytes)
                 add_known(sm, series, _ratio(process.sm_util_percent))
                 add_known(mem_util, series, _ratio(process.memory_util_percent))
+                if process.mps is not None:
+                    add_known(mps_threads, series, _ratio(process.mps.active_thread_percent))
+                    add_known(mps_memory, series, process.mps.pinned_memory_limit_bytes)
             add(count, labels.gpu(gpu), len({p.pid for p in processes}))
             add_known(window, labels.gpu(gpu), gpu.process_util_window_seconds)
             add_known(read_at, labels.gpu(gpu), gpu.process_util_read_at_unix)
-        return non_empty([memory, sm, mem_util, count, window, read_at])
+        return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count, window, read_at])
 
 
 def _unique(gpu: GpuSample) -> list[ProcessSample]:

@@ -28,6 +28,7 @@ import aiohttp
 from gpuagent.hints.codec import hints_from_jsonable
 from gpuagent.hints.extender_config import DEFAULT_AGENT_URL, NODE_PLACEHOLDER, valid_node_name
 from gpuagent.hints.score import NodeIndex, node_index
+from gpuagent.httperrors import client_error_text, read_body
 from gpuagent.snapshot import NodeHints
 
 log = logging.getLogger(__name__)
@@ -298,11 +299,8 @@ class AgentCache:
                 if response.status != 200:
                     error = f"HTTP {response.status} from {HINTS_PATH}"
                     return self._failed(entry, error)
-                if response.content_length is not None and response.content_length > MAX_HINTS_BYTES:
-                    error = f"{HINTS_PATH} body of {response.content_length} bytes is too large"
-                    return self._failed(entry, error)
-                body = await response.content.read(MAX_HINTS_BYTES + 1)
-                if len(body) > MAX_HINTS_BYTES:
+                body = await read_body(response, MAX_HINTS_BYTES)
+                if body is None:
                     return self._failed(entry, f"{HINTS_PATH} body is over {MAX_HINTS_BYTES} bytes")
                 hints = _decode(body)
                 outcome = MODIFIED
@@ -317,7 +315,7 @@ class AgentCache:
         except asyncio.TimeoutError:
             return self._failed(entry, f"no answer within {self.timeout_seconds:g}s")
         except aiohttp.ClientError as exc:
-            return self._failed(entry, _client_error(exc))
+            return self._failed(entry, client_error_text(exc))
         except (ValueError, UnicodeDecodeError) as exc:
             return self._failed(entry, f"bad {HINTS_PATH} body: {exc}"[:300])
         finally:
@@ -332,13 +330,3 @@ class AgentCache:
 
 def _decode(body: bytes) -> NodeHints:
     return hints_from_jsonable(json.loads(body))
-
-
-def _client_error(exc: aiohttp.ClientError) -> str:
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return (
-            f"cannot connect: {exc.os_error.strerror or exc.os_error}" if exc.os_error else "cannot connect"
-        )
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "the agent closed the connection"
-    return f"{type(exc).__name__}: {exc}"[:300]

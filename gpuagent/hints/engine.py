@@ -11,7 +11,10 @@ Per GPU, from the snapshot alone:
   GPU, the memory of idle instances and of the part not partitioned. 0 when the GPU is unhealthy.
 - ``schedulable_share_ratio``: 1 less the larger of the tenants' share limits (summed) and the GPU's
   long-average SM use; 0 for a GPU a pod holds exclusively or an unhealthy one; on a MIG GPU, the slices
-  of idle instances and of the part not partitioned.
+  of idle instances and of the part not partitioned. On an MPS GPU, 1 less what its tenants were promised
+  in SMs: each tenant's MPS active-thread share, else its share limit, else (an MPS client MPS does not
+  cap can take every SM) its measured share of the SMs now. The GPU's time-based utilization says nothing
+  there: MPS clients run side by side, each on its part of the SMs.
 """
 
 from __future__ import annotations
@@ -178,9 +181,20 @@ def _shared_capacity(
         free = min(free, gpu.memory_free_bytes)  # never more than the driver has
     if mode == "exclusive":
         return 0.0, 0
+    if mode == "mps":
+        share = 1.0 - sum(_mps_promise(t) for t in tenants)
+        return min(1.0, max(0.0, share)), max(0, free)
     promised = sum(t.share_ratio or 0.0 for t in tenants)
     share = 1.0 - max(promised, util or 0.0)
     return min(1.0, max(0.0, share)), max(0, free)
+
+
+def _mps_promise(tenant: TenantHint) -> float:
+    """What an MPS GPU's tenant holds of its SMs (see the module docstring)."""
+    for held in (tenant.mps_active_thread_ratio, tenant.share_ratio, tenant.sm_util_ratio):
+        if held is not None:
+            return held
+    return 0.0
 
 
 def _mig_instances(gpu: GpuSample, tenants: tuple[TenantHint, ...]) -> tuple[MigInstanceHint, ...]:

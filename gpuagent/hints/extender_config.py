@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuagent.config import ConfigError, parse_listen, read_yaml_mapping
+from gpuagent.config import ConfigError, is_null_text, parse_listen, read_yaml_mapping
 
 ENV_PREFIX = "GPUAGENT_EXTENDER_"
 CONFIG_ENV = "GPUAGENT_EXTENDER_CONFIG"
@@ -326,6 +326,8 @@ def load_options(
 
 
 def _parse(key: OptionKey, raw: Any, text: bool, base_dir: str | None, source: str) -> Any:
+    if text and is_null_text(raw):
+        raw, text = None, False  # "null" from env or a flag is YAML's null, as in the agent's options
     try:
         return key.parse(raw, text, base_dir)
     except ValueError as err:

@@ -4,7 +4,9 @@ A tenant is a pod the kubelet allocated the GPU (a whole GPU, ``GPU-…::n`` tim
 device of it) or any workload whose processes run on it. Limits come from the enforcer's decisions when it
 runs (they include config rules and node defaults), else from the pod's ``gpuagent.io/gpu-share`` and
 ``gpuagent.io/gpu-memory`` annotations, parsed as the enforcer parses them; a value that does not parse
-counts as no limit (the enforcer reports it).
+counts as no limit (the enforcer reports it). On an MPS GPU a tenant's clients also carry MPS limits (the
+SM share MPS lets them use, the memory it lets them allocate): its memory limit is the smaller of the two,
+and its measured use is counted in SMs (``sm_share_ratio``). The MPS server is infrastructure, no tenant.
 """
 
 from __future__ import annotations
@@ -13,11 +15,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
-from gpuagent.snapshot import GpuSample, NodeSnapshot, PodUse, ProcessSample, TenantHint
+from gpuagent.snapshot import (
+    MPS_SERVER,
+    GpuSample,
+    NodeSnapshot,
+    PodUse,
+    ProcessSample,
+    TenantHint,
+    combined_mps_limits,
+    sm_share_ratio,
+)
 
 ANNOTATION_SHARE = "gpuagent.io/gpu-share"
 ANNOTATION_MEMORY = "gpuagent.io/gpu-memory"
-MPS_SERVER = "nvidia-cuda-mps-server"
 UNATTRIBUTED = "unattributed"
 
 
@@ -37,6 +47,7 @@ class _Tenant:
     sm_percent: float | None = None
     share_ratio: float | None = None
     memory_limit_bytes: int | None = None
+    processes: list[ProcessSample] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,15 +140,17 @@ def gpu_tenants(
     tenants = _allocations(pods, gpu)
     instance_uuid = {m.gpu_instance_id: m.uuid for m in gpu.migs}
     for process in gpu.processes:
-        if process.comm == MPS_SERVER:
-            continue  # the MPS control daemon serves the tenants; it is not one
+        if process.kind == MPS_SERVER:
+            continue  # the MPS server serves the tenants; it is not one
         name, kind = _process_tenant(process)
         tenant = tenants.get(name)
         if tenant is None:
             tenant = tenants[name] = _Tenant(name, kind)
+        tenant.processes.append(process)
         tenant.memory_used_bytes += process.used_memory_bytes or 0
-        if process.sm_util_percent is not None:
-            tenant.sm_percent = (tenant.sm_percent or 0.0) + process.sm_util_percent
+        share = sm_share_ratio(process)
+        if share is not None:
+            tenant.sm_percent = (tenant.sm_percent or 0.0) + share * 100
         if process.gpu_instance_id is not None and tenant.mig_instance is None:
             tenant.mig_instance = instance_uuid.get(process.gpu_instance_id)
     out = []
@@ -145,19 +158,29 @@ def gpu_tenants(
         share = limits.shares.get((tenant.name, gpu.info.uuid))
         memory = limits.memory.get(tenant.name)
         annotated_share, annotated_memory = limits.annotated.get(tenant.name, (None, None))
+        mps = combined_mps_limits(tenant.processes)
+        mps_threads = mps.active_thread_percent if mps is not None else None
+        mps_memory = mps.pinned_memory_limit_bytes if mps is not None else None
+        memory = memory if memory is not None else annotated_memory
         out.append(TenantHint(
             name=tenant.name,
             kind=tenant.kind,
             share_ratio=share if share is not None else annotated_share,
-            memory_limit_bytes=memory if memory is not None else annotated_memory,
+            memory_limit_bytes=_smaller(memory, mps_memory),  # what holds it first
             memory_used_bytes=tenant.memory_used_bytes,
             sm_util_ratio=None if tenant.sm_percent is None else min(1.0, tenant.sm_percent / 100),
             allocated=tenant.allocated,
             replicas=tenant.replicas,
             mig_instance=tenant.mig_instance,
+            mps_active_thread_ratio=None if mps_threads is None else mps_threads / 100,
+            mps_memory_limit_bytes=mps_memory,
         ))
     out.sort(key=lambda t: (not t.allocated, t.name))
     return tuple(out)
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def sharing_mode(gpu: GpuSample, tenants: tuple[TenantHint, ...]) -> str:
@@ -165,7 +188,7 @@ def sharing_mode(gpu: GpuSample, tenants: tuple[TenantHint, ...]) -> str:
     GPU) or "time_sliced" (replicas, several tenants, or processes nobody was allocated the GPU for)."""
     if gpu.info.mig_enabled:
         return "mig"
-    if any(p.comm == MPS_SERVER for p in gpu.processes):
+    if any(p.kind == MPS_SERVER for p in gpu.processes):
         return "mps"
     if not tenants:
         return "none"

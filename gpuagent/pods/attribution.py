@@ -2,11 +2,15 @@
 
 The kubelet's pod-resources API names pods (namespace, pod, container) and the devices each was given, but
 carries no pod UID and no container ID; a process's cgroup carries the pod UID and container ID but no
-names. The join goes through the GPUs themselves: a pod UID whose processes run on a device, and a pod
-allocated that device, belong together when the device (after eliminating every pair already matched)
-leaves exactly one of each, and the match holds on every device the UID is seen on. What cannot be
-matched that way keeps its UID as its name, and ``names_from`` says so ("cgroup"). The API server, when
-configured, names every pod outright (``names_by_uid``).
+names. The join goes through the GPUs themselves (:func:`match_pods`): a pod UID whose processes run on a
+device, and a pod allocated that device, belong together when the device (after eliminating every pair
+already matched) leaves exactly one of each and the match holds on every device the UID is seen on, or
+when the processes' own environments confirm it (:mod:`gpuagent.pods.evidence`: their hostname, the
+devices they were given). That evidence names a pod that also strays onto a GPU it was not allocated
+(reported as its unallocated use), tells pods sharing one GPU apart, and keeps an unallocated pod running
+on an idle pod's GPU from taking that pod's name. What cannot be matched keeps its UID as its name, and
+``names_from`` says so ("cgroup"). The API server, when configured, names every pod outright
+(``names_by_uid``). MPS servers are infrastructure: they join no pod's use.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from gpuagent.snapshot import ContainerUse, GpuSample, MigSample, PodUse, ProcessSample, Workload
+from gpuagent.pods.environ import Environ
+from gpuagent.pods.evidence import Evidence
+from gpuagent.snapshot import MPS_SERVER, ContainerUse, GpuSample, MigSample, PodUse, ProcessSample, Workload
 
 PodKey = tuple[str, str]  # (namespace, pod name)
 
@@ -57,6 +63,10 @@ class PodName:
     containers_by_id: Mapping[str, str] = field(default_factory=dict)  # container ID -> container name
     annotations: Mapping[str, str] = field(default_factory=dict)  # gpuagent.io/* annotations
     qos: str | None = None
+    # The top of its controller chain (Deployment, CronJob, StatefulSet, ...; "Pod" for a bare pod); None
+    # while the API server is being asked (pods/owners.py)
+    owner_kind: str | None = None
+    owner_name: str | None = None
 
 
 def device_key(gpu: GpuSample, process: ProcessSample) -> str:
@@ -72,10 +82,27 @@ def allocation_key(allocation: Allocation) -> str | None:
     return allocation.mig_uuid or allocation.gpu_uuid
 
 
+Score = Callable[[str, PodKey], int]  # evidence for (UID, pod): > 0 confirmed, < 0 contradicted, 0 none
+
+
+def _no_evidence(uid: str, pod: PodKey) -> int:
+    return 0
+
+
 def match_pods(
-    uids_by_device: Mapping[str, set[str]], pods_by_device: Mapping[str, set[PodKey]]
+    uids_by_device: Mapping[str, set[str]],
+    pods_by_device: Mapping[str, set[PodKey]],
+    score: Score = _no_evidence,
 ) -> dict[str, PodKey]:
-    """Pod UID -> (namespace, pod), by elimination over the devices both sides name."""
+    """Pod UID -> (namespace, pod), by elimination over the devices both sides name, weighing ``score``.
+
+    A device left with one open UID and one open pod pairs them when the evidence confirms it, or when it
+    says nothing and every other device the UID is seen on is the pod's own or allocated to nobody: a pod
+    that strays onto a free GPU (privileged, ``NVIDIA_VISIBLE_DEVICES=all``) keeps its name, and the free
+    GPU is its unallocated use. Seen without evidence on a device allocated to another pod, the UID is
+    left unnamed: it may be a third pod using both while their owners idle. A device left with several
+    pairs each UID with the one pod its evidence confirms best, where no other UID there claims that pod.
+    """
     matched: dict[str, PodKey] = {}
     taken: set[PodKey] = set()
     devices_of_uid: dict[str, set[str]] = defaultdict(set)
@@ -88,16 +115,36 @@ def match_pods(
         for device, uids in uids_by_device.items():
             open_uids = uids - matched.keys()
             open_pods = pods_by_device.get(device, set()) - taken
-            if len(open_uids) != 1 or len(open_pods) != 1:
+            if not open_uids or not open_pods:
                 continue
-            (uid,), (pod,) = open_uids, open_pods
-            # The pod must hold every device the UID is seen on, or the UID is someone else (a pod using a
-            # GPU it was not allocated, while the allocated pod is idle).
-            if all(pod in pods_by_device.get(d, set()) for d in devices_of_uid[uid]):
+            if len(open_uids) == 1 and len(open_pods) == 1:
+                (uid,), (pod,) = open_uids, open_pods
+                verdict = score(uid, pod)
+                consistent = all(pod in pods_by_device.get(d, ()) or not pods_by_device.get(d)
+                                 for d in devices_of_uid[uid])
+                pairs = {uid: pod} if verdict > 0 or (verdict == 0 and consistent) else {}
+            else:
+                pairs = _best_confirmed(open_uids, open_pods, score)
+            for uid, pod in pairs.items():
                 matched[uid] = pod
                 taken.add(pod)
                 progress = True
     return matched
+
+
+def _best_confirmed(uids: set[str], pods: set[PodKey], score: Score) -> dict[str, PodKey]:
+    """Each UID's one best-confirmed pod, where that pod is no other UID's best."""
+    best: dict[str, PodKey] = {}
+    for uid in sorted(uids):
+        scores = {pod: score(uid, pod) for pod in pods}
+        top = max(scores.values())
+        winners = [pod for pod, s in scores.items() if s == top]
+        if top > 0 and len(winners) == 1:
+            best[uid] = winners[0]
+    claims = defaultdict(list)
+    for uid, pod in best.items():
+        claims[pod].append(uid)
+    return {uid: pod for uid, pod in best.items() if len(claims[pod]) == 1}
 
 
 def attribute(
@@ -105,9 +152,11 @@ def attribute(
     identities: Mapping[int, Identity | None],
     allocations: Sequence[Allocation] | None,
     names_by_uid: Mapping[str, PodName] | None = None,
+    environs: Mapping[int, Environ | None] | None = None,
+    node_names: frozenset[str] = frozenset(),
 ) -> tuple[tuple[GpuSample, ...], tuple[PodUse, ...]]:
     """The GPUs with every process's workload filled in, and the pods holding or using GPUs."""
-    return Attributor().attribute(gpus, identities, allocations, names_by_uid)
+    return Attributor(node_names).attribute(gpus, identities, allocations, names_by_uid, environs)
 
 
 T = TypeVar("T")
@@ -147,6 +196,7 @@ class _AllocationIndex:
 
     pods_by_device: Mapping[str, set[PodKey]]
     container_of: Mapping[tuple[PodKey, str], str]  # (pod, device) -> its only container there
+    container_devices: Mapping[PodKey, tuple[frozenset[str], ...]]  # pod -> each container's device keys
     # pod -> (container -> device ids allocated, GPUs allocated (a MIG device counts its parent))
     allocated: Mapping[PodKey, tuple[Mapping[str, tuple[str, ...]], tuple[str, ...]]]
 
@@ -154,6 +204,7 @@ class _AllocationIndex:
 def _index_allocations(allocations: Sequence[Allocation], parent_of: Mapping[str, str]) -> _AllocationIndex:
     pods_by_device: dict[str, set[PodKey]] = defaultdict(set)
     containers_by_pod_device: dict[tuple[PodKey, str], set[str]] = defaultdict(set)
+    keys_by_container: dict[PodKey, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     devices: dict[PodKey, dict[str, list[str]]] = {}
     allocated_gpus: dict[PodKey, list[str]] = {}
     for allocation in allocations:
@@ -162,6 +213,7 @@ def _index_allocations(allocations: Sequence[Allocation], parent_of: Mapping[str
         if key is not None:
             pods_by_device[key].add(pod)
             containers_by_pod_device[(pod, key)].add(allocation.container)
+            keys_by_container[pod][allocation.container].add(key)
         devices.setdefault(pod, {}).setdefault(allocation.container, []).append(allocation.device_id)
         gpus = allocated_gpus.setdefault(pod, [])
         gpu = allocation.gpu_uuid or parent_of.get(allocation.mig_uuid or "")
@@ -170,6 +222,8 @@ def _index_allocations(allocations: Sequence[Allocation], parent_of: Mapping[str
     return _AllocationIndex(
         pods_by_device=dict(pods_by_device),
         container_of={k: next(iter(c)) for k, c in containers_by_pod_device.items() if len(c) == 1},
+        container_devices={pod: tuple(frozenset(keys) for keys in by_container.values())
+                           for pod, by_container in keys_by_container.items()},
         allocated={pod: ({c: tuple(ids) for c, ids in by_container.items()}, tuple(allocated_gpus[pod]))
                    for pod, by_container in devices.items()},
     )
@@ -188,6 +242,24 @@ def _index_names(names_by_uid: Mapping[str, PodName]) -> _NameIndex:
         named_pods=frozenset((n.namespace, n.name) for n in names_by_uid.values()),
         known={(n.namespace, n.name): (uid, n) for uid, n in names_by_uid.items()},
     )
+
+
+def _containers_by_id(
+    gpus: Sequence[GpuSample], identities: Mapping[int, Identity | None], matched: Mapping[str, PodKey],
+    index: _AllocationIndex,
+) -> dict[str, str]:
+    """Container ID -> container name, where a matched pod's process runs on a device allocated to one
+    container of it: its processes elsewhere (a GPU it strays onto) are that container's too."""
+    out: dict[str, str] = {}
+    for gpu in gpus:
+        for process in gpu.processes:
+            identity = identities.get(process.pid)
+            if identity is None or not identity.container_id or identity.pod_uid not in matched:
+                continue
+            name = index.container_of.get((matched[identity.pod_uid], device_key(gpu, process)))
+            if name is not None:
+                out[identity.container_id] = name
+    return out
 
 
 def _workload(identity: Identity, resolved: _Resolved) -> Workload:
@@ -218,7 +290,8 @@ class Attributor:
     one shared by two polls reads the same as two equal ones. Caches hold only what the last poll used.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, node_names: frozenset[str] = frozenset()) -> None:
+        self._node_names = node_names  # the node's own names: the HOSTNAME of a hostNetwork pod
         self._allocations_in: Sequence[Allocation] | None = None
         self._parents_in: dict[str, str] = {}
         self._allocation_index = _index_allocations((), {})
@@ -226,6 +299,7 @@ class Attributor:
         self._name_index = _index_names(_NO_NAMES)
         self._workloads: dict[int, tuple[Identity, _Resolved, Workload]] = {}  # id(identity) -> ...
         self._pod_uses: dict[tuple[str | None, str], tuple[tuple[Any, ...], PodUse]] = {}
+        self._match: tuple[Any, dict[str, PodKey]] = ((), {})  # the join's inputs and its answer
 
     def attribute(
         self,
@@ -233,8 +307,10 @@ class Attributor:
         identities: Mapping[int, Identity | None],
         allocations: Sequence[Allocation] | None,
         names_by_uid: Mapping[str, PodName] | None = None,
+        environs: Mapping[int, Environ | None] | None = None,
     ) -> tuple[tuple[GpuSample, ...], tuple[PodUse, ...]]:
-        """The GPUs with every process's workload filled in, and the pods holding or using GPUs."""
+        """The GPUs with every process's workload filled in, and the pods holding or using GPUs.
+        ``environs``: PID -> what its environment says (None: unknown), the evidence of the join."""
         allocations = allocations or ()
         names_by_uid = names_by_uid or _NO_NAMES
         parent_of = {mig.uuid: gpu.info.uuid for gpu in gpus for mig in gpu.migs}
@@ -247,17 +323,33 @@ class Attributor:
         index, names = self._allocation_index, self._name_index
 
         uids_by_device: dict[str, set[str]] = defaultdict(set)
+        environs_by_uid: dict[str, list[Environ]] = defaultdict(list)
         for gpu in gpus:
             for process in gpu.processes:
                 identity = identities.get(process.pid)
-                if identity is not None and identity.is_k8s and identity.pod_uid:
-                    uids_by_device[device_key(gpu, process)].add(identity.pod_uid)
+                if identity is None or not identity.is_k8s or not identity.pod_uid:
+                    continue
+                if process.kind == MPS_SERVER:
+                    continue  # it serves the tenants (from a device plugin's pod, say): it is none of them
+                uids_by_device[device_key(gpu, process)].add(identity.pod_uid)
+                environ = environs.get(process.pid) if environs else None
+                if environ is not None and identity.pod_uid not in names_by_uid:
+                    environs_by_uid[identity.pod_uid].append(environ)
         unnamed = {d: {u for u in uids if u not in names_by_uid} for d, uids in uids_by_device.items()}
         matched: dict[str, PodKey] = {}
         if any(unnamed.values()):  # with none, nothing could match
-            open_pods = {d: pods - names.named_pods for d, pods in index.pods_by_device.items()}
-            matched = match_pods(unnamed, open_pods)
+            inputs = (index, names, frozenset((d, frozenset(u)) for d, u in unnamed.items()),
+                      frozenset((uid, frozenset(frozenset(e.items()) for e in envs))
+                                for uid, envs in environs_by_uid.items()))
+            if inputs == self._match[0]:  # the same join as last poll (unchanged indexes: the same objects)
+                matched = self._match[1]
+            else:
+                open_pods = {d: pods - names.named_pods for d, pods in index.pods_by_device.items()}
+                evidence = Evidence(environs_by_uid, gpus, index.container_devices, self._node_names)
+                matched = match_pods(unnamed, open_pods, evidence.score)
+                self._match = (inputs, matched)
 
+        containers = _containers_by_id(gpus, identities, matched, index) if matched else {}
         previous, workloads = self._workloads, {}
         done: dict[int, ProcessSample] = {}  # id(process) -> attributed (MIG lists repeat the GPU's)
 
@@ -279,6 +371,8 @@ class Attributor:
                         pod = matched.get(uid)
                         if pod is not None:
                             container = index.container_of.get((pod, device_key(gpu, process)))
+                            if container is None:  # a device it was not allocated: known by its ID, maybe
+                                container = containers.get(identity.container_id or "")
                             resolved = (pod[0], pod[1], container, "pod_resources")
                 entry = workloads.get(id(identity)) or previous.get(id(identity))
                 if entry is not None and entry[0] is identity and entry[1] == resolved:
@@ -309,7 +403,7 @@ class Attributor:
             uuid = gpu.info.uuid
             for process in gpu.processes:
                 w = process.workload
-                if w is None or w.kind != "pod":
+                if w is None or w.kind != "pod" or process.kind == MPS_SERVER:
                     continue
                 key = (w.namespace, w.name)
                 totals = used.get(key)
@@ -392,9 +486,11 @@ def _pod_use(
     if totals is not None:
         uid, qos, names_from = totals.uid, totals.qos, totals.names_from
     annotations: dict[str, str] = {}
+    owner_kind = owner_name = None
     if known is not None:  # the API server knows the pod, idle or not
         uid, name = known
         qos, names_from, annotations = name.qos or qos, "api_server", dict(name.annotations)
+        owner_kind, owner_name = name.owner_kind, name.owner_name
     return PodUse(
         name=key[1], namespace=key[0], uid=uid, qos=qos, names_from=names_from, annotations=annotations,
         containers=containers, allocated_gpus=allocated_gpus,
@@ -402,4 +498,5 @@ def _pod_use(
         gpu_memory_used_bytes=sum(c.gpu_memory_used_bytes for c in containers),
         sm_util_percent=sum(sm_values) if sm_values else None,
         process_count=sum(len(c.pids) for c in containers),
+        owner_kind=owner_kind, owner_name=owner_name,
     )

@@ -14,6 +14,9 @@ Choices that matter on thousands of nodes:
   A connection silent past that timeout is dead (no FIN from a vanished peer): it is dropped and resumed.
 - Only the few fields used are decoded (msgspec structs that skip everything else), and only
   ``gpuagent.io/*`` annotations are kept: a pod's managed fields and large annotations never stay in memory.
+- A pod's owner (``ownerReferences``) is walked up to the workload people know (ReplicaSet -> Deployment,
+  Job -> CronJob) by ``pods/owners.py`` in a task of its own, cached by owner UID: the view names a pod's
+  owner as soon as that answer is in, and never waits for it.
 - lightkube supplies the configuration (in-cluster service account with token rotation, kubeconfig, exec
   plugins, TLS); the requests are plain GETs on its HTTP client, so the watch parameters, the 410 handling
   and the timeouts are ours. Nothing of lightkube is imported until :meth:`PodMetadata.run`.
@@ -38,6 +41,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.pods.attribution import PodName
+from gpuagent.pods.owners import Owner, OwnerRef, OwnerResolver, controller_of, reference_struct
 
 if TYPE_CHECKING:
     import httpx2
@@ -74,6 +78,7 @@ def _wire() -> SimpleNamespace:
     meta = msgspec.defstruct("ObjectMeta", [
         ("uid", str, ""), ("name", str, ""), ("namespace", str, ""), ("resourceVersion", str, ""),
         ("annotations", dict[str, str] | None, None),
+        ("ownerReferences", list[reference_struct()] | None, None),  # type: ignore[misc]
     ])
     container = msgspec.defstruct("ContainerStatus", [("name", str, ""), ("containerID", str | None, None)])
     containers = list[container] | None  # type: ignore[valid-type]
@@ -109,8 +114,9 @@ def strip_runtime(container_id: str) -> str:
     return bare if sep else container_id
 
 
-def pod_name(pod: Any) -> PodName:
-    """The :class:`PodName` of a decoded pod: names, container IDs, gpuagent.io annotations, QoS."""
+def pod_name(pod: Any, owner: Owner | None = None) -> PodName:
+    """The :class:`PodName` of a decoded pod: names, container IDs, gpuagent.io annotations, QoS, and its
+    top ``owner`` when known."""
     meta, status = pod.metadata, pod.status
     containers: dict[str, str] = {}
     if status is not None:
@@ -122,7 +128,8 @@ def pod_name(pod: Any) -> PodName:
     annotations = {k: v for k, v in (meta.annotations or {}).items() if k.startswith(ANNOTATION_PREFIX)}
     qos = status.qosClass.lower() if status is not None and status.qosClass else None
     return PodName(namespace=meta.namespace, name=meta.name, containers_by_id=containers,
-                   annotations=annotations, qos=qos)
+                   annotations=annotations, qos=qos, owner_kind=owner.kind if owner else None,
+                   owner_name=owner.name if owner else None)
 
 
 def _uids(pod: Any) -> tuple[str, ...]:
@@ -167,6 +174,7 @@ class PodMetadata:
         clock: Callable[[], float] = time.monotonic,
         watch_timeout: float = 300.0,
         request_timeout: float = 10.0,
+        owners: OwnerResolver | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node_name is required: the API server is asked for this node's pods only")
@@ -191,6 +199,9 @@ class PodMetadata:
         self._expiries = 0  # 410s in a row: the first re-lists at once, more back off
         self.lists = 0  # requests made, for tests and debugging
         self.watches = 0
+        # Owners above the pods' controllers (ReplicaSet -> Deployment, ...), walked by their own task
+        self.owners = owners or OwnerResolver()
+        self._controller_of: dict[str, OwnerRef | None] = {}  # API UID -> its controller reference
 
     # -- the view ---------------------------------------------------------------------------------------
     def names_by_uid(self) -> Mapping[str, PodName]:
@@ -211,11 +222,14 @@ class PodMetadata:
     async def run(self) -> None:
         """List, then watch, forever. Returns never; raises only CancelledError."""
         http, owned = None, False
+        walks: asyncio.Task | None = None
         try:
             while True:
                 try:
                     if http is None:
                         http, owned = self._open()
+                        walks = asyncio.create_task(self.owners.run(http, self._owner_resolved),
+                                                    name="pod-owners")
                     if self._rv is None:
                         await self._list(http)
                     healthy = await self._watch(http)
@@ -236,6 +250,9 @@ class PodMetadata:
                     self._fail(_Failure("internal", f"internal error: {exc!r}"), exc_info=exc)
                     await asyncio.sleep(self._delay())
         finally:
+            if walks is not None:
+                walks.cancel()
+                await asyncio.gather(walks, return_exceptions=True)
             if http is not None and owned:
                 await http.aclose()
 
@@ -286,14 +303,16 @@ class PodMetadata:
             raise _Failure("protocol", f"pods list on node {self.node_name}: bad PodList: {exc}") from exc
         view: dict[str, PodName] = {}
         uids_of: dict[str, tuple[str, ...]] = {}
+        self._controller_of = {}
         for pod in body.items or ():
-            name, uids = pod_name(pod), _uids(pod)
+            name, uids = pod_name(pod, self._owner(pod)), _uids(pod)
             uids_of[pod.metadata.uid] = uids
             for uid in uids:
                 view[uid] = name
         if view != self._view:
             self._view = view
         self._uids_of = uids_of
+        self.owners.forget({ref.uid for ref in self._controller_of.values() if ref is not None})
         self._rv = body.metadata.resourceVersion or None
         if self._rv is None:
             raise _Failure("protocol", f"pods list on node {self.node_name}: no resourceVersion")
@@ -369,9 +388,10 @@ class PodMetadata:
             self._rv = self._list_rv = pod.metadata.resourceVersion
 
     def _put(self, pod: Any) -> None:
-        uid, name, uids = pod.metadata.uid, pod_name(pod), _uids(pod)
+        uid = pod.metadata.uid
         if not uid:
             return
+        name, uids = pod_name(pod, self._owner(pod)), _uids(pod)
         old = self._uids_of.get(uid, ())
         if old == uids and all(self._view.get(u) == name for u in uids):
             return  # a status change we do not keep (conditions, IPs, ...): same view
@@ -384,12 +404,26 @@ class PodMetadata:
         self._view = view
 
     def _drop(self, uid: str) -> None:
+        self._controller_of.pop(uid, None)
         uids = self._uids_of.pop(uid, ())
         if uids:
             view = dict(self._view)
             for u in uids:
                 view.pop(u, None)
             self._view = view
+
+    # -- owners ------------------------------------------------------------------------------------------
+    def _owner(self, pod: Any) -> Owner | None:
+        """The pod's top owner as known now (None: being asked), its controller remembered."""
+        meta = pod.metadata
+        ref = controller_of(meta.ownerReferences)
+        self._controller_of[meta.uid] = ref
+        return self.owners.of_pod(meta.namespace, meta.name, ref)
+
+    def _owner_resolved(self, owner_uid: str) -> None:
+        """An owner's walk has an answer: the pods under it get their owner (one new view for them all)."""
+        under = ((ref, self._uids_of.get(uid, ())) for uid, ref in self._controller_of.items())
+        self._view = self.owners.named(self._view, under, owner_uid)
 
     # -- health ------------------------------------------------------------------------------------------
     def _healthy(self) -> None:

@@ -48,14 +48,10 @@ class Request:
 
 def collect(client: PrometheusClient, request: Request, progress: Progress) -> Report:
     pieces = chunks(request.time_range, request.chunk_seconds)
-    pod_matchers = list(request.matchers)
-    if request.namespaces:
-        pod_matchers.append(q.namespace_matcher(request.namespaces))
-    subjects = (q.PODS,) if request.namespaces else q.SUBJECTS
-    matchers = {q.PODS.kind: tuple(pod_matchers), q.WORKLOADS.kind: request.matchers}
-    timeline_windows = _timeline_windows(request.time_range, request.step_seconds)
+    subjects, matchers = q.subjects_and_matchers(request.matchers, request.namespaces)
+    timeline_windows = step_windows(request.time_range, request.step_seconds)
 
-    plan: list[tuple[str, Callable[[], None]]] = []
+    plan: Plan = []
     per_gpu: dict[str, dict[Key, dict[str, float]]] = {s.kind: defaultdict(dict) for s in subjects}
     models: dict[str, str] = {}
     steps: dict[str, dict[str, dict[float, float]]] = {}  # quantity -> group ("": workloads) -> time -> value
@@ -68,10 +64,10 @@ def collect(client: PrometheusClient, request: Request, progress: Progress) -> R
             for piece in pieces:
                 expr = q.total_query(subject, quantity, piece.seconds, matchers[subject.kind])
                 plan.append((f"{subject.counter(quantity)} {when(piece)}",
-                             _total(client, expr, piece, subject, quantity, per_gpu[subject.kind])))
+                             total_step(client, expr, piece, subject, quantity, per_gpu[subject.kind])))
     for piece in pieces:  # the GPU models, shown per pod and used by per-model prices
         plan.append((f"{q.GPU_INFO} {when(piece)}",
-                     _models(client, q.models_query(piece.seconds, request.matchers), piece, models)))
+                     models_step(client, q.models_query(piece.seconds, request.matchers), piece, models)))
     for subject in subjects:
         for quantity in (q.BUSY, q.ALLOCATED):
             expr = q.timeline_query(subject, quantity, request.step_seconds, matchers[subject.kind])
@@ -81,16 +77,25 @@ def collect(client: PrometheusClient, request: Request, progress: Progress) -> R
                              _steps(client, expr, first, last, request.step_seconds, subject,
                                     steps.setdefault(quantity, defaultdict(dict)))))
 
+    run_plan(plan, progress)
+    return _report(client, request, len(plan), per_gpu, models, steps, timeline_windows)
+
+
+Plan = list[tuple[str, Callable[[], None]]]  # (what is asked, for the progress line; the query)
+
+
+def run_plan(plan: Plan, progress: Progress) -> None:
+    """Every query of ``plan`` in order, each announced on ``progress``."""
     progress.start(len(plan))
     for what, run in plan:
         progress.step(what)
         run()
     progress.finish()
-    return _report(client, request, len(plan), per_gpu, models, steps, timeline_windows)
 
 
-def _total(client: PrometheusClient, expr: str, piece: TimeRange, subject: q.Subject, quantity: str,
-           into: dict[Key, dict[str, float]]) -> Callable[[], None]:
+def total_step(client: PrometheusClient, expr: str, piece: TimeRange, subject: q.Subject, quantity: str,
+               into: dict[Key, dict[str, float]]) -> Callable[[], None]:
+    """The query adding ``expr`` at the piece's end to ``into[(group, name, UUID)][quantity]``."""
     def run() -> None:
         for sample in client.query(expr, piece.end_unix):
             if math.isnan(sample.value):
@@ -101,8 +106,9 @@ def _total(client: PrometheusClient, expr: str, piece: TimeRange, subject: q.Sub
     return run
 
 
-def _models(client: PrometheusClient, expr: str, piece: TimeRange,
-            into: dict[str, str]) -> Callable[[], None]:
+def models_step(client: PrometheusClient, expr: str, piece: TimeRange,
+                into: dict[str, str]) -> Callable[[], None]:
+    """The query filling ``into[UUID] = model`` from ``q.models_query`` at the piece's end."""
     def run() -> None:
         for sample in client.query(expr, piece.end_unix):
             uuid, model = sample.labels.get(q.UUID_LABEL), sample.labels.get(q.MODEL_LABEL)
@@ -122,7 +128,7 @@ def _steps(client: PrometheusClient, expr: str, first: float, last: float, step_
     return run
 
 
-def _timeline_windows(time_range: TimeRange, step_seconds: float) -> list[tuple[float, float]]:
+def step_windows(time_range: TimeRange, step_seconds: float) -> list[tuple[float, float]]:
     """(first, last) evaluation times of each range query: points at start + k * step, k >= 1 (each the
     increase over the step before it), up to the end, ``MAX_POINTS`` per query."""
     count = math.floor(round(time_range.seconds / step_seconds, 9))

@@ -62,6 +62,15 @@ def namespace_matcher(namespaces: Sequence[str]) -> str:
     return f'namespace=~"{promql_string(alternatives)}"'
 
 
+def subjects_and_matchers(matchers: Sequence[str], namespaces: Sequence[str]
+                          ) -> tuple[tuple[Subject, ...], dict[str, tuple[str, ...]]]:
+    """Whom to ask about, and the matchers of each (by ``Subject.kind``): pods and other workloads, or, with
+    ``namespaces``, only those namespaces' pods."""
+    pods = (*matchers, namespace_matcher(namespaces)) if namespaces else tuple(matchers)
+    subjects = (PODS,) if namespaces else SUBJECTS
+    return subjects, {PODS.kind: pods, WORKLOADS.kind: tuple(matchers)}
+
+
 def check_matchers(text: str) -> str:
     """``--selector`` as given (``cluster="prod", Hostname=~"gpu-.*"``), after a shape check; Prometheus
     parses it for real and its error is reported as is."""

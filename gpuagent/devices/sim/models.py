@@ -16,20 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MIB = 1024 * 1024
+# The MIG profile tables are shared with what reasons about MIG without a GPU (gpuagent recommend).
+from gpuagent.migprofiles import A100_40GB_PROFILES as _A100_40GB_PROFILES
+from gpuagent.migprofiles import A100_80GB_PROFILES as _A100_80GB_PROFILES
+from gpuagent.migprofiles import H100_80GB_PROFILES as _H100_80GB_PROFILES
+from gpuagent.migprofiles import MIB, MigProfile
+
 GIB = 1024 * MIB
-
-
-@dataclass(frozen=True)
-class MigProfile:
-    """A GPU-instance profile (``3g.20gb``) with one full-size compute instance."""
-
-    name: str
-    slices: int  # compute (GPC) slices, out of the model's ``mig_slices``
-    memory_slices: int  # out of the model's ``mig_memory_slices``
-    memory_bytes: int
-    sm_count: int
-    placements: tuple[int, ...]  # the GPU-instance IDs NVML hands out for this profile, in order
 
 
 @dataclass(frozen=True)
@@ -79,36 +72,6 @@ class GpuModel:
                 return p
         return None
 
-
-def _profiles(
-    sizes: tuple[tuple[str, int, int, int, int, tuple[int, ...]], ...],
-) -> tuple[MigProfile, ...]:
-    return tuple(MigProfile(n, s, ms, mib * MIB, sm, ids) for n, s, ms, mib, sm, ids in sizes)
-
-
-# GPU-instance IDs per profile follow the placements an A100/H100 driver uses: 7g -> 0, 4g -> 1,
-# 3g -> 1 or 2, 2g -> 3..5, 1g -> 7..13.
-_A100_40GB_PROFILES = _profiles((
-    ("1g.5gb", 1, 1, 4864, 14, (7, 8, 9, 10, 11, 12, 13)),
-    ("2g.10gb", 2, 2, 9856, 28, (3, 4, 5)),
-    ("3g.20gb", 3, 4, 19968, 42, (1, 2)),
-    ("4g.20gb", 4, 4, 19968, 56, (1,)),
-    ("7g.40gb", 7, 8, 40192, 98, (0,)),
-))
-_A100_80GB_PROFILES = _profiles((
-    ("1g.10gb", 1, 1, 9728, 14, (7, 8, 9, 10, 11, 12, 13)),
-    ("2g.20gb", 2, 2, 19968, 28, (3, 4, 5)),
-    ("3g.40gb", 3, 4, 40192, 42, (1, 2)),
-    ("4g.40gb", 4, 4, 40192, 56, (1,)),
-    ("7g.80gb", 7, 8, 80384, 98, (0,)),
-))
-_H100_80GB_PROFILES = _profiles((
-    ("1g.10gb", 1, 1, 9984, 16, (7, 8, 9, 10, 11, 12, 13)),
-    ("2g.20gb", 2, 2, 20096, 32, (3, 4, 5)),
-    ("3g.40gb", 3, 4, 40320, 60, (1, 2)),
-    ("4g.40gb", 4, 4, 40320, 64, (1,)),
-    ("7g.80gb", 7, 8, 80896, 132, (0,)),
-))
 
 MODELS: dict[str, GpuModel] = {
     m.key: m

@@ -122,6 +122,8 @@ class Node:
         sm = _clamp(sm, 0.0, 100.0)
         mem_util = _clamp(p.mem_util.value(t), 0.0, 100.0) if p.mem_util is not None else sm * 0.5
         memory = max(0, int(p.memory.value(t)))
+        if p.mps is not None and p.mps.pinned_memory_limit_bytes is not None:
+            memory = min(memory, p.mps.pinned_memory_limit_bytes)  # MPS fails the allocations past it
         return ProcView(p, sm, mem_util, memory)
 
     def procs(self, gpu: int, t: float) -> tuple[ProcView, ...]:

@@ -30,6 +30,13 @@ between the model's idle power and its limit by utilization; temperature from po
 from the processes' ``mem_util`` (default half their ``sm_util``). A process's ``memory`` defaults to
 300 MiB (a CUDA context), ``sm_util`` to 0, ``type`` to compute. ``mig_instance`` names the GPU-instance
 ID (as ``nvidia-smi`` shows "GI ID"); instances without an ``id`` get the profile's first free placement.
+
+MPS: a process of ``type: mps_server`` is the MPS server (named ``nvidia-cuda-mps-server``, on the compute
+list); ``type: mps_client`` is a client, listed only by ``nvmlDeviceGetMPSComputeRunningProcesses_v3``,
+with ``mps: {active_thread_percentage: 30, pinned_memory_limit: 8Gi}`` as its environment's limits (the
+simulator holds its SM use and memory to them). ``environ:`` is a made-up PID's simulated environment;
+a real PID's limits are its own environment. ``driver.mps_utilization: server`` puts the clients'
+per-process utilization on the server's PID instead of theirs.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ from gpuagent.devices.sim.models import MIB, MODELS, GpuModel, MigProfile
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 FAKE_PID_BASE = 4_200_000  # above Linux's largest pid_max (4194304): never a real process
+MPS_SERVER_NAME = "nvidia-cuda-mps-server"
+MPS_LIMIT_VARIABLES = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 DEFAULT_PROCESS_MEMORY = 300 * MIB
 DEFAULT_DRIVER_VERSION = "550.90.07"
 DEFAULT_CUDA_VERSION = 12040
@@ -76,6 +85,7 @@ class DriverSpec:
     nvml_version: str = "12." + DEFAULT_DRIVER_VERSION
     cuda_version: int = DEFAULT_CUDA_VERSION
     latency_ms: Mapping[str, float] = field(default_factory=dict)  # function name or "default" -> ms
+    mps_utilization: str = "per_client"  # where MPS clients' per-process utilization samples go: or "server"
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,14 @@ class GpuSpec:
 
 
 @dataclass(frozen=True)
+class MpsSpec:
+    """An MPS client's limits (None: not set in its environment)."""
+
+    active_thread_percentage: float | None = None
+    pinned_memory_limit_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class ProcessSpec:
     index: int
     pid: int
@@ -123,12 +141,14 @@ class ProcessSpec:
     name: str
     gpu: int
     mig_instance: int | None
-    type: str  # compute | graphics | both
+    type: str  # compute | graphics | both | mps_server | mps_client
     memory: Curve
     sm_util: UtilCurve
     mem_util: Curve | None
     start: float
     stop: float | None
+    mps: MpsSpec | None = None  # an mps_client's limits
+    environ: Mapping[str, str] = field(default_factory=dict)  # the simulated environment of a made-up PID
 
 
 @dataclass(frozen=True)
@@ -443,7 +463,7 @@ class _Builder:
                 self.error(f"driver.latency_ms.{fn}", "not a pynvml function (or 'default')")
         return DriverSpec(
             version=version, nvml_version=d.get("nvml_version", f"12.{version}"), cuda_version=cuda,
-            latency_ms=latency,
+            latency_ms=latency, mps_utilization=d.get("mps_utilization", "per_client"),
         )
 
     # curves
@@ -664,12 +684,61 @@ class _Builder:
                 self.error(f"{where}.sm_util.follow_cpu", "needs a real 'pid' on the process")
             mem_util = (self.curve(p["mem_util"], f"{where}.mem_util", lo=0.0, hi=100.0)
                         if "mem_util" in p else None)
+            kind = p.get("type", "compute")
+            default_name = MPS_SERVER_NAME if kind == "mps_server" else f"process-{i}"
             out.append(ProcessSpec(
-                index=i, pid=pid, real=real, name=p.get("name", f"process-{i}"), gpu=gi_index,
-                mig_instance=mig_instance, type=p.get("type", "compute"), memory=memory, sm_util=sm,
+                index=i, pid=pid, real=real, name=p.get("name", default_name), gpu=gi_index,
+                mig_instance=mig_instance, type=kind, memory=memory, sm_util=sm,
                 mem_util=mem_util, start=start, stop=float(stop) if stop is not None else None,
+                mps=self._mps(p, kind, where, capacity), environ=self._environ(p, real, where),
             ))
+        self._check_mps_servers(out)
         return out
+
+    def _mps(self, p: Mapping[str, Any], kind: str, where: str, capacity: int) -> MpsSpec | None:
+        if "mps" not in p:
+            return MpsSpec() if kind == "mps_client" else None
+        if kind != "mps_client":
+            self.error(f"{where}.mps", f"only an mps_client has MPS limits (this process is {kind})")
+            return None
+        if p.get("pid") is not None:
+            self.error(f"{where}.mps", "a real PID's limits are its own environment: start it with "
+                       + " and ".join(MPS_LIMIT_VARIABLES) + " instead")
+            return None
+        limits = p["mps"]
+        memory = None
+        if "pinned_memory_limit" in limits:
+            memory = parse_size(limits["pinned_memory_limit"])
+            if memory <= 0 or memory % MIB:
+                self.error(f"{where}.mps.pinned_memory_limit", f"must be a positive whole number of MiB, "
+                           f"got {memory} bytes")
+                return None
+            if memory > capacity:
+                self.error(f"{where}.mps.pinned_memory_limit",
+                           f"{_gib(memory)} is more than the {_gib(capacity)} the device holds")
+                return None
+        return MpsSpec(limits.get("active_thread_percentage"), memory)
+
+    def _environ(self, p: Mapping[str, Any], real: bool, where: str) -> Mapping[str, str]:
+        environ = dict(p.get("environ") or {})
+        if environ and real:
+            self.error(f"{where}.environ", "a real PID's environment is its own (/proc/PID/environ): "
+                       "start the process with it instead")
+            return {}
+        given = [v for v in MPS_LIMIT_VARIABLES if v in environ]
+        if given and "mps" in p:
+            self.error(f"{where}.environ.{given[0]}",
+                       "the MPS limits are given by 'mps' already: give them once")
+        return environ
+
+    def _check_mps_servers(self, processes: list[ProcessSpec]) -> None:
+        """An MPS client connects to a server on its GPU (and MIG instance): the scenario must have one."""
+        servers = {(p.gpu, p.mig_instance) for p in processes if p.type == "mps_server"}
+        for p in processes:
+            if p.type == "mps_client" and (p.gpu, p.mig_instance) not in servers:
+                on = f"GPU {p.gpu}" + (f" instance {p.mig_instance}" if p.mig_instance is not None else "")
+                self.error(f"processes[{p.index}].type",
+                           f"an mps_client needs an mps_server process on {on} (type: mps_server)")
 
     # faults
 

@@ -6,36 +6,14 @@ cell carries its full-precision value in ``data-value`` (the text is rounded for
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 
+from gpuagent.report.formats import page
 from gpuagent.report.formats.columns import describe_prices, figure_names, title
 from gpuagent.report.formats.numbers import figure, money, percent, quantity
+from gpuagent.report.formats.page import escape as _e
 from gpuagent.report.model import Report, Usage, total_of
 from gpuagent.report.timerange import format_duration, format_time
-
-_STYLE = """
-body { font-family: "DejaVu Sans", "Segoe UI", Helvetica, Arial, sans-serif; color: #1f2d3d;
-       margin: 24px 32px; background: #fff; max-width: 1280px; }
-h1 { font-size: 22px; margin: 0 0 4px; }
-h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #dde3ea; padding-bottom: 4px; }
-.meta { color: #5b6b7c; font-size: 13px; margin: 2px 0; }
-.cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0 4px; }
-.card { border: 1px solid #dde3ea; border-radius: 6px; padding: 10px 14px; min-width: 140px;
-        background: #f8fafc; }
-.card .value { font-size: 22px; font-weight: bold; }
-.card .label { font-size: 12px; color: #5b6b7c; }
-.plot svg { width: 100%; height: auto; }
-table { border-collapse: collapse; font-size: 13px; margin: 4px 0 8px; }
-th, td { padding: 4px 10px; border-bottom: 1px solid #e6ebf0; }
-th { background: #f1f4f8; text-align: left; font-weight: 600; white-space: nowrap; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.total td { font-weight: bold; border-top: 2px solid #c3ccd6; }
-.warning { background: #fff4e5; border-left: 4px solid #e8913a; padding: 6px 10px; margin: 6px 0;
-           font-size: 13px; }
-.empty { color: #5b6b7c; font-style: italic; }
-footer { color: #8a96a3; font-size: 12px; margin-top: 28px; }
-"""
 
 
 def render_html(report: Report) -> str:
@@ -44,11 +22,7 @@ def render_html(report: Report) -> str:
     span = report.time_range
     heading = f"GPU accounting, {format_time(span.start_unix)} to {format_time(span.end_unix)}"
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_e(heading)}</title>",
-        f"<style>{_STYLE}</style></head><body>",
-        f"<h1>{_e(heading)}</h1>",
+        *page.head(heading),
         f'<p class="meta">{_e(format_duration(span.seconds))} of accounting counters from '
         f"{_e(report.prometheus_url)}{_e(f', series {{{report.selector}}}' if report.selector else '')}; "
         f"efficiency timeline every {_e(format_duration(report.timeline.step_seconds))}</p>",
@@ -62,7 +36,7 @@ def render_html(report: Report) -> str:
 
     parts.append('<h2 id="namespaces">Namespaces</h2>')
     if report.namespaces:
-        parts.append(_plot("namespaces", plots.namespace_bars(report.namespaces)))
+        parts.append(page.plot("namespaces", plots.namespace_bars(report.namespaces)))
     parts.append(_table(report, "namespaces-table", ["namespace", "pods"],
                         [([r.namespace, str(r.pods)], r.usage) for r in report.namespaces],
                         (["total", str(len(report.pods))], total_of(r.usage for r in report.namespaces))))
@@ -70,14 +44,14 @@ def render_html(report: Report) -> str:
     parts.append('<h2 id="efficiency">Efficiency over time</h2>')
     if report.timeline.cluster:
         names = [r.namespace for r in report.namespaces]
-        parts.append(_plot("efficiency", plots.efficiency_lines(report.timeline, names)))
+        parts.append(page.plot("efficiency", plots.efficiency_lines(report.timeline, names)))
     else:
         parts.append('<p class="empty">No timeline points in this range.</p>')
 
     idle = report.top_idle_pods()
     parts.append('<h2 id="idle">Top idle pods</h2>')
     if idle:
-        parts.append(_plot("idle", plots.idle_pod_bars(idle)))
+        parts.append(page.plot("idle", plots.idle_pod_bars(idle)))
     parts.append(_table(report, "idle-table", ["namespace", "pod"],
                         [([r.namespace, r.pod], r.usage) for r in idle]))
 
@@ -89,11 +63,10 @@ def render_html(report: Report) -> str:
         parts.append(_table(report, "workloads-table", ["kind", "workload", "GPU models"],
                             [([r.workload_kind, r.workload, ", ".join(r.gpu_models)], r.usage)
                              for r in report.workloads]))
-    parts.append(f"<footer>gpuagent report; {report.queries} queries. GPU-hours allocated: time GPUs were "
-                 "allocated to the pod; busy: time they ran its kernels; idle: allocated time under the "
-                 "agent's idle threshold; efficiency: busy / allocated.</footer>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    footer = (f"gpuagent report; {report.queries} queries. GPU-hours allocated: time GPUs were allocated "
+              "to the pod; busy: time they ran its kernels; idle: allocated time under the agent's idle "
+              "threshold; efficiency: busy / allocated.")
+    return page.finish(parts, footer)
 
 
 def _cards(report: Report) -> str:
@@ -105,9 +78,7 @@ def _cards(report: Report) -> str:
              ("energy kWh", quantity(total.energy_kwh))]
     if report.has_cost:
         cards.append((f"cost {report.prices.currency}".strip(), money(total.cost)))
-    items = "".join(f'<div class="card"><div class="value">{_e(v)}</div>'
-                    f'<div class="label">{_e(k)}</div></div>' for k, v in cards)
-    return f'<div class="cards" id="summary">{items}</div>'
+    return page.cards(cards)
 
 
 def _table(report: Report, table_id: str, keys: Sequence[str], rows: Sequence[tuple[Sequence[str], Usage]],
@@ -137,13 +108,3 @@ def _row(labels: Sequence[str], usage: Usage, names: Sequence[str]) -> str:
         data = "" if value is None else f' data-value="{value!r}"'
         cells += f'<td class="num" data-figure="{name}"{data}>{_e(figure(name, value))}</td>'
     return cells
-
-
-
-
-def _plot(name: str, svg: str) -> str:
-    return f'<div class="plot" id="plot-{name}">{svg}</div>'
-
-
-def _e(text: str) -> str:
-    return html.escape(text, quote=True)

@@ -1,23 +1,23 @@
-"""The HTML page's plots, drawn with matplotlib (object API, no pyplot: no global backend or figure state)
-and returned as inline SVG text (text kept as text, ids unique per plot)."""
+"""The report page's plots, drawn with matplotlib and returned as inline SVG text (``svgplot``)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import functools
-import io
-import math
-import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import ParamSpec
+from collections.abc import Sequence
 
-import matplotlib
-from matplotlib.axes import Axes
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
+from gpuagent.report.formats.svgplot import (
+    MAX_BARS,
+    WIDTH_INCHES,
+    nan_for_none,
+    styled,
+    svg,
+    tidy,
+    utc_times,
+)
 from gpuagent.report.model import NamespaceRow, PodRow, Timeline
 
 ALLOCATED_COLOR = "#9aa9bc"
@@ -25,27 +25,10 @@ BUSY_COLOR = "#2e8b57"
 IDLE_COLOR = "#e8913a"
 ENERGY_COLOR = "#c9a227"
 CLUSTER_COLOR = "#1f2d3d"
-WIDTH_INCHES = 12.0
-MAX_BARS = 15
 MAX_LINES = 8
 
-_PROLOG_RE = re.compile(r"^.*?(?=<svg)", re.DOTALL)
-_METADATA_RE = re.compile(r"\s*<metadata>.*?</metadata>", re.DOTALL)
-_P = ParamSpec("_P")
 
-
-def _styled(name: str) -> Callable[[Callable[_P, str]], Callable[_P, str]]:
-    """Draw the plot inside :func:`_style` (defined below)."""
-    def wrap(draw: Callable[_P, str]) -> Callable[_P, str]:
-        @functools.wraps(draw)
-        def styled(*args: _P.args, **kwargs: _P.kwargs) -> str:
-            with _style(name):
-                return draw(*args, **kwargs)
-        return styled
-    return wrap
-
-
-@_styled("namespaces")
+@styled("namespaces")
 def namespace_bars(rows: Sequence[NamespaceRow]) -> str:
     """GPU-hours allocated, busy and idle per namespace (grouped horizontal bars), and energy (kWh)."""
     shown = list(rows[:MAX_BARS])[::-1]  # most allocated at the top
@@ -68,11 +51,11 @@ def namespace_bars(rows: Sequence[NamespaceRow]) -> str:
     energy.set_xlabel("kWh")
     energy.set_title("Energy", loc="left", fontsize=11)
     for axes in (hours, energy):
-        _tidy(axes, grid_axis="x")
-    return _svg(figure)
+        tidy(axes, grid_axis="x")
+    return svg(figure)
 
 
-@_styled("idle-pods")
+@styled("idle-pods")
 def idle_pod_bars(rows: Sequence[PodRow]) -> str:
     """Idle GPU-hours of the pods with the most (horizontal bars)."""
     shown = list(rows[:MAX_BARS])[::-1]
@@ -81,11 +64,11 @@ def idle_pod_bars(rows: Sequence[PodRow]) -> str:
     axes.barh(range(len(shown)), [r.usage.idle_gpu_hours or 0.0 for r in shown], height=0.6, color=IDLE_COLOR)
     axes.set_yticks(list(range(len(shown))), [f"{r.namespace}/{r.pod}" for r in shown])
     axes.set_xlabel("idle GPU-hours (allocated, under the idle threshold)")
-    _tidy(axes, grid_axis="x")
-    return _svg(figure)
+    tidy(axes, grid_axis="x")
+    return svg(figure)
 
 
-@_styled("efficiency")
+@styled("efficiency")
 def efficiency_lines(timeline: Timeline, namespaces: Sequence[str]) -> str:
     """Busy / allocated GPU-time per step: the cluster (thick) and the namespaces with the most allocated."""
     figure = Figure(figsize=(WIDTH_INCHES, 4.2), layout="constrained")
@@ -93,10 +76,10 @@ def efficiency_lines(timeline: Timeline, namespaces: Sequence[str]) -> str:
     shown = [ns for ns in namespaces if ns in timeline.namespaces][:MAX_LINES]
     for ns in shown:
         points = timeline.namespaces[ns]
-        axes.plot(_times(p.time_unix for p in points), [_ratio(p.efficiency_ratio) for p in points],
+        axes.plot(utc_times(p.time_unix for p in points), [nan_for_none(p.efficiency_ratio) for p in points],
                   linewidth=1.2, alpha=0.85, label=ns)
     points = timeline.cluster
-    axes.plot(_times(p.time_unix for p in points), [_ratio(p.efficiency_ratio) for p in points],
+    axes.plot(utc_times(p.time_unix for p in points), [nan_for_none(p.efficiency_ratio) for p in points],
               linewidth=2.6, color=CLUSTER_COLOR, label="all")
     axes.set_ylim(0, 1.05)
     axes.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
@@ -106,37 +89,5 @@ def efficiency_lines(timeline: Timeline, namespaces: Sequence[str]) -> str:
     axes.set_ylabel("busy / allocated GPU-time")
     axes.set_xlabel("UTC")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=9)
-    _tidy(axes, grid_axis="y")
-    return _svg(figure)
-
-
-def _times(unix: Iterable[float]) -> list[datetime.datetime]:
-    return [datetime.datetime.fromtimestamp(t, tz=datetime.timezone.utc) for t in unix]
-
-
-def _ratio(value: float | None) -> float:
-    return math.nan if value is None else value
-
-
-def _tidy(axes: Axes, grid_axis: str) -> None:
-    axes.spines[["top", "right"]].set_visible(False)
-    axes.grid(axis=grid_axis, color="#e3e7ec", linewidth=0.8)
-    axes.set_axisbelow(True)
-
-
-@contextlib.contextmanager
-def _style(name: str) -> Iterator[None]:
-    """The look of every plot (fonts are fixed when text is made, so the whole drawing runs inside), and
-    for SVG: text as text, ids salted by ``name`` so several plots on one page share no clip-path id."""
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"gpuagent-report-{name}",
-                                "font.family": "DejaVu Sans", "font.size": 10, "axes.edgecolor": "#8a96a3",
-                                "axes.titleweight": "bold"}):
-        yield
-
-
-def _svg(figure: Figure) -> str:
-    """The figure as an ``<svg>`` element, without the XML prolog and the RDF metadata (call inside
-    :func:`_style`)."""
-    out = io.StringIO()
-    figure.savefig(out, format="svg", metadata={"Date": None, "Creator": None})
-    return _METADATA_RE.sub("", _PROLOG_RE.sub("", out.getvalue(), count=1), count=1).strip()
+    tidy(axes, grid_axis="y")
+    return svg(figure)

@@ -1,0 +1,130 @@
+"""``--patch DIR``: one YAML patch per workload whose recommendation changes what it asks for.
+
+Each patch is a strategic-merge patch of the workload's own object (``apiVersion``, ``kind``, ``metadata``
+name and namespace, then only what changes), so it works both ways::
+
+    kubectl patch deployment llm-api -n serving --type strategic --patch-file serving.deployment.llm-api.yaml
+    # or, with kustomize: the directory is a Component (its kustomization.yaml lists every patch)
+
+What a patch sets, on the pod template (``spec.template``; a CronJob's ``spec.jobTemplate.spec.template``;
+a bare Pod's own metadata):
+
+- share: the ``gpuagent.io/gpu-share`` and ``gpuagent.io/gpu-memory`` annotations;
+- MPS: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` in each GPU
+  container's environment, and ``gpuagent.io/gpu-memory``;
+- MIG: each GPU container's limits and requests: ``nvidia.com/mig-<profile>`` instead of ``nvidia.com/gpu``
+  (``null`` removes a key in a strategic merge);
+- needs more: the raised annotation, or the larger MIG profile.
+
+None for: keep, release (a process change, not a field), too little history, workloads outside Kubernetes,
+owners that are not built-in kinds (their pod template is theirs to say), workloads grouped by pod name
+(their kind is unknown), and container changes without the containers' names or on a bare Pod (whose
+containers cannot change). :func:`write_patches` says why for each.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuagent.recommend.model import Action, Row
+from gpuagent.report.errors import ReportError
+
+API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
+                "ReplicaSet": "apps/v1", "Job": "batch/v1", "CronJob": "batch/v1", "Pod": "v1"}
+KUSTOMIZATION = "kustomization.yaml"
+
+
+@dataclass(frozen=True)
+class Patch:
+    row: Row
+    file_name: str
+    text: str
+
+
+def patch_for(row: Row) -> Patch | str:
+    """The patch of ``row``'s workload, or why there is none."""
+    key, rec = row.stats.key, row.recommendation
+    changes = bool(rec.annotations or rec.env or rec.resources)
+    if rec.action not in (Action.SHARE, Action.MPS, Action.MIG, Action.NEEDS_MORE) or not changes:
+        return f"nothing to set ({rec.short})"
+    if not key.is_pod:
+        return f"not a Kubernetes workload ({key.kind})"
+    if not key.kind:
+        return "grouped by pod name: its owner's kind is unknown"
+    if key.kind not in API_VERSIONS:
+        return f"a {key.kind} is not a built-in kind: set {_what(row)} on its pod template"
+    containers = row.stats.containers
+    if (rec.env or rec.resources) and key.kind == "Pod":
+        return f"a bare Pod's containers cannot change: recreate it with {_what(row)}"
+    if (rec.env or rec.resources) and not containers:
+        return f"no container names in Prometheus: set {_what(row)} by hand"
+    body = {"apiVersion": API_VERSIONS[key.kind], "kind": key.kind,
+            "metadata": {"name": key.name, "namespace": key.namespace}}
+    template: dict[str, Any] = {}
+    if rec.annotations:
+        template["metadata"] = {"annotations": dict(rec.annotations)}
+    if rec.env or rec.resources:
+        template["spec"] = {"containers": [_container(name, row) for name in containers]}
+    if key.kind == "Pod":
+        body["metadata"]["annotations"] = dict(rec.annotations)
+    elif key.kind == "CronJob":
+        body["spec"] = {"jobTemplate": {"spec": {"template": template}}}
+    else:
+        body["spec"] = {"template": template}
+    file_name = f"{key.namespace}.{key.kind.lower()}.{key.name}.yaml"
+    header = [f"gpuagent recommend: {key}: {rec.short}", *textwrap.wrap(rec.reason, 100),
+              f"kubectl patch {key.kind.lower()} {key.name} -n {key.namespace} --type strategic "
+              f"--patch-file {file_name}"]
+    text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(body, sort_keys=False)
+    return Patch(row, file_name, text)
+
+
+def _what(row: Row) -> str:
+    rec = row.recommendation
+    parts = [f"{k}={v}" for k, v in rec.annotations.items()] + [f"{k}={v}" for k, v in rec.env.items()]
+    parts += [f"limits {k}: {'(removed)' if v is None else v}" for k, v in rec.resources.items()]
+    return ", ".join(parts)
+
+
+def _container(name: str, row: Row) -> dict[str, Any]:
+    rec = row.recommendation
+    container: dict[str, Any] = {"name": name}
+    if rec.env:
+        container["env"] = [{"name": k, "value": v} for k, v in rec.env.items()]
+    if rec.resources:  # quantities as strings, as the API server writes them back; None removes a key
+        quantities = {k: None if v is None else str(v) for k, v in rec.resources.items()}
+        container["resources"] = {"limits": quantities, "requests": dict(quantities)}
+    return container
+
+
+def write_patches(rows: Iterable[Row], directory: Path) -> tuple[list[Patch], list[tuple[Row, str]]]:
+    """Every patch written under ``directory`` (created if missing) with a kustomize Component listing
+    them; and the workloads without one, with the reason."""
+    written: list[Patch] = []
+    skipped: list[tuple[Row, str]] = []
+    patches = []
+    for row in rows:
+        patch = patch_for(row)
+        if isinstance(patch, str):
+            skipped.append((row, patch))
+        else:
+            patches.append(patch)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for patch in patches:
+            (directory / patch.file_name).write_text(patch.text, encoding="utf-8")
+            written.append(patch)
+        component = {"apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
+                     "patches": [{"path": p.file_name} for p in written]}
+        (directory / KUSTOMIZATION).write_text(
+            "# gpuagent recommend's patches: add this directory under `components:` of a kustomization\n"
+            + yaml.safe_dump(component, sort_keys=False), encoding="utf-8")
+    except OSError as err:
+        raise ReportError(f"--patch: cannot write in {directory}: {err.strerror or err}") from None
+    return written, skipped

@@ -1,0 +1,340 @@
+"""The node as ``gpuagent top`` shows it: GPUs (and MIG instances), their tenants and the tenants' processes.
+
+Built from one ``/v1/state`` body (JSON, as the agent serves it: this package never imports the agent's
+model) by :func:`node_view`. Every figure the agent did not give (an older agent, enforcement off,
+accounting off, MIG without per-process use) is ``None`` and shown as "-", never as 0. A tenant of a GPU is
+what the agent's hints call one (a pod allocated it, or any workload with processes on it); the enforcer's
+shares and memory ladder, the accounting's efficiency, idle time and GPU-hours today, and the processes
+are joined to it by its name ("namespace/pod", or the workload's name) and the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuagent.top.errors import TopError
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    pid: int
+    comm: str
+    container: str | None
+    sm_ratio: float | None  # None on MIG (NVML has no per-process figure there)
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class TenantView:
+    """One tenant of one GPU (or MIG instance of it)."""
+
+    name: str  # "namespace/pod", or the workload's name ("unattributed": processes of no known workload)
+    kind: str  # "pod", or a workload kind ("systemd_service", "slurm_job", ..., "unknown")
+    namespace: str | None
+    allocated: bool  # the kubelet gave it this GPU (else it only runs processes on it)
+    processes: tuple[ProcessView, ...]
+    sm_ratio: float | None  # now, 0-1 of the GPU
+    efficiency_ratio: float | None  # busy / held over the accounting's efficiency window
+    memory_used_bytes: int | None
+    memory_limit_bytes: int | None
+    share_limit_ratio: float | None
+    share_achieved_ratio: float | None
+    frozen_ratio: float | None
+    throttled_seconds: float | None
+    ladder_stage: str | None  # the memory ladder: ok, warned, terminating, killed, evicted
+    idle_seconds: float | None  # the current idle episode; None: not known (no accounting)
+    idle_flagged: bool  # idle for the agent's idle window: in accounting.idle
+    gpu_hours_today: float | None
+    mig_instance: str | None = None  # the MIG device UUID it holds or runs in
+
+    @property
+    def containers(self) -> tuple[str, ...]:
+        return tuple(sorted({p.container for p in self.processes if p.container}))
+
+
+@dataclass(frozen=True)
+class MigView:
+    uuid: str
+    gpu_instance_id: int
+    profile: str
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    activity_ratio: float | None  # GPM graphics-engine activity of the instance (Hopper and later)
+    tenants: tuple[TenantView, ...]
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int
+    uuid: str
+    model: str
+    health: str  # ok, lost, unresponsive, error
+    health_detail: str
+    stale: bool  # its last read did not finish in time: the figures are older
+    xid_last: int | None  # the last XID within the agent's window
+    xid_recent: int  # XIDs within the window
+    util_ratio: float | None
+    sm_short_ratio: float | None
+    sm_long_ratio: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    temperature_celsius: float | None
+    sm_clock_mhz: float | None
+    memory_clock_mhz: float | None
+    sharing_mode: str | None
+    schedulable_share_ratio: float | None
+    mig_enabled: bool
+    migs: tuple[MigView, ...]
+    tenants: tuple[TenantView, ...]  # outside MIG instances
+
+    def all_tenants(self) -> tuple[TenantView, ...]:
+        return self.tenants + tuple(t for m in self.migs for t in m.tenants)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    hostname: str
+    backend: str | None
+    driver_version: str | None
+    cuda_version: str | None
+    mode: str  # the enforcer's: off, audit, enforce
+    poll_interval_seconds: float | None
+    taken_at_unix: float | None
+    gpus: tuple[GpuView, ...]
+    failing_sources: tuple[str, ...]  # sources whose last run failed ("pod_resources: ...")
+    efficiency_window_seconds: float | None
+    idle_window_seconds: float | None
+    day_started_at_unix: float | None
+    idle_gpus_held: float | None  # GPU-equivalents held by workloads flagged idle; None: no accounting
+
+    def namespaces(self) -> tuple[str, ...]:
+        return tuple(sorted({t.namespace for g in self.gpus for t in g.all_tenants() if t.namespace}))
+
+
+def node_view(state: Mapping[str, Any]) -> NodeView:
+    """The view of one ``/v1/state`` body; :class:`TopError` when it is not one."""
+    gpus = state.get("gpus")
+    if not isinstance(gpus, list) or not isinstance(state.get("hostname"), str):
+        raise TopError("not a gpuagent /v1/state body (no hostname or gpus in it)")
+    hints = {g.get("uuid"): g for g in _dicts(_get(state, "hints", dict, {}).get("gpus"))}
+    joins = _Joins.of(state)
+    accounting = _get(state, "accounting", dict, None)
+    enforcement = _get(state, "enforcement", dict, None)
+    return NodeView(
+        hostname=state["hostname"],
+        backend=_get(state, "backend", str),
+        driver_version=_get(state, "driver_version", str),
+        cuda_version=_get(state, "cuda_driver_version", str),
+        mode=_get(enforcement, "mode", str, "off") if enforcement else "off",
+        poll_interval_seconds=_number(state, "poll_interval_seconds"),
+        taken_at_unix=_number(state, "taken_at_unix"),
+        gpus=tuple(_gpu(g, hints.get(_info(g).get("uuid"), {}), joins) for g in _dicts(gpus)),
+        failing_sources=tuple(
+            f"{s.get('name')}: {s.get('error') or 'failed'}" for s in _dicts(state.get("sources"))
+            if s.get("ok") is False
+        ),
+        efficiency_window_seconds=_number(accounting, "efficiency_window_seconds"),
+        idle_window_seconds=_number(accounting, "idle_window_seconds"),
+        day_started_at_unix=_number(accounting, "day_started_at_unix"),
+        idle_gpus_held=(sum(_number(i, "allocated_gpus") or 0.0 for i in _dicts(accounting.get("idle")))
+                        if accounting is not None else None),
+    )
+
+
+@dataclass(frozen=True)
+class _Joins:
+    """The per-tenant figures of the enforcer and the accounting, by tenant name (and GPU)."""
+
+    shares: Mapping[tuple[str, str], Mapping[str, Any]]  # (tenant, GPU UUID) -> ShareState
+    memory: Mapping[str, Mapping[str, Any]]  # tenant -> MemoryState
+    usage: Mapping[tuple[str, str, int | None], Mapping[str, Any]]  # (tenant, GPU, MIG id) -> usage
+    idle: frozenset[tuple[str, str, int | None]]
+
+    @classmethod
+    def of(cls, state: Mapping[str, Any]) -> _Joins:
+        enforcement = _get(state, "enforcement", dict, None)
+        accounting = _get(state, "accounting", dict, None)
+        shares, memory, usage = {}, {}, {}
+        for share in _dicts((enforcement or {}).get("shares")):
+            shares[(_tenant_name(share.get("pod"), share.get("namespace")), share.get("gpu_uuid"))] = share
+        for entry in _dicts((enforcement or {}).get("memory")):
+            memory[_tenant_name(entry.get("pod"), entry.get("namespace"))] = entry
+        for entry in _dicts((accounting or {}).get("usage")):
+            if entry.get("level") in ("pod", "workload") and entry.get("ended_at_unix") is None:
+                usage[_usage_key(entry)] = entry
+        idle = frozenset(_usage_key(e) for e in _dicts((accounting or {}).get("idle")))
+        return cls(shares, memory, usage, idle)
+
+
+def _usage_key(entry: Mapping[str, Any]) -> tuple[str, str, int | None]:
+    instance = entry.get("gpu_instance_id")
+    return (_tenant_name(entry.get("name"), entry.get("namespace")), str(entry.get("gpu_uuid")),
+            instance if isinstance(instance, int) else None)
+
+
+def _tenant_name(name: Any, namespace: Any) -> str:
+    """As the agent names a tenant: "namespace/name" for a pod, the name alone otherwise."""
+    return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else str(name)
+
+
+def _gpu(gpu: Mapping[str, Any], hint: Mapping[str, Any], joins: _Joins) -> GpuView:
+    info = _info(gpu)
+    uuid = str(info.get("uuid", ""))
+    xid = _get(gpu, "xid", dict, {})
+    migs = _dicts(gpu.get("migs"))
+    mig_ids = {m.get("uuid"): m.get("gpu_instance_id") for m in migs}
+    processes = _processes_by_tenant(gpu)
+    tenants: list[TenantView] = []
+    entries = _dicts(hint.get("tenants")) if hint else _tenants_of_processes(processes, migs)
+    for entry in entries:
+        mig_uuid = _get(entry, "mig_instance", str)
+        instance = mig_ids.get(mig_uuid) if mig_uuid else None
+        instance = instance if isinstance(instance, int) else None
+        tenants.append(_tenant(entry, uuid, instance, processes, joins))
+    util = _number(gpu, "gpu_util_percent")
+    return GpuView(
+        index=_get(info, "index", int, 0),
+        uuid=uuid,
+        model=_get(info, "name", str, "?"),
+        health=_get(gpu, "health", str, "?"),
+        health_detail=_get(gpu, "health_detail", str, ""),
+        stale=gpu.get("stale") is True,
+        xid_last=_get(xid, "last_code", int),
+        xid_recent=sum(v for v in _get(xid, "recent", dict, {}).values() if isinstance(v, int)),
+        util_ratio=util / 100 if util is not None else _number(hint, "sm_util_ratio"),
+        sm_short_ratio=_number(hint, "sm_util_short_ratio"),
+        sm_long_ratio=_number(hint, "sm_util_long_ratio"),
+        memory_used_bytes=_get(gpu, "memory_used_bytes", int),
+        memory_total_bytes=_get(info, "memory_total_bytes", int),
+        power_watts=_number(gpu, "power_watts"),
+        power_limit_watts=_number(info, "power_limit_watts"),
+        temperature_celsius=_number(gpu, "temperature_celsius"),
+        sm_clock_mhz=_mhz(gpu, "sm_clock_hz"),
+        memory_clock_mhz=_mhz(gpu, "memory_clock_hz"),
+        sharing_mode=_get(hint, "sharing_mode", str),
+        schedulable_share_ratio=_number(hint, "schedulable_share_ratio"),
+        mig_enabled=info.get("mig_enabled") is True,
+        migs=tuple(_mig(m, [t for t in tenants if t.mig_instance == m.get("uuid")]) for m in migs),
+        tenants=tuple(t for t in tenants if t.mig_instance is None or t.mig_instance not in mig_ids),
+    )
+
+
+def _mig(mig: Mapping[str, Any], tenants: Sequence[TenantView]) -> MigView:
+    profiling = _get(mig, "profiling", dict, {})
+    return MigView(
+        uuid=str(mig.get("uuid", "")),
+        gpu_instance_id=_get(mig, "gpu_instance_id", int, 0),
+        profile=_get(mig, "profile", str, "?"),
+        memory_used_bytes=_get(mig, "memory_used_bytes", int),
+        memory_total_bytes=_get(mig, "memory_total_bytes", int),
+        activity_ratio=_number(profiling, "graphics_active_ratio"),
+        tenants=tuple(tenants),
+    )
+
+
+def _processes_by_tenant(gpu: Mapping[str, Any]) -> dict[tuple[str, int | None], list[ProcessView]]:
+    """The GPU's processes by (tenant name, MIG instance id), named as the hints name tenants."""
+    out: dict[tuple[str, int | None], list[ProcessView]] = {}
+    for process in _dicts(gpu.get("processes")):
+        workload = _get(process, "workload", dict, None)
+        if workload is None:
+            name = "unattributed"
+        elif workload.get("kind") == "pod":
+            name = _tenant_name(workload.get("name"), workload.get("namespace"))
+        else:
+            name = str(workload.get("name"))
+        sm = _number(process, "sm_util_percent")
+        instance = process.get("gpu_instance_id")
+        out.setdefault((name, instance if isinstance(instance, int) else None), []).append(ProcessView(
+            pid=_get(process, "pid", int, 0),
+            comm=_get(process, "comm", str, ""),
+            container=_get(workload, "container", str) if workload else None,
+            sm_ratio=sm / 100 if sm is not None else None,
+            memory_bytes=_get(process, "used_memory_bytes", int),
+        ))
+    return out
+
+
+def _tenants_of_processes(processes: Mapping[tuple[str, int | None], list[ProcessView]],
+                          migs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Without the agent's hints (computing them failed): a tenant per workload with processes on the GPU,
+    its use summed; what only the hints know (allocations, limits) stays unknown."""
+    uuids = {m.get("gpu_instance_id"): m.get("uuid") for m in migs}
+    out = []
+    for (name, instance), members in processes.items():
+        sm = [p.sm_ratio for p in members if p.sm_ratio is not None]
+        out.append({"name": name, "kind": "pod" if "/" in name else "unknown",
+                    "sm_util_ratio": sum(sm) if sm else None,
+                    "memory_used_bytes": sum(p.memory_bytes or 0 for p in members),
+                    "mig_instance": uuids.get(instance)})
+    return out
+
+
+def _tenant(
+    hint: Mapping[str, Any], gpu_uuid: str, instance: int | None,
+    processes: Mapping[tuple[str, int | None], list[ProcessView]], joins: _Joins,
+) -> TenantView:
+    name = _get(hint, "name", str, "?")
+    kind = _get(hint, "kind", str, "unknown")
+    share = joins.shares.get((name, gpu_uuid), {})
+    memory = joins.memory.get(name, {})
+    usage = joins.usage.get((name, gpu_uuid, instance))
+    key = (name, gpu_uuid, instance)
+    today = _number(usage, "allocated_gpu_seconds_today") if usage else None
+    namespace = name.split("/", 1)[0] if kind == "pod" and "/" in name else None
+    return TenantView(
+        name=name,
+        kind=kind,
+        namespace=namespace,
+        allocated=hint.get("allocated") is True,
+        processes=tuple(sorted(processes.get((name, instance), ()), key=lambda p: p.pid)),
+        sm_ratio=_number(hint, "sm_util_ratio"),
+        efficiency_ratio=_number(usage, "efficiency_ratio") if usage else None,
+        memory_used_bytes=_get(hint, "memory_used_bytes", int),
+        memory_limit_bytes=_get(hint, "memory_limit_bytes", int),
+        share_limit_ratio=_number(share, "limit_ratio") if share else _number(hint, "share_ratio"),
+        share_achieved_ratio=_number(share, "achieved_ratio"),
+        frozen_ratio=_number(share, "frozen_ratio"),
+        throttled_seconds=_number(share, "throttled_seconds_total"),
+        ladder_stage=_get(memory, "stage", str),
+        idle_seconds=_number(usage, "idle_seconds") if usage else None,
+        idle_flagged=key in joins.idle,
+        gpu_hours_today=today / 3600 if today is not None else None,
+        mig_instance=_get(hint, "mig_instance", str),
+    )
+
+
+# -- reading JSON without trusting it ----------------------------------------------------------------------
+
+def _get(mapping: Mapping[str, Any] | None, key: str, kind: type, default: Any = None) -> Any:
+    """``mapping[key]`` when it is a ``kind`` (a bool is no int here), else ``default``."""
+    if not isinstance(mapping, Mapping):
+        return default
+    value = mapping.get(key)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    return default
+
+
+def _number(mapping: Mapping[str, Any] | None, key: str) -> float | None:
+    value = mapping.get(key) if isinstance(mapping, Mapping) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _mhz(mapping: Mapping[str, Any], key: str) -> float | None:
+    hz = _number(mapping, key)
+    return hz / 1e6 if hz is not None else None
+
+
+def _dicts(value: Any) -> list[Mapping[str, Any]]:
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _info(gpu: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _get(gpu, "info", dict, {})

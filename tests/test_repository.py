@@ -1,0 +1,93 @@
+"""The repository stands on its own: what each make target installs, CI's command, the package metadata, and
+no test input from outside the clone (issue 15). ``test_docs.py`` checks the documents' links."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: import-linter (a test extra) brings tomli
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def planned(target: str, tmp_path: Path) -> list[str]:
+    """The commands ``make <target>`` would run from scratch (``-n -B``: nothing is run, every step planned),
+    with a throwaway virtual environment path."""
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed: `make test` itself needs it")
+    venv = tmp_path / "venv"
+    # Not as a sub-make of `make test` (which this suite runs under): no "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "-B", target, f"VENV={venv}"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=True)
+    return [line.replace(str(venv), "$VENV") for line in done.stdout.splitlines()]
+
+
+def pip_installs(commands: list[str]) -> list[str]:
+    return [line.split(" install ", 1)[1] for line in commands if " -m pip install " in line]
+
+
+def test_make_run_installs_the_runtime_only(tmp_path: Path) -> None:
+    commands = planned("run", tmp_path)
+    assert pip_installs(commands) == ["-q --upgrade pip", "-q -e ."]
+    assert commands[-1].startswith("$VENV/bin/gpuagent run ")
+
+
+def test_make_test_adds_the_test_extras_and_the_system_packages(tmp_path: Path) -> None:
+    commands = planned("test", tmp_path)
+    assert pip_installs(commands) == ["-q --upgrade pip", "-q -e .", "-q -e '.[test]'"]
+    assert "./scripts/install-system-deps.sh" in commands
+    assert commands[-1] == "$VENV/bin/python -m pytest -q"
+
+
+def test_ci_runs_exactly_make_test() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    commands = [line.strip() for line in script.splitlines() if line.strip() and not line.startswith("#")]
+    assert commands[-1] == "make test"
+    assert [c for c in commands if "make" in c or "pytest" in c] == ["make test"]
+
+
+def test_the_license_is_an_spdx_expression_setuptools_accepts_without_a_warning() -> None:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == "Apache-2.0"  # the table form is deprecated (a warning per install)
+    assert not any("License ::" in c for c in meta["project"].get("classifiers", ()))  # not both forms
+    setuptools = next(r for r in meta["build-system"]["requires"] if r.startswith("setuptools"))
+    assert int(re.fullmatch(r"setuptools>=(\d+).*", setuptools).group(1)) >= 77  # SPDX strings from 77
+    assert meta["tool"]["setuptools"]["package-dir"] == {"": "."}  # editable install: a .pth, no warning
+
+
+# Strings by which a file would reach outside the clone: the workspace's shared/ directory beside it.
+OUTSIDE = re.compile(r"\.\./shared|shared/fixtures|shared/DESIGN|parents\[2\]|parent\.parent\.parent")
+
+
+def tracked_text_files() -> list[Path]:
+    """Files of the checkout (git's list where there is one, else every file but caches and the venv)."""
+    git = shutil.which("git")
+    if git and (ROOT / ".git").exists():
+        names = subprocess.run([git, "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.split()
+        paths = [ROOT / name for name in names]
+    else:
+        skip = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "build"}
+        paths = [p for p in ROOT.rglob("*") if not skip & set(p.relative_to(ROOT).parts)]
+    return [p for p in paths if p.is_file() and p.suffix in {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ""}]
+
+
+def test_nothing_reads_or_links_outside_the_repository() -> None:
+    offenders = []
+    for path in tracked_text_files():
+        if path == Path(__file__).resolve():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if OUTSIDE.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
