@@ -95,6 +95,15 @@ def test_the_probe_runs_on_the_simulated_nvml_and_gives_what_the_cost_model_take
     assert set(figures["energy_mj"]) == {"direct", "field", "direct_after"}
     assert "utilization_us_alone_vs_during_gpm_metrics" in figures["idle"]
     assert "needs torch" in figures["loaded"]
+    from gpucheck.items.probe import cursor_reads
+
+    nvml.nvmlInit()
+    try:
+        reads = cursor_reads(nvml, nvml.nvmlDeviceGetHandleByIndex(0), 0.2, 2, lambda s: (s.pid, s.smUtil))
+    finally:
+        nvml.nvmlShutdown()
+    assert len(reads) == 2 and all(isinstance(r, (list, str)) for r in reads)
+    assert any(isinstance(r, list) and r and isinstance(r[0][1], int) for r in reads)  # a 1/6 s tick passed
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"probe-{os.getpid()}.json"
     path.write_text(json.dumps({"probe": figures}))
     try:

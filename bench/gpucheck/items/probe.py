@@ -163,6 +163,25 @@ def energy_pair(nvml: Any, handle: Any) -> dict[str, Any]:
     return {"energy_mj": {"direct": direct, "field": int(field.value.ullVal), "direct_after": direct_after}}
 
 
+def cursor_reads(nvml: Any, handle: Any, interval: float, reads: int,
+                 row: Callable[[Any], Any]) -> list[list[Any] | str]:
+    """Per-process utilization read ``reads`` times, ``interval`` seconds apart, each from the newest
+    timestamp of the read before (the agent's cursor): ``row(sample)`` of each sample, or a read's error."""
+    cursor, out = 0, []
+    with contextlib.suppress(nvml.NVMLError):  # start from now: the driver's buffer so far is not wanted
+        cursor = max((s.timeStamp for s in nvml.nvmlDeviceGetProcessUtilization(handle, 0)), default=0)
+    for _ in range(reads):
+        time.sleep(interval)
+        try:
+            got = nvml.nvmlDeviceGetProcessUtilization(handle, cursor)
+        except nvml.NVMLError as exc:
+            out.append(str(exc))
+            continue
+        cursor = max([cursor, *(s.timeStamp for s in got)])
+        out.append([row(s) for s in got])
+    return out
+
+
 def process_figures(nvml: Any, handle: Any, tenants: list[Tenant]) -> dict[str, Any]:
     """Both per-process APIs over the same window, and the samples every 1 s and 0.25 s vs the true split."""
     names = {t.pid: t.name for t in tenants}
@@ -186,21 +205,9 @@ def process_figures(nvml: Any, handle: Any, tenants: list[Tenant]) -> dict[str, 
         "nvmlDeviceGetProcessesUtilizationInfo": {names.get(s.pid, s.pid): s.smUtil for s in info},
     }
     for interval in (1.0, 0.25):
-        cursor, polls = 0, []
-        samples(0)
-        for _ in range(int(4 / interval)):
-            time.sleep(interval)
-            try:
-                samples = nvml.nvmlDeviceGetProcessUtilization(handle, cursor)
-            except nvml.NVMLError as exc:
-                polls.append(str(exc))
-                continue
-            row = []
-            for sample in samples:
-                cursor = max(cursor, sample.timeStamp)
-                row.append((names.get(sample.pid, sample.pid), sample.smUtil, sample.timeStamp % 10**8))
-            polls.append(row)
-        out[f"process_samples_every_{interval}s"] = polls
+        out[f"process_samples_every_{interval}s"] = cursor_reads(
+            nvml, handle, interval, int(4 / interval),
+            lambda s: (names.get(s.pid, s.pid), s.smUtil, s.timeStamp % 10**8))
     split = rates(tenants, 4.0)
     total = sum(split.values())
     out["true_split"] = {n: round(v / total, 3) for n, v in split.items()} if total else None
