@@ -47,9 +47,12 @@ from gpuagent.pods.source import PodsSource
 from gpuagent.shutdown import IO_THREAD_PREFIX, Shutdown, Step, arm_backstop, process_exit
 
 if TYPE_CHECKING:
+    from gpuagent.kubeapi import ApiConnection
+    from gpuagent.pods.dra.resolver import DraResolver
     from gpuagent.pods.metadata import PodMetadata
 from gpuagent.snapshot import (
     AccountingState,
+    DraDevice,
     EnforcementState,
     NodeHints,
     NodeSnapshot,
@@ -153,10 +156,12 @@ class Agent:
             xid_error = ""
         pods: tuple[PodUse, ...] = ()
         statuses: tuple[SourceStatus, ...] = ()
+        dra: tuple[DraDevice, ...] = ()
         if gpus:
             try:
                 attributed = await self.pods.attribute(gpus)
                 gpus, pods, statuses = attributed.gpus, attributed.pods, attributed.statuses
+                dra = attributed.dra
             except Exception as exc:  # attribution failing must not cost the device figures
                 if repr(exc) != self._pods_failure:
                     log.exception("pod attribution failed")
@@ -191,6 +196,7 @@ class Agent:
             polls_total=self._polls,
             poll_histogram=self._durations.frozen(),
             poll_interval_seconds=self.config.poll_interval,
+            dra=dra,
         )
         if self.enforcer is not None:
             snapshot = replace(snapshot, enforcement=self._enforce(snapshot))
@@ -320,6 +326,9 @@ class Agent:
             ]
             if self.pods.metadata is not None:
                 tasks.append(asyncio.create_task(self.pods.metadata.run(), name="pod-metadata"))
+            slices = self.pods.dra.slices if self.pods.dra is not None else None
+            if slices is not None:  # lists nothing until the kubelet reports a DRA GPU device
+                tasks.append(asyncio.create_task(slices.run(), name="dra-resource-slices"))
             if self.enforcer is not None and self.enforcer.cycling:
                 tasks.append(asyncio.create_task(self.enforcer.run(), name="duty-cycle"))
             if self.accountant.events is not None:
@@ -411,32 +420,64 @@ def recover_frozen(config: Config) -> int:
 
 def pods_source(config: Config, environ_fallback: Callable[[int], bytes | None] | None = None) -> PodsSource:
     """Cgroup attribution always; the kubelet's allocations when this is a kubelet node (its pod-resources
-    directory exists) or the socket was configured explicitly. ``environ_fallback``: the simulator's
-    environments of its made-up PIDs."""
+    directory exists) or the socket was configured explicitly, with its DRA devices mapped to GPUs.
+    ``environ_fallback``: the simulator's environments of its made-up PIDs."""
     socket = config.pod_resources_socket
     explicit = config.sources.get("pod_resources_socket", "default") != "default"
     client = None
     if socket and (explicit or os.path.isdir(os.path.dirname(socket))):
-        client = PodResourcesClient(socket, resource_names=config.gpu_resource_names)
+        client = PodResourcesClient(socket, resource_names=config.gpu_resource_names,
+                                    dra_drivers=config.dra_drivers)
+    connection = api_connection(config)
     return PodsSource(
-        cgroups=CgroupReader(config.proc_root), podresources=client, metadata=pod_metadata(config),
+        cgroups=CgroupReader(config.proc_root), podresources=client,
+        metadata=pod_metadata(config, connection),
         environs=EnvironReader(config.proc_root, fallback=environ_fallback),
         node_names=frozenset({config.hostname, gethostname()}),
+        dra=dra_resolver(config, connection) if client is not None else None, connection=connection,
         interval=config.pod_resources_interval,
     )
 
 
-def pod_metadata(config: Config) -> PodMetadata | None:
-    """The API-server watcher of this node's pods: on when asked, or (auto) inside a cluster with a service
-    account or with a kubeconfig configured. Imported only then (lightkube costs about 14 MiB)."""
+def api_connection(config: Config) -> ApiConnection | None:
+    """The API server, shared by the pods watcher and the ResourceSlice watcher: when asked, or (auto) inside
+    a cluster with a service account or with a kubeconfig configured. lightkube is imported on first use."""
+    from gpuagent.kubeapi import ApiConnection, api_server_available
+
     if config.kubernetes_api == "off":
         return None
-    from gpuagent.pods.metadata import PodMetadata, api_server_available
-
     if config.kubernetes_api == "auto" and not (config.kubeconfig or api_server_available()):
         return None
+    return ApiConnection(kubeconfig_path=config.kubeconfig)
+
+
+def pod_metadata(config: Config, connection: ApiConnection | None) -> PodMetadata | None:
+    """The API-server watcher of this node's pods, where the API server is used (lightkube costs about
+    14 MiB, imported only then)."""
+    if connection is None:
+        return None
+    from gpuagent.pods.metadata import PodMetadata
+
     log.info("naming pods through the API server (pods of node %s)", config.hostname)
-    return PodMetadata(config.hostname, kubeconfig_path=config.kubeconfig)
+    return PodMetadata(config.hostname, connection=connection)
+
+
+def dra_resolver(config: Config, connection: ApiConnection | None) -> DraResolver | None:
+    """DRA devices mapped to GPUs (``dra_drivers`` none: off): through the node's CDI specs, and the drivers'
+    ResourceSlices where the API server is used (``dra_resource_slices``)."""
+    if not config.dra_drivers:
+        return None
+    from gpuagent.pods.dra.cdi import CdiSpecs
+    from gpuagent.pods.dra.nvcaps import MigMinors
+    from gpuagent.pods.dra.resolver import DraResolver
+    from gpuagent.pods.dra.slices import ResourceSlices
+
+    slices = None
+    if config.dra_resource_slices != "off" and connection is not None:
+        slices = ResourceSlices(config.hostname, drivers=config.dra_drivers, connection=connection,
+                                wanted=config.dra_resource_slices == "on")
+    cdi = CdiSpecs(config.cdi_spec_dirs) if config.cdi_spec_dirs else None
+    return DraResolver(cdi=cdi, mig_minors=MigMinors(config.proc_root), slices=slices)
 
 
 def run(config: Config) -> int:

@@ -113,13 +113,25 @@ def _number(low: float, *, high: float | None = None) -> Parser:
     return parse
 
 
+def choice_word(value: Any, choices: tuple[str, ...]) -> str | None:
+    """``value`` as one of ``choices`` (case and spaces ignored), or None. YAML 1.1 reads a bare ``off``
+    or ``on`` as a boolean: where the choices hold that word, the boolean is taken as the word, so
+    ``mode: off`` means what it says."""
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in choices:
+        return value.strip().lower()
+    return None
+
+
 def _choice(*choices: str) -> Parser:
     expected = "one of " + ", ".join(choices)
 
     def parse(value: Any, ctx: _Ctx) -> str:
-        if not isinstance(value, str) or value.strip().lower() not in choices:
+        word = choice_word(value, choices)
+        if word is None:
             raise _Invalid(expected)
-        return value.strip().lower()
+        return word
 
     return parse
 
@@ -228,6 +240,45 @@ def _resource_names(value: Any, ctx: _Ctx) -> tuple[str, ...]:
     for name in value:
         if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
             raise _Invalid(expected, f"{name!r} is not a domain/name resource name")
+    return tuple(value)
+
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _text_list(value: Any, ctx: _Ctx) -> Any:
+    """Env and flags give a list comma-separated, "none" (or "") for an empty one (null, read as YAML's
+    null before this, too); YAML gives a list."""
+    if ctx.text and isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("none", ""):
+            return []
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return [] if value is None else value
+
+
+def _driver_names(value: Any, ctx: _Ctx) -> tuple[str, ...]:
+    """DRA driver names (DNS subdomains like gpu.nvidia.com); [] (none in env and flags) for none."""
+    expected = ("a list of DRA driver names like gpu.nvidia.com (comma-separated in env and flags, none for "
+                "none)")
+    value = _text_list(value, ctx)
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(expected)
+    for name in value:
+        if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+            raise _Invalid(expected, f"{name!r} is not a DNS subdomain")
+    return tuple(value)
+
+
+def _dirs(value: Any, ctx: _Ctx) -> tuple[str, ...]:
+    """Absolute directory paths; [] (none in env and flags) for none."""
+    expected = "a list of absolute directory paths (comma-separated in env and flags, none for none)"
+    value = _text_list(value, ctx)
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(expected)
+    for path in value:
+        if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+            raise _Invalid(expected, f"{path!r} is not an absolute path")
     return tuple(value)
 
 
@@ -427,6 +478,22 @@ class Config:
         "resource names counted as GPUs besides nvidia.com/mig-* (add e.g. nvidia.com/gpu.shared)",
         "NAMES",
     )
+    dra_drivers: tuple[str, ...] = _key(
+        ("gpu.nvidia.com",), _driver_names,
+        "DRA drivers whose ResourceClaim devices are GPUs (other drivers' claims are ignored); none: no DRA",
+        "NAMES",
+    )
+    cdi_spec_dirs: tuple[str, ...] = _key(
+        ("/etc/cdi", "/var/run/cdi"), _dirs,
+        "CDI spec directories (the host's) that map DRA devices to GPUs without the API server; none: unused",
+        "DIRS",
+    )
+    dra_resource_slices: str = _key(
+        "auto", _choice(*KUBERNETES_API_MODES),
+        "map DRA devices through the drivers' ResourceSlices: auto (with the API server, once a DRA GPU "
+        "device is on the node), on, or off",
+        "{" + ",".join(KUBERNETES_API_MODES) + "}",
+    )
     proc_root: str = _key("/proc", _path, "where /proc is (the host's, mounted elsewhere)", "PATH")
     kubernetes_api: str = _key(
         "auto",
@@ -556,7 +623,7 @@ class Config:
     def describe(self) -> str:
         """The effective values as YAML lines, each with where it came from (``# default``, ``# env ...``)."""
         lines = [f"{name}: {_yaml_scalar(value)}" for name, value in self.as_dict().items()]
-        width = max(len(line) for line in lines)
+        width = max(len(line) for line in lines if len(line) <= 72)  # a long list does not push every comment
         return "\n".join(
             f"{line:<{width}}  # {self.sources.get(key.name, 'default')}"
             for line, key in zip(lines, KEYS, strict=True)
@@ -702,6 +769,13 @@ def _check_combinations(values: dict[str, Any], sources: dict[str, str]) -> None
             f"got {values['slow_poll_interval']:g}",
             sources["slow_poll_interval"],
         )
+    if values.get("dra_resource_slices") == "on" and values.get("kubernetes_api") == "off":
+        raise ConfigError(
+            "dra_resource_slices",
+            f"ResourceSlices are read from the API server, but kubernetes_api is 'off' (from "
+            f"{sources['kubernetes_api']}); use 'auto', or turn kubernetes_api on",
+            sources["dra_resource_slices"],
+        )
     if values.get("backend") == "nvml" and values.get("scenario") is not None:
         raise ConfigError(
             "scenario",
@@ -726,6 +800,9 @@ def _describe_value(value: Any) -> str:
         return "a list"
     text = _yaml_scalar(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+describe_value = _describe_value  # for the other readers of YAML and JSON files (pods.dra.cdi)
 
 
 def _yaml_scalar(value: Any) -> str:

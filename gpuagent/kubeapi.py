@@ -1,6 +1,7 @@
-"""One lazily opened HTTP connection to the Kubernetes API server, for the few writes the agent makes.
+"""One lazily opened HTTP connection to the Kubernetes API server, for the few requests gpuagent makes.
 
-Used by the Eviction client (``enforce.actions``) and the idle-GPU Event poster (``accounting.events``).
+Used by the Eviction client (``enforce.actions``), the idle-GPU Event poster (``accounting.events``), the
+watchers of this node's pods and ResourceSlices (``pods.reflector``) and the extender's ResourceClaim reads.
 Where the API server is and how to authenticate come from lightkube, as for the pods watcher: ``config``
 (a lightkube ``KubeConfig`` or ``SingleConfig``), else ``kubeconfig_path``, else ``KubeConfig.from_env()``
 (the in-cluster service account, ``$KUBECONFIG``, ``~/.kube/config``). Nothing of lightkube is imported
@@ -10,6 +11,8 @@ before the first request, so an agent that never writes to the API server never 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +20,17 @@ if TYPE_CHECKING:
     import lightkube
 
 MAX_STATUS_BYTES = 65536
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def api_server_available(
+    environ: Mapping[str, str] | None = None, service_account_dir: str = SERVICE_ACCOUNT_DIR
+) -> bool:
+    """True in a pod with a service account token: the in-cluster API server can be reached
+    (what lightkube's ``KubeConfig.from_service_account`` needs: the service's host and port, the token)."""
+    env = os.environ if environ is None else environ
+    return (bool(env.get("KUBERNETES_SERVICE_HOST")) and bool(env.get("KUBERNETES_SERVICE_PORT"))
+            and os.path.isfile(os.path.join(service_account_dir, "token")))
 
 
 class ApiConnection:
@@ -41,6 +55,17 @@ class ApiConnection:
     async def post_json(self, path: str, body: Any) -> tuple[int, str]:
         response = await self.open().post(path, json=body)
         return response.status_code, status_message(response.content)
+
+    async def get_json(self, path: str, *, timeout: float | None = None) -> tuple[int, Any, str]:
+        """(HTTP status, the decoded body when 200, the API server's message otherwise)."""
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        response = await self.open().get(path, **kwargs)
+        if response.status_code != 200:
+            return response.status_code, None, status_message(response.content)
+        try:
+            return 200, json.loads(response.content), ""
+        except ValueError as exc:
+            return 200, None, f"the answer is not JSON: {exc}"
 
     async def aclose(self) -> None:
         if self._http is not None:

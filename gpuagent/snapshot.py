@@ -263,6 +263,31 @@ class PodUse:
 
 
 @dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device of a ResourceClaim (DRA) the kubelet prepared for a pod's container, and which GPU it is.
+
+    ``mapped_by`` says where the UUIDs came from: "resource_slice" (the driver's ResourceSlice, through the
+    API server) or "cdi" (the node's CDI spec for the claim); None when the device could not be mapped, and
+    ``problem`` then says why. A mapped device is also in its container's ``allocated_devices``."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str
+    claim_namespace: str
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...] = ()
+    share_id: str | None = None
+    gpu_uuid: str | None = None  # the GPU (a MIG device's parent)
+    mig_uuid: str | None = None
+    device_id: str | None = None  # as in allocated_devices: GPU-…, MIG-…, or …::n when several hold it
+    mapped_by: str | None = None
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ShareState:
     """One pod's time-slice share on one GPU, as the enforcer last decided it. Ratios are 0-1."""
 
@@ -633,6 +658,7 @@ class NodeSnapshot:
     network: NetworkState | None = None  # node links, RDMA ports, pods' network namespaces (None: source off)
     accounting: AccountingState | None = None  # per-workload GPU-seconds, memory, energy, idle (None: off)
     hints: NodeHints | None = None  # capacity and load figures for schedulers
+    dra: tuple[DraDevice, ...] = ()  # devices of pods' ResourceClaims (DRA) and the GPUs they map to
 
     @property
     def stale(self) -> bool:
@@ -715,6 +741,9 @@ def allocation_view(snapshot: NodeSnapshot) -> dict[str, Any]:
             "process_count": pod.process_count,
             "containers": {c.name: list(c.allocated_devices) for c in pod.containers},
         }
+        claims = _claims_of(snapshot.dra, pod.namespace, pod.name)
+        if claims:
+            pods[key]["claims"] = claims
         for uuid in pod.allocated_gpus:
             if uuid in gpus:
                 gpus[uuid]["allocated_to"].append(key)
@@ -722,3 +751,16 @@ def allocation_view(snapshot: NodeSnapshot) -> dict[str, Any]:
             if uuid in gpus:
                 gpus[uuid]["used_by"].append(key)
     return {"pods": pods, "gpus": gpus}
+
+
+def _claims_of(devices: tuple[DraDevice, ...], namespace: str | None, pod: str) -> dict[str, list[dict]]:
+    """A pod's ResourceClaims (DRA) -> their devices, for the allocation view."""
+    claims: dict[str, list[dict[str, Any]]] = {}
+    for d in devices:
+        if d.namespace == namespace and d.pod == pod:
+            entry = {"container": d.container, "driver": d.driver, "pool": d.pool, "device": d.device,
+                     "uuid": d.mig_uuid or d.gpu_uuid, "mapped_by": d.mapped_by}
+            if d.problem:
+                entry["problem"] = d.problem
+            claims.setdefault(d.claim, []).append(entry)
+    return claims

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from fake_apiserver import FakeApiServer
 
 
 @pytest.fixture
@@ -39,3 +40,11 @@ def agent_off_the_burn_cpu() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    """A fake Kubernetes API server on 127.0.0.1 (``fake_apiserver``), stopped at teardown."""
+    async with FakeApiServer() as server:
+        yield server
+

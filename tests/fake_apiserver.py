@@ -1,14 +1,19 @@
 """A fake Kubernetes API server for tests: real aiohttp on 127.0.0.1, the API server's JSON for pods.
 
-It serves ``GET /api/v1/pods`` as a list (a ``PodList`` with ``metadata.resourceVersion``) and, with
-``watch=true``, as a watch: a chunked stream of newline-delimited ``{"type", "object"}`` events, replayed
-from the requested ``resourceVersion`` and then live. It honours ``fieldSelector=spec.nodeName=<node>``
-(a pod that starts or stops matching is ADDED or DELETED for that watch, as the real watch cache does),
-``timeoutSeconds`` (the stream ends cleanly) and ``allowWatchBookmarks``; it needs the bearer token::
+It serves ``GET /api/v1/pods`` and ``GET /apis/resource.k8s.io/v1/resourceslices`` as a list (a
+``PodList``/``ResourceSliceList`` with ``metadata.resourceVersion``) and, with ``watch=true``, as a watch: a
+chunked stream of newline-delimited ``{"type", "object"}`` events, replayed from the requested
+``resourceVersion`` and then live (one version sequence for every kind, as etcd has). It honours
+``fieldSelector=spec.nodeName=<node>`` (an object that starts or stops matching is ADDED or DELETED for that
+watch, as the real watch cache does), ``timeoutSeconds`` (the stream ends cleanly) and
+``allowWatchBookmarks``; it needs the bearer token::
 
     async with FakeApiServer() as api:
         api.add_pod(make_pod("job-0", node="gpu-1"))  # ADDED (or MODIFIED if its UID is known)
         api.delete_pod(uid)                            # DELETED (notify=False: watches miss it)
+        api.add_slice(make_slice(NODE, [gpu_device("gpu-0", uuid)]))  # a DRA ResourceSlice, likewise
+        api.delete_slice(uid)
+        api.add_claim(claim) / api.add_claim_template(template)  # GET .../resourceclaims/<name> answers it
         api.expire_watch()                             # open watches get ERROR 410; older versions are gone
         api.drop_connections()                         # open watches are cut (no chunked terminator)
         api.fail_next(status=403, times=2)             # the next two requests get a Status error
@@ -33,6 +38,12 @@ A pod's controller is a ReplicaSet ``<name>-rs`` unless ``owner=`` names one (an
 :func:`make_owner`, whose own controller its ``owner=`` names) or ``owner=None`` (a bare pod). Owners of
 the kinds the agent walks (ReplicaSet, Deployment, StatefulSet, Job, CronJob) are served by
 ``GET /apis/apps/v1/namespaces/{ns}/<kind>s/{name}`` (``batch/v1`` for jobs and cron jobs) once added.
+
+``GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`` (and ``resourceclaimtemplates``)
+answers the object added with ``add_claim`` (``add_claim_template``), as owners are served (404 otherwise,
+``fail_owner_gets`` applies). :func:`make_slice`, :func:`gpu_device`, :func:`mig_device` build
+ResourceSlices as NVIDIA's DRA driver publishes them; :func:`make_claim` and :func:`make_claim_template`
+a ResourceClaim and a ResourceClaimTemplate.
 
 ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction) answers 201 with the
 fixture's ``Status`` body, or 429 with the PodDisruptionBudget fixture's after ``pdb_blocks(ns, name)``;
@@ -181,6 +192,82 @@ def make_pod(
     }
 
 
+# -- DRA objects -----------------------------------------------------------------------------------------
+def gpu_device(name: str, uuid: str | None, *, product: str = "NVIDIA H100 80GB HBM3",
+               bus: str = "0000:18:00.0", qualified: bool = False) -> dict[str, Any]:
+    """A whole GPU as NVIDIA's DRA driver publishes it (``gpu-<minor>``); ``uuid`` None leaves it out;
+    ``qualified`` names the attributes with the driver's domain (``gpu.nvidia.com/uuid``)."""
+    attributes: dict[str, Any] = {
+        "type": {"string": "gpu"}, "productName": {"string": product}, "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "580.105.8"}, "cudaDriverVersion": {"version": "13.0.0"},
+        "pcieBusID": {"string": bus}, "resource.kubernetes.io/pcieRoot": {"string": "pci0000:15"},
+        "addressingMode": {"string": "None"},
+    }
+    if uuid is not None:
+        attributes["uuid"] = {"string": uuid}
+    if qualified:
+        attributes = {(k if "/" in k else f"gpu.nvidia.com/{k}"): v for k, v in attributes.items()}
+    return {"name": name, "attributes": attributes, "capacity": {"memory": {"value": "80Gi"}}}
+
+
+def mig_device(name: str, uuid: str | None, parent: str, profile: str) -> dict[str, Any]:
+    """A MIG device as NVIDIA's DRA driver publishes it (``gpu-<minor>-mig-<profile id>-<start>-<size>``)."""
+    device = gpu_device(name, uuid)
+    device["attributes"].update(type={"string": "mig"}, parentUUID={"string": parent},
+                                profile={"string": profile})
+    device["capacity"] = {"memory": {"value": "40Gi"}, "multiprocessors": {"value": "60"}}
+    return device
+
+
+def make_slice(node: str | None, devices: Sequence[Mapping[str, Any]], *, driver: str = "gpu.nvidia.com",
+               pool: str | None = None, generation: int = 1, name: str | None = None) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceSlice of ``node``'s pool (the pool is named after the node)."""
+    pool = pool or node or "cluster"
+    name = name or f"{node}-{driver}-{uuid.uuid4().hex[:5]}"
+    spec: dict[str, Any] = {"driver": driver, "pool": {"name": pool, "generation": generation,
+                                                       "resourceSliceCount": 1},
+                            "devices": [dict(d) for d in devices]}
+    if node is not None:
+        spec["nodeName"] = node
+    else:
+        spec["allNodes"] = True
+    return {"kind": "ResourceSlice", "apiVersion": "resource.k8s.io/v1",
+            "metadata": {"name": name, "generateName": f"{node}-{driver}-", "uid": str(uuid.uuid4()),
+                         "resourceVersion": "0", "creationTimestamp": "2026-08-07T10:00:00Z",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node or "",
+                                              "uid": str(uuid.uuid4()), "controller": True}]},
+            "spec": spec}
+
+
+def make_claim_template(name: str, requests: Sequence[Mapping[str, Any]], *, namespace: str = "default",
+                        config: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceClaimTemplate with these device requests."""
+    spec: dict[str, Any] = {"devices": {"requests": [dict(r) for r in requests]}}
+    if config:
+        spec["devices"]["config"] = [dict(c) for c in config]
+    return {"kind": "ResourceClaimTemplate", "apiVersion": "resource.k8s.io/v1",
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "resourceVersion": "7"},
+            "spec": {"spec": spec}}
+
+
+def make_claim(name: str, requests: Sequence[Mapping[str, Any]], *, namespace: str = "default",
+               allocated_on: str | None = None) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceClaim; ``allocated_on`` a node: its status has an allocation there."""
+    claim: dict[str, Any] = {
+        "kind": "ResourceClaim", "apiVersion": "resource.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "resourceVersion": "9"},
+        "spec": {"devices": {"requests": [dict(r) for r in requests]}},
+    }
+    if allocated_on is not None:
+        claim["status"] = {"allocation": {
+            "devices": {"results": [{"request": r["name"], "driver": "gpu.nvidia.com", "pool": allocated_on,
+                                     "device": f"gpu-{i}"} for i, r in enumerate(requests)]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [allocated_on]}]}]}}}
+    return claim
+
+
 _API_VERSIONS = {"ReplicaSet": "apps/v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
                  "Job": "batch/v1", "CronJob": "batch/v1"}
 
@@ -222,6 +309,7 @@ class SeenRequest:
 class _Watcher:
     node: str | None
     bookmarks: bool
+    kind: str = "pods"
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
@@ -240,6 +328,7 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
             "reason": reason, "code": code}
 
 
+_KINDS = {"pods": ("PodList", "v1"), "resourceslices": ("ResourceSliceList", "resource.k8s.io/v1")}
 _REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 410: "Expired", 429: "TooManyRequests",
             500: "InternalError", 503: "ServiceUnavailable"}
 
@@ -249,10 +338,12 @@ class FakeApiServer:
         self.token = token
         self.port = port
         self.requests: list[SeenRequest] = []
-        self.pods: dict[str, dict[str, Any]] = {}  # uid -> pod
+        self._stores: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in _KINDS}  # kind -> uid -> obj
+        self.pods = self._stores["pods"]  # uid -> pod
+        self.slices = self._stores["resourceslices"]  # uid -> ResourceSlice
         self._rv = 1000
         self._oldest = self._rv  # a watch from a version older than this gets 410
-        self._history: list[tuple[int, dict | None, dict | None]] = []  # (rv, before, after)
+        self._history: list[tuple[str, int, dict | None, dict | None]] = []  # (kind, rv, before, after)
         self._watchers: set[_Watcher] = set()
         self._failures: list[tuple[int, str | None]] = []
         self._runner: web.AppRunner | None = None
@@ -277,6 +368,7 @@ class FakeApiServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_get("/apis/resource.k8s.io/v1/resourceslices", self._resource_slices)
         app.router.add_get("/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}", self._owner)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict)
         app.router.add_post("/apis/events.k8s.io/v1/namespaces/{namespace}/events", self._event)
@@ -324,14 +416,38 @@ class FakeApiServer:
     def add_pod(self, pod: Mapping[str, Any], *, notify: bool = True) -> dict[str, Any]:
         """Creates the pod or, when its UID is known, replaces it (MODIFIED). Returns the stored copy.
         ``notify=False``: open watches miss it (as when its event is compacted away before delivery)."""
-        after = copy.deepcopy(dict(pod))
+        return self._put("pods", pod, notify)
+
+    def add_slice(self, resource_slice: Mapping[str, Any], *, notify: bool = True) -> dict[str, Any]:
+        """Creates the ResourceSlice or, when its UID is known, replaces it (MODIFIED), as ``add_pod``."""
+        return self._put("resourceslices", resource_slice, notify)
+
+    def delete_slice(self, uid: str, *, notify: bool = True) -> None:
+        self._delete("resourceslices", uid, notify)
+
+    def add_claim(self, claim: Mapping[str, Any]) -> None:
+        """A ResourceClaim that ``GET .../resourceclaims/<name>`` answers (served as owners are)."""
+        self.add_owner(claim)
+
+    def add_claim_template(self, template: Mapping[str, Any]) -> None:
+        """A ResourceClaimTemplate that ``GET .../resourceclaimtemplates/<name>`` answers."""
+        self.add_owner(template)
+
+    def _put(self, kind: str, obj: Mapping[str, Any], notify: bool) -> dict[str, Any]:
+        after = copy.deepcopy(dict(obj))
         uid = after["metadata"]["uid"]
         self._rv += 1
         after["metadata"]["resourceVersion"] = str(self._rv)
-        before = self.pods.get(uid)
-        self.pods[uid] = after
-        self._record(before, after, notify)
+        store = self._stores[kind]
+        before = store.get(uid)
+        store[uid] = after
+        self._record(kind, before, after, notify)
         return after
+
+    def _delete(self, kind: str, uid: str, notify: bool) -> None:
+        before = self._stores[kind].pop(uid)
+        self._rv += 1
+        self._record(kind, before, None, notify)
 
     def update_pod(self, uid: str, change: Any) -> dict[str, Any]:
         """Applies ``change(pod)`` (in place) to a copy of the stored pod and stores it (MODIFIED)."""
@@ -340,9 +456,7 @@ class FakeApiServer:
         return self.add_pod(pod)
 
     def delete_pod(self, uid: str, *, notify: bool = True) -> None:
-        before = self.pods.pop(uid)
-        self._rv += 1
-        self._record(before, None, notify)
+        self._delete("pods", uid, notify)
 
     def expire_watch(self) -> None:
         """Compaction: every open watch gets ERROR 410 and ends; a watch from any older version gets 410."""
@@ -357,7 +471,7 @@ class FakeApiServer:
     def send_bookmark(self) -> None:
         for w in self._watchers:
             if w.bookmarks:
-                w.queue.put_nowait(self._bookmark())
+                w.queue.put_nowait(self._bookmark(w.kind))
 
     def send_raw(self, line: bytes) -> None:
         """Writes this line, as is, to every open watch (a broken or unknown event)."""
@@ -406,13 +520,17 @@ class FakeApiServer:
         return len(self._watchers)
 
     # internals
-    def _bookmark(self) -> dict[str, Any]:
-        return {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {
-            "resourceVersion": str(self._rv), "annotations": {"k8s.io/initial-events-end": "true"}}}}
+    def _bookmark(self, kind: str) -> dict[str, Any]:
+        list_kind, api_version = _KINDS[kind]
+        return {"type": "BOOKMARK", "object": {"kind": list_kind.removesuffix("List"), "apiVersion": api_version,
+                                               "metadata": {"resourceVersion": str(self._rv),
+                                                            "annotations": {"k8s.io/initial-events-end": "true"}}}}
 
-    def _record(self, before: dict | None, after: dict | None, notify: bool) -> None:
-        self._history.append((self._rv, before, after))
+    def _record(self, kind: str, before: dict | None, after: dict | None, notify: bool) -> None:
+        self._history.append((kind, self._rv, before, after))
         for w in self._watchers if notify else ():
+            if w.kind != kind:
+                continue
             event = self._event_for(w.node, self._rv, before, after)
             if event is not None:
                 w.queue.put_nowait(event)
@@ -433,51 +551,60 @@ class FakeApiServer:
             after["metadata"]["resourceVersion"] = str(rv)
         return {"type": "DELETED", "object": after}
 
-    def _check(self, request: web.Request, watch: bool) -> web.Response | None:
-        verb = "watch" if watch else "list"
+    def _check(self, request: web.Request, verb: str, kind: str = "pods") -> web.Response | None:
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
         if self._failures:
             code, message = self._failures.pop(0)
             if message is None:
-                message = (f'pods is forbidden: User "system:serviceaccount:gpu-system:gpuagent" cannot {verb} '
-                           f'resource "pods" in API group "" at the cluster scope') if code == 403 else \
+                group = "" if kind == "pods" else "resource.k8s.io"
+                message = (f'{kind} is forbidden: User "system:serviceaccount:gpu-system:gpuagent" cannot {verb} '
+                           f'resource "{kind}" in API group "{group}" at the cluster scope') if code == 403 else \
                     f"the server reports HTTP {code}"
             return web.json_response(_status(code, _REASONS.get(code, "Unknown"), message), status=code)
         return None
 
     async def _pods(self, request: web.Request) -> web.StreamResponse:
+        return await self._list_or_watch(request, "pods")
+
+    async def _resource_slices(self, request: web.Request) -> web.StreamResponse:
+        return await self._list_or_watch(request, "resourceslices")
+
+    async def _list_or_watch(self, request: web.Request, kind: str) -> web.StreamResponse:
         query = dict(request.query)
         watch = query.get("watch") in ("true", "1")
         self.requests.append(SeenRequest(request.method, request.path, query,
                                          request.headers.get("Authorization"), time.monotonic()))
-        refused = self._check(request, watch)
+        refused = self._check(request, "watch" if watch else "list", kind)
         if refused is not None:
             return refused
         try:
             node = _node_of(query.get("fieldSelector"))
         except ValueError as exc:
             return web.json_response(_status(400, "BadRequest", str(exc)), status=400)
+        store = self._stores[kind]
         if not watch:
-            items = [p for p in self.pods.values() if self._matches(node, p)]
-            return web.json_response({"kind": "PodList", "apiVersion": "v1",
+            items = [p for p in store.values() if self._matches(node, p)]
+            list_kind, api_version = _KINDS[kind]
+            return web.json_response({"kind": list_kind, "apiVersion": api_version,
                                       "metadata": {"resourceVersion": str(self._rv)}, "items": items})
-        return await self._watch(request, query, node)
+        return await self._watch(request, query, node, kind)
 
-    async def _watch(self, request: web.Request, query: Mapping[str, str], node: str | None) -> web.StreamResponse:
-        w = _Watcher(node, query.get("allowWatchBookmarks") == "true")
+    async def _watch(self, request: web.Request, query: Mapping[str, str], node: str | None,
+                     kind: str = "pods") -> web.StreamResponse:
+        w = _Watcher(node, query.get("allowWatchBookmarks") == "true", kind)
         since = query.get("resourceVersion", "")
         if since in ("", "0"):  # "any": the current state as ADDED events, then what follows
-            for pod in list(self.pods.values()):
-                if self._matches(node, pod):
-                    w.queue.put_nowait({"type": "ADDED", "object": pod})
+            for obj in list(self._stores[kind].values()):
+                if self._matches(node, obj):
+                    w.queue.put_nowait({"type": "ADDED", "object": obj})
         elif int(since) < self._oldest:
             w.queue.put_nowait({"type": "ERROR", "object": _status(
                 410, "Expired", f"too old resource version: {since} ({self._oldest})")})
             w.queue.put_nowait(_END)
         else:
-            for rv, before, after in self._history:
-                if rv > int(since):
+            for seen_kind, rv, before, after in self._history:
+                if seen_kind == kind and rv > int(since):
                     event = self._event_for(node, rv, before, after)
                     if event is not None:
                         w.queue.put_nowait(event)
@@ -654,20 +781,24 @@ async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> N
 
 
 @contextlib.asynccontextmanager
-async def metadata_runner(api: FakeApiServer) -> AsyncIterator[Callable[..., Any]]:
-    """``start(**kwargs)`` -> a running ``PodMetadata`` of NODE against ``api`` (quick retries unless given);
-    every one started is cancelled on exit."""
-    from gpuagent.pods.metadata import PodMetadata
+async def metadata_runner(
+    api: FakeApiServer, cls: type | None = None, **defaults: Any
+) -> AsyncIterator[Callable[..., Any]]:
+    """``start(**kwargs)`` -> a running ``PodMetadata`` (or ``cls``, another ``pods.reflector.Reflector``,
+    with ``defaults``) of NODE against ``api`` (quick retries unless given); every one started is cancelled
+    on exit."""
+    if cls is None:
+        from gpuagent.pods.metadata import PodMetadata as cls
 
     tasks: list[asyncio.Task] = []
 
-    def start(**kwargs: Any) -> PodMetadata:
+    def start(**kwargs: Any) -> Any:
         kwargs.setdefault("config", api.kubeconfig())
-        for key, value in FAST_RETRIES.items():
+        for key, value in {**FAST_RETRIES, **defaults}.items():
             kwargs.setdefault(key, value)
-        metadata = PodMetadata(NODE, **kwargs)
-        tasks.append(asyncio.create_task(metadata.run()))
-        return metadata
+        made = cls(NODE, **kwargs)
+        tasks.append(asyncio.create_task(made.run()))
+        return made
 
     try:
         yield start

@@ -2,10 +2,15 @@
 
 It is built from the same generated code as the client (``gpuagent.pods.kubelet``), so the bytes on the
 socket are those of the real API. Describe the node with :class:`Pod`, :class:`Container` and
-:class:`Devices` (or with ready ``api_pb2.PodResources`` messages, e.g. from :func:`load_list_response`)::
+:class:`Devices` (or with ready ``api_pb2.PodResources`` messages, e.g. from :func:`load_list_response`);
+devices a DRA driver prepared for a container's ResourceClaims with :class:`Claim` and :class:`ClaimDevice`
+(``ContainerResources.dynamic_resources``, as kubelets >= 1.27 report them)::
 
     async with PodResourcesServer(sock, pods=[Pod("job-0", "ml", [Container("main", [gpus("GPU-a")])])],
                                   allocatable=[gpus("GPU-a", "GPU-b")]) as server:
+        server.set_pods([Pod("dra-0", "ml", [Container("main", claims=[
+            Claim("gpu-claim", [ClaimDevice("gpu.nvidia.com", "node-1", "gpu-0",
+                                            ["k8s.gpu.nvidia.com/claim=<uid>-gpu-0"])])])])])
         ...                         # the client sees the pod
         server.set_pods([])         # the pod is gone on the next List
         await server.stop()         # the kubelet goes away (grpc removes the socket file; with
@@ -60,14 +65,52 @@ class Devices:
 
 
 @dataclass(frozen=True)
+class ClaimDevice:
+    """One ``ClaimResource``: a device of a DRA driver (driver, pool, device) and its CDI device names."""
+
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: Sequence[str] = ()
+    share_id: str | None = None
+
+    def to_proto(self) -> api_pb2.ClaimResource:
+        message = api_pb2.ClaimResource(
+            driver_name=self.driver, pool_name=self.pool, device_name=self.device,
+            cdi_devices=[api_pb2.CDIDevice(name=name) for name in self.cdi_devices],
+        )
+        if self.share_id is not None:
+            message.share_id = self.share_id
+        return message
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One ``DynamicResource``: a ResourceClaim the container uses and its devices. ``namespace`` None:
+    the pod's (a claim is always in its pod's namespace; the kubelet says so explicitly)."""
+
+    name: str
+    devices: Sequence[ClaimDevice] = ()
+    namespace: str | None = None
+
+    def to_proto(self, pod_namespace: str) -> api_pb2.DynamicResource:
+        return api_pb2.DynamicResource(
+            claim_name=self.name, claim_namespace=self.namespace or pod_namespace,
+            claim_resources=[d.to_proto() for d in self.devices],
+        )
+
+
+@dataclass(frozen=True)
 class Container:
     name: str
     devices: Sequence[Devices] = ()
     cpu_ids: Sequence[int] = ()
+    claims: Sequence[Claim] = ()
 
-    def to_proto(self) -> api_pb2.ContainerResources:
+    def to_proto(self, pod_namespace: str = "default") -> api_pb2.ContainerResources:
         return api_pb2.ContainerResources(
-            name=self.name, devices=[d.to_proto() for d in self.devices], cpu_ids=list(self.cpu_ids)
+            name=self.name, devices=[d.to_proto() for d in self.devices], cpu_ids=list(self.cpu_ids),
+            dynamic_resources=[c.to_proto(pod_namespace) for c in self.claims],
         )
 
 
@@ -79,7 +122,8 @@ class Pod:
 
     def to_proto(self) -> api_pb2.PodResources:
         return api_pb2.PodResources(
-            name=self.name, namespace=self.namespace, containers=[c.to_proto() for c in self.containers]
+            name=self.name, namespace=self.namespace,
+            containers=[c.to_proto(self.namespace) for c in self.containers],
         )
 
 
@@ -93,8 +137,12 @@ def gpus(*device_ids: str, resource: str = "nvidia.com/gpu", numa: Sequence[int]
 
 def load_list_response(path: str | os.PathLike[str]) -> list[api_pb2.PodResources]:
     """The pods of a ``ListPodResourcesResponse`` written in proto3 JSON (as in tests/fixtures/kubernetes)."""
-    answer = json_format.Parse(Path(path).read_text(), api_pb2.ListPodResourcesResponse())
-    return list(answer.pod_resources)
+    return parse_list_response(Path(path).read_text())
+
+
+def parse_list_response(text: str) -> list[api_pb2.PodResources]:
+    """The pods of a ``ListPodResourcesResponse`` in proto3 JSON text."""
+    return list(json_format.Parse(text, api_pb2.ListPodResourcesResponse()).pod_resources)
 
 
 @contextlib.contextmanager

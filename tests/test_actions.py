@@ -626,11 +626,6 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as server:
-        yield server
-
 
 @pytest.fixture
 async def evictor(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[Callable[..., Actions]]:

@@ -77,6 +77,9 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "pod_resources_socket",
         "pod_resources_interval",
         "gpu_resource_names",
+        "dra_drivers",
+        "cdi_spec_dirs",
+        "dra_resource_slices",
         "proc_root",
         "kubernetes_api",
         "kubeconfig",
@@ -523,6 +526,38 @@ def test_enforcement_keys(tmp_path) -> None:
         load_config(None, env={"GPUAGENT_POLICIES": "x"})
 
 
+def test_dra_keys_from_yaml_env_and_flags(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("dra_drivers: [gpu.nvidia.com, gpu.example.com]\ncdi_spec_dirs: [/host/etc/cdi]\n"
+                    "dra_resource_slices: 'on'\n")
+    config = load_config(str(path), env={})
+    assert config.dra_drivers == ("gpu.nvidia.com", "gpu.example.com")
+    assert (config.cdi_spec_dirs, config.dra_resource_slices) == (("/host/etc/cdi",), "on")
+    defaults = load_config(None, env={})
+    assert defaults.dra_drivers == ("gpu.nvidia.com",) and defaults.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
+    env = {"GPUAGENT_DRA_DRIVERS": "none", "GPUAGENT_CDI_SPEC_DIRS": "/host/etc/cdi, /host/var/run/cdi"}
+    config = load_config(None, env=env, overrides={"dra_resource_slices": "off"})
+    assert (config.dra_drivers, config.cdi_spec_dirs) == ((), ("/host/etc/cdi", "/host/var/run/cdi"))
+    assert load_config(None, env={}, overrides={"cdi_spec_dirs": "null"}).cdi_spec_dirs == ()
+    path.write_text("dra_drivers: []\ncdi_spec_dirs: null\n")
+    assert load_config(str(path), env={}).cdi_spec_dirs == ()
+    for key, bad, fragment in [
+        ("dra_drivers", ["GPU_nvidia"], "'GPU_nvidia' is not a DNS subdomain"),
+        ("dra_drivers", "gpu.nvidia.com", "a list of DRA driver names"),
+        ("cdi_spec_dirs", ["etc/cdi"], "'etc/cdi' is not an absolute path"),
+        ("dra_resource_slices", "sometimes", "one of auto, on, off"),
+    ]:
+        path.write_text(yaml.safe_dump({key: bad}))
+        with pytest.raises(ConfigError, match=key) as info:
+            load_config(str(path), env={})
+        assert fragment in str(info.value)
+
+
+def test_resource_slices_on_needs_the_api_server() -> None:
+    with pytest.raises(ConfigError, match=r"--dra-resource-slices: ResourceSlices .*kubernetes_api is 'off'"):
+        load_config(None, env={"GPUAGENT_KUBERNETES_API": "off"}, overrides={"dra_resource_slices": "on"})
+
+
 # --- null from env and flags ----------------------------------------------------------------------------------
 
 
@@ -579,3 +614,13 @@ def test_a_file_named_null_is_given_as_a_path(tmp_path: Path, monkeypatch: pytes
     monkeypatch.chdir(tmp_path)
     assert load_config(env={}, overrides={"scenario": "./null"}).scenario == "./null"
     assert load_config(env={}, overrides={"scenario": "null"}).scenario is None
+
+
+def test_bare_on_and_off_in_yaml_mean_the_words(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``off``/``on`` as booleans: where a key's choices hold the word, it means the word."""
+    config = load_config(write(tmp_path, "mode: off\nkubernetes_api: on\nidle_events: OFF\n"), env={})
+    assert (config.mode, config.kubernetes_api, config.idle_events) == ("off", "on", "off")
+    with pytest.raises(ConfigError, match="mode: expected one of off, audit, enforce, got true"):
+        load_config(write(tmp_path, "mode: on\n", "on.yaml"), env={})
+    with pytest.raises(ConfigError, match=r"log_level: expected one of debug.*got false"):
+        load_config(write(tmp_path, "log_level: off\n", "level.yaml"), env={})

@@ -76,6 +76,9 @@ AGENT_RBAC = {
     ("apps", "deployments", "get"),
     ("apps", "statefulsets", "get"),
     ("batch", "jobs", "get"),
+    ("resource.k8s.io", "resourceslices", "get"),
+    ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "resourceslices", "watch"),
 }
 NOT_CORE = {"ServiceMonitor", "Kustomization"}
 
@@ -425,6 +428,10 @@ def test_host_paths_are_mounted_where_the_config_says(daemonset: dict, agent_con
         assert bool(mount.get("readOnly", False)) == read_only, name
         if name in {"GPUAGENT_PROC_ROOT", "GPUAGENT_CGROUP_ROOT"}:
             assert mount["mountPath"] == path, name
+    for path, host_path in zip(env["GPUAGENT_CDI_SPEC_DIRS"].split(","), DEFAULT.cdi_spec_dirs, strict=True):
+        mount, volume = _mount_for(daemonset, agent_container, path)
+        assert (volume["hostPath"]["path"], mount["mountPath"], mount.get("readOnly")) == (host_path, path, True)
+        assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # a node without CDI specs yet starts too
     assert env["GPUAGENT_PROC_ROOT"] == "/host/proc"
     assert env["GPUAGENT_POD_RESOURCES_SOCKET"] == DEFAULT.pod_resources_socket
     assert env["GPUAGENT_JOURNAL_PATH"] == DEFAULT.journal_path  # the same file the systemd unit keeps

@@ -88,6 +88,26 @@ def test_cli_bad_flag_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> N
     assert "GPUAGENT_EXTENDER_AGENT_URL" in capsys.readouterr().out
 
 
+def test_dra_options(tmp_path: Path) -> None:
+    options = load_options(None, env={})
+    assert (options.kubernetes_api, options.kubeconfig) == ("auto", None)
+    assert (options.gpu_device_classes, options.mig_device_classes) == (("gpu.nvidia.com",), ("mig.nvidia.com",))
+    options = load_options(None, env={"GPUAGENT_EXTENDER_GPU_DEVICE_CLASSES": "gpu.nvidia.com, gpu.example.com",
+                                      "GPUAGENT_EXTENDER_MIG_DEVICE_CLASSES": "none",
+                                      "GPUAGENT_EXTENDER_KUBERNETES_API": "OFF"})
+    assert options.gpu_device_classes == ("gpu.nvidia.com", "gpu.example.com")
+    assert (options.mig_device_classes, options.kubernetes_api) == ((), "off")
+    config = tmp_path / "extender.yaml"
+    config.write_text("mig_device_classes: [mig.nvidia.com, mig.example.com]\n")
+    assert load_options(str(config), env={}).mig_device_classes == ("mig.nvidia.com", "mig.example.com")
+    for key, value, words in (("GPU_DEVICE_CLASSES", "GPU/Class", "DeviceClass names like gpu.nvidia.com"),
+                              ("KUBERNETES_API", "maybe", "expected one of auto, on, off"),
+                              ("KUBECONFIG", str(tmp_path / "absent"), "no such file")):
+        with pytest.raises(ConfigError) as info:
+            load_options(None, env={f"GPUAGENT_EXTENDER_{key}": value})
+        assert info.value.key_path == key.lower() and words in str(info.value)
+
+
 @pytest.mark.parametrize("name", [k.name for k in OPTION_KEYS])
 def test_null_means_the_same_from_file_env_and_flag(tmp_path: Path, name: str) -> None:
     """As for the agent's options: null from env or a flag is YAML's null, accepted or rejected alike."""
@@ -112,3 +132,9 @@ def test_null_agent_url_from_a_flag_turns_the_template_off(tmp_path: Path) -> No
     options = load_options(None, env={}, overrides={"agent_url": "null", "agents": str(agents)})
     assert options.agent_url is None and options.agent_ca_file is None
     assert load_options(None, env={}, overrides={"agent_ca_file": "null"}).agent_ca_file is None
+
+
+def test_bare_off_in_yaml_means_off(tmp_path: Path) -> None:
+    config = tmp_path / "extender.yaml"
+    config.write_text("kubernetes_api: off\n")
+    assert load_options(str(config), env={}).kubernetes_api == "off"

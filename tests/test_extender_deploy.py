@@ -78,7 +78,8 @@ def entry() -> dict[str, Any]:
 def test_every_document_is_in_the_namespace_and_kustomized() -> None:
     for path in EXTENDER_DIR.glob("*.yaml"):
         for doc in _load(path):
-            if doc["kind"] not in {"Kustomization", "KubeSchedulerConfiguration"}:
+            if doc["kind"] not in {"Kustomization", "KubeSchedulerConfiguration", "ClusterRole",
+                                   "ClusterRoleBinding"}:  # cluster-scoped: no namespace
                 assert doc["metadata"]["namespace"] == NAMESPACE, (path.name, doc["kind"])
     kustomization = _one(EXTENDER_DIR / "kustomization.yaml", "Kustomization")
     assert kustomization["resources"] == ["extender.yaml"]  # never the scheduler's own config file
@@ -125,9 +126,9 @@ def test_command_runs_the_extender_and_the_probes_hit_its_routes(container: dict
         assert container[probe]["httpGet"]["path"] in paths
 
 
-def test_the_extender_runs_unprivileged_without_api_access(deployment: dict, container: dict) -> None:
+def test_the_extender_runs_unprivileged_reading_claims_only(deployment: dict, container: dict) -> None:
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True  # to read DRA pods' ResourceClaims
     assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostPID")
@@ -137,8 +138,18 @@ def test_the_extender_runs_unprivileged_without_api_access(deployment: dict, con
     assert context["capabilities"]["drop"] == ["ALL"]
     sa = _one(EXTENDER_DIR / "extender.yaml", "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
-    assert not any(doc["kind"] in {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
-                   for doc in _load(EXTENDER_DIR / "extender.yaml"))
+    assert sa["automountServiceAccountToken"] is False  # other pods of the account get no token
+    binding = _one(EXTENDER_DIR / "extender.yaml", "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+    role = _one(EXTENDER_DIR / "extender.yaml", "ClusterRole")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert granted == {("resource.k8s.io", "resourceclaims", "get"),
+                       ("resource.k8s.io", "resourceclaimtemplates", "get")}
+    assert not any(doc["kind"] in {"Role", "RoleBinding"} for doc in _load(EXTENDER_DIR / "extender.yaml"))
 
 
 def test_scheduler_entry_fields_are_kube_schedulers(entry: dict) -> None:

@@ -32,12 +32,6 @@ LOGGER = "gpuagent.pods.metadata"
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
 async def start(api: FakeApiServer) -> AsyncIterator[Callable[..., PodMetadata]]:
     """start(**kwargs) -> a running PodMetadata for NODE against ``api``; cancelled at teardown."""
     async with metadata_runner(api) as starter:

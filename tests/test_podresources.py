@@ -13,12 +13,15 @@ import grpc
 import pytest
 from fixture_files import KUBERNETES
 from podresources_server import (
+    Claim,
+    ClaimDevice,
     Container,
     Devices,
     Pod,
     PodResourcesServer,
     gpus,
     load_list_response,
+    parse_list_response,
     short_socket_dir,
 )
 
@@ -26,6 +29,7 @@ from gpuagent.pods.kubelet import api_pb2, api_pb2_grpc
 from gpuagent.pods.podresources import (
     DEFAULT_SOCKET_PATH,
     DeviceAllocation,
+    DynamicAllocation,
     PodResourcesClient,
     PodResourcesSnapshot,
     PodResourcesUnavailable,
@@ -220,6 +224,74 @@ async def test_fixture_list_response(server, client):
         alloc("ml-team", "llm-train-7d9c6b8f5d-x2kqp", "trainer", UUID_A, gpu=UUID_A, numa=(0,)),
         alloc("ml-team", "shared-infer-0", "server", f"{UUID_B}::1", gpu=UUID_B, replica=1),
     )
+
+
+# -- DRA: dynamic resources -----------------------------------------------------------------------------
+
+CLAIM_UID = "6f0e9a52-6f4b-4a8e-9d3e-2b1c0a9f8e7d"
+# What a 1.34 kubelet answers for a pod whose container uses a GPU claim of NVIDIA's DRA driver next to a
+# NIC claim of another driver (proto3 JSON of a ListPodResourcesResponse; names as the drivers make them).
+DRA_LIST_RESPONSE_JSON = """
+{"podResources": [
+  {"name": "dra-train-0", "namespace": "ml-team",
+   "containers": [{"name": "trainer",
+                   "dynamicResources": [
+                     {"claimName": "dra-train-0-gpu-7xk2q", "claimNamespace": "ml-team",
+                      "claimResources": [{"cdiDevices": [{"name": "k8s.gpu.nvidia.com/claim=CLAIM_UID-gpu-3"}],
+                                          "driverName": "gpu.nvidia.com", "poolName": "gpu-node-1",
+                                          "deviceName": "gpu-3"}]},
+                     {"claimName": "dra-train-0-nic-p9m4z", "claimNamespace": "ml-team",
+                      "claimResources": [{"cdiDevices": [{"name": "dra.net/pci=eth2"}],
+                                          "driverName": "dra.net", "poolName": "gpu-node-1",
+                                          "deviceName": "pci-0000-8a-00-0"}]}]}]}
+]}
+""".replace("CLAIM_UID", CLAIM_UID)
+
+
+async def test_dynamic_resources_of_gpu_drivers_only(server, client):
+    server.set_pods(parse_list_response(DRA_LIST_RESPONSE_JSON))
+    snap = await client.fetch()
+    assert snap.allocations == ()  # nothing through the device plugin
+    assert snap.dynamic == (
+        DynamicAllocation("ml-team", "dra-train-0", "trainer", "ml-team", "dra-train-0-gpu-7xk2q",
+                          "gpu.nvidia.com", "gpu-node-1", "gpu-3",
+                          (f"k8s.gpu.nvidia.com/claim={CLAIM_UID}-gpu-3",)),
+    )
+
+
+async def test_dynamic_resources_shares_mig_and_configured_drivers(server, sock):
+    mig = ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0-mig-9-4-2", ["k8s.gpu.nvidia.com/claim=u1-gpu-0-mig-9-4-2"])
+    share = ClaimDevice("gpu.nvidia.com", "node-a", "gpu-1", [], share_id="4d7f2c1e-0b9a-4c33-8e51-9f2a6b7c8d90")
+    other = ClaimDevice("gpu.example.com", "node-a", "accel-0", ["example.com/accel=0"])
+    not_a_device = ClaimDevice("gpu.nvidia.com", "node-a", "", ["k8s.gpu.nvidia.com/claim=u3"])
+    server.set_pods([
+        Pod("infer", "serving", [
+            Container("a", [gpus(UUID_A)], claims=[Claim("mig-claim", [mig, not_a_device])]),
+            Container("b", claims=[Claim("shared", [share], namespace="serving"), Claim("accel", [other])]),
+        ]),
+    ])
+    default = PodResourcesClient(sock)
+    both = PodResourcesClient(sock, dra_drivers=["gpu.nvidia.com", "gpu.example.com"])
+    none = PodResourcesClient(sock, dra_drivers=[])
+    try:
+        snap = await default.fetch()
+        assert [a.device_id for a in snap.allocations] == [UUID_A]  # device plugin and DRA side by side
+        assert [(d.container, d.claim_name, d.device, d.share_id) for d in snap.dynamic] == [
+            ("a", "mig-claim", "gpu-0-mig-9-4-2", None),
+            ("b", "shared", "gpu-1", "4d7f2c1e-0b9a-4c33-8e51-9f2a6b7c8d90"),
+        ]
+        assert snap.dynamic[1].cdi_devices == () and snap.dynamic[0].claim_namespace == "serving"
+        assert [d.driver for d in (await both.fetch()).dynamic] == [
+            "gpu.nvidia.com", "gpu.nvidia.com", "gpu.example.com"]
+        assert (await none.fetch()).dynamic == ()
+    finally:
+        for c in (default, both, none):
+            await c.close()
+
+
+def test_dra_drivers_must_be_a_sequence():
+    with pytest.raises(TypeError, match="dra_drivers"):
+        PodResourcesClient(dra_drivers="gpu.nvidia.com")
 
 
 # -- failures ------------------------------------------------------------------------------------------

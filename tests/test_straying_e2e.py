@@ -142,7 +142,8 @@ async def test_a_pod_straying_onto_an_unallocated_gpu_keeps_its_name_and_is_flag
         assert f'gpuagent_pod_gpu_memory_used_bytes{{{pod},gpu="{gpu}",UUID="{uuid}",Hostname="{NODE}"}}' in body
         assert f'gpuagent_pod_gpu_sm_utilization_ratio{{{pod},gpu="{gpu}",UUID="{uuid}"' in body
         assert f'gpuagent_container_gpu_memory_used_bytes{{{pod},container="main",gpu="{gpu}"' in body
-    assert f'gpuagent_pod_info{{{pod},uid="{UID_TRAINER}",qos="burstable",names_from="{names_from}"}} 1.0' in body
+    # (its owner labels follow: the owner walk's answer, "" without the API server)
+    assert f'gpuagent_pod_info{{{pod},uid="{UID_TRAINER}",qos="burstable",names_from="{names_from}",owner_kind=' in body
     assert f'gpuagent_pod_allocated_gpus{{{pod}}} 1.0' in body
     assert f'gpuagent_pod_gpu_allocated{{{pod},container="main",device_id="{g1}"}} 1.0' in body
     # GPU 1 is the trainer's alone: dcgm-exporter's pod labels; GPU 7 is nobody's: none

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from prometheus_client.metrics_core import Metric
 
+from gpuagent.export.dra import dra_families
 from gpuagent.export.families import add, extend, family, gauge, join, non_empty, with_label
 from gpuagent.export.labels import GpuLabels, GpuRenderer, pod_labels
 from gpuagent.snapshot import MPS_SERVER, GpuSample, NodeSnapshot, ProcessSample, combined_mps_limits
@@ -53,6 +54,8 @@ class PodCollector(GpuRenderer):
         idle_allocated: dict[str, int] = defaultdict(int)  # GPU -> allocated pods with no use matched
         unnamed: dict[str, int] = defaultdict(int)  # GPU -> pods in use known only by UID
         allocations_known = any(s.name == "pod_resources" and s.ok for s in snapshot.sources)
+        # A pod holding a DRA device nothing could map to a GPU may be using that very GPU: not flagged.
+        unmapped = {(d.namespace, d.pod) for d in snapshot.dra if d.mapped_by is None}
         for pod in snapshot.pods:
             ident = pod_labels(pod.namespace, pod.name)
             facts = (("uid", pod.uid or ""), ("qos", pod.qos or ""), ("names_from", pod.names_from),
@@ -69,7 +72,7 @@ class PodCollector(GpuRenderer):
                     named[uuid] += 1
                     idle_allocated[uuid] += uuid not in pod.used_gpus
             # A pod known only by its UID is most likely an allocated pod we could not name: not flagged.
-            if allocations_known and pod.names_from != "cgroup":
+            if allocations_known and pod.names_from != "cgroup" and (pod.namespace, pod.name) not in unmapped:
                 for uuid in pod.unallocated_use:
                     gpu = by_uuid.get(uuid)
                     if gpu is not None:
@@ -81,7 +84,7 @@ class PodCollector(GpuRenderer):
                 uuid = gpu.info.uuid
                 add(tenants, labels.gpu(gpu), named[uuid] + max(0, unnamed[uuid] - idle_allocated[uuid]))
         return non_empty([pod_memory, pod_sm, pod_procs, ctr_memory, ctr_sm, mps_threads, mps_memory, tenants,
-                          allocated, device, info, unallocated])
+                          allocated, device, info, unallocated]) + dra_families(snapshot, labels)
 
     @staticmethod
     def _use(gpu: GpuSample, labels: GpuLabels, *families: Metric) -> None:

@@ -8,6 +8,9 @@ code that serves the agents' own ``/v1/hints/score``, so the extender and an age
 Per node, in order:
 
 - the pod requests no GPU: every node passes, every score is 0, no agent is asked;
+- the pod asks for GPUs through DRA ResourceClaims that cannot be judged (``gpuagent.hints.claims``: read,
+  when they can be, by ``ClaimReader``): every node passes, score 0, and the reason is logged and counted
+  (kube-scheduler's own DRA plugin still filters the nodes and allocates the devices);
 - the pod's GPU request cannot be read (a bad ``gpuagent.io/*`` value): every node fails, unresolvable,
   with the reason naming the annotation;
 - no hints, or the agent has not answered for ``max_age`` seconds: the node fails, unresolvable (evicting
@@ -28,7 +31,7 @@ import signal
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +42,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from gpuagent.hints.agents import STATES, AgentCache, AgentDirectory, AgentEntry, AgentTLS
+from gpuagent.hints.claim_reader import ClaimReader
+from gpuagent.hints.claims import Unjudged
 from gpuagent.hints.extender_config import ExtenderOptions
 from gpuagent.hints.extender_protocol import (
     ArgsError,
@@ -59,6 +64,7 @@ REASON_PREFIX = "gpuagent: "
 MAX_REASON_CHARS = 300
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a NodeList of 5,000 full Node objects (nodeCacheCapable: false) fits
 MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
+LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
 YIELD_EVERY_NODES = 250
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -100,6 +106,13 @@ class ExtenderMetrics:
             "gpuagent_extender_agent_fetches_total",
             "Requests for an agent's /v1/hints by result (modified, not_modified, error).",
             ["result"],
+            registry=registry,
+        )
+        self.unjudged = Counter(
+            "gpuagent_extender_pods_unjudged_total",
+            "Calls for pods whose GPU ResourceClaims could not be judged (passed on every node), by verb and "
+            "reason (no_api, unreadable, allocated, all_devices, first_available, mig_profile).",
+            ["verb", "reason"],
             registry=registry,
         )
         self.fetch_duration = Histogram(
@@ -146,6 +159,7 @@ class Extender:
         *,
         max_age_seconds: float = 30.0,
         gpu_resource_names: Sequence[str] = ("nvidia.com/gpu",),
+        claims: ClaimReader | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         metrics: ExtenderMetrics | None = None,
@@ -153,6 +167,8 @@ class Extender:
         self.cache = cache
         self.max_age_seconds = max_age_seconds
         self.gpu_resource_names = tuple(gpu_resource_names)
+        self.claims = claims if claims is not None else ClaimReader(None)
+        self._logged_unjudged: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._monotonic = monotonic
         self._wall_clock = wall_clock
         self.metrics = metrics
@@ -177,13 +193,17 @@ class Extender:
     async def _judge(self, args: ExtenderArgs, verb: str) -> dict[str, Verdict]:
         nodes = args.node_names
         try:
-            request = pod_fit_request(args.pod, gpu_resource_names=self.gpu_resource_names)
+            claims = await self.claims.pod_gpus(args.pod) if isinstance(args.pod, Mapping) else None
+            request = pod_fit_request(args.pod, gpu_resource_names=self.gpu_resource_names, claims=claims)
         except MalformedPod as err:
             raise ArgsError(err.field, err.message) from None
         except PodRequestError as err:
             log.info("pod %s: %s", pod_name(args.pod), err)
             bad = Verdict(False, reason=_reason(f"{err.field}: {err.message}"), unresolvable=True)
             return self._count(verb, dict.fromkeys(nodes, bad))
+        except Unjudged as err:
+            self._unjudged(verb, args.pod, err)
+            return self._count(verb, dict.fromkeys(nodes, Verdict(True)))
         if request is None:  # no GPU asked for: not ours to judge
             return self._count(verb, dict.fromkeys(nodes, Verdict(True)))
         entries = await self.cache.lookup(nodes)
@@ -219,6 +239,18 @@ class Extender:
             if scored % YIELD_EVERY_NODES == 0:  # scoring thousands of nodes: let the loop serve others
                 await asyncio.sleep(0)
         return self._count(verb, verdicts)
+
+    def _unjudged(self, verb: str, pod: Any, err: Unjudged) -> None:
+        """Counted every call, logged once per pod and reason."""
+        if self.metrics is not None:
+            self.metrics.unjudged.labels(verb, err.category).inc()
+        key = (pod_name(pod), err.reason)
+        if key in self._logged_unjudged:
+            return
+        self._logged_unjudged[key] = None
+        while len(self._logged_unjudged) > LOGGED_UNJUDGED:
+            self._logged_unjudged.popitem(last=False)
+        log.info("pod %s passed on every node without judging its GPU claims: %s", key[0], err.reason)
 
     def _count(self, verb: str, verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
         if self.metrics is not None:
@@ -371,6 +403,7 @@ async def serve(
     finally:
         await runner.cleanup()
         await extender.cache.close()
+        await extender.claims.close()
         log.info("extender stopped")
 
 
@@ -395,7 +428,22 @@ def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None =
         max_concurrent_fetches=options.max_concurrent_fetches,
         ssl_context=agent_ssl,
     )
-    return Extender(cache, max_age_seconds=options.max_age, gpu_resource_names=options.gpu_resource_names)
+    return Extender(cache, max_age_seconds=options.max_age, gpu_resource_names=options.gpu_resource_names,
+                    claims=claim_reader(options))
+
+
+def claim_reader(options: ExtenderOptions) -> ClaimReader:
+    """Reads pods' ResourceClaims where the API server can be used: when asked (``kubernetes_api: on``), or
+    (auto) with a kubeconfig or inside a cluster with a service account token."""
+    from gpuagent.kubeapi import ApiConnection, api_server_available
+
+    connection = None
+    if options.kubernetes_api == "on" or (
+        options.kubernetes_api == "auto" and (options.kubeconfig or api_server_available())
+    ):
+        connection = ApiConnection(kubeconfig_path=options.kubeconfig, request_timeout=options.timeout)
+    return ClaimReader(connection, gpu_classes=options.gpu_device_classes,
+                       mig_classes=options.mig_device_classes, timeout=options.timeout)
 
 
 def run(options: ExtenderOptions, *, ssl_context: ssl.SSLContext | None = None) -> int:

@@ -18,12 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuagent.config import ConfigError, is_null_text, parse_listen, read_yaml_mapping
+from gpuagent.config import ConfigError, choice_word, is_null_text, parse_listen, read_yaml_mapping
 
 ENV_PREFIX = "GPUAGENT_EXTENDER_"
 CONFIG_ENV = "GPUAGENT_EXTENDER_CONFIG"
 DEFAULT_PORT = 9403  # next to the agent's 9402
 LOG_LEVELS = ("debug", "info", "warning", "error")
+API_MODES = ("auto", "on", "off")
 NODE_PLACEHOLDER = "{node}"
 DEFAULT_AGENT_URL = "http://{node}:9402"
 # A node name is a DNS subdomain (RFC 1123): checked before it goes into a URL.
@@ -160,6 +161,30 @@ def _names(value: Any, text: bool, base_dir: str | None) -> tuple[str, ...]:
     return tuple(value)
 
 
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+
+
+def _class_names(value: Any, text: bool, base_dir: str | None) -> tuple[str, ...]:
+    if text and isinstance(value, str):
+        empty = value.strip().lower() in ("none", "null")
+        value = [] if empty else [p.strip() for p in value.split(",") if p.strip()]
+    if value is None:
+        value = []
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(name, str) and len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name) for name in value
+    ):
+        raise ValueError("expected a list of DeviceClass names like gpu.nvidia.com (comma-separated in "
+                         "env/flags, none for none)")
+    return tuple(value)
+
+
+def _mode(value: Any, text: bool, base_dir: str | None) -> str:
+    word = choice_word(value, API_MODES)
+    if word is None:
+        raise ValueError("expected one of " + ", ".join(API_MODES))
+    return word
+
+
 def _level(value: Any, text: bool, base_dir: str | None) -> str:
     if not isinstance(value, str) or value.strip().lower() not in LOG_LEVELS:
         raise ValueError("expected one of " + ", ".join(LOG_LEVELS))
@@ -213,6 +238,19 @@ class ExtenderOptions:
         ("nvidia.com/gpu",),
         _names,
         "resource names counted as whole GPUs (nvidia.com/mig-* are MIG)",
+        "NAMES",
+    )
+    kubernetes_api: str = _key(
+        "auto", _mode, "read pods' DRA ResourceClaims from the API server: auto (a service account token or "
+        "a kubeconfig), on, or off (pods with claims then pass unjudged)", "{" + ",".join(API_MODES) + "}",
+    )
+    kubeconfig: str | None = _key(None, _file, "kubeconfig for the API server (default: in-cluster)", "FILE")
+    gpu_device_classes: tuple[str, ...] = _key(
+        ("gpu.nvidia.com",), _class_names, "DRA DeviceClasses whose devices are whole GPUs", "NAMES"
+    )
+    mig_device_classes: tuple[str, ...] = _key(
+        ("mig.nvidia.com",), _class_names,
+        "DRA DeviceClasses whose devices are MIG devices (the profile from the request's CEL selector)",
         "NAMES",
     )
     agent_ca_file: str | None = _key(None, _file, "CA bundle that signs the agents' certificates", "FILE")

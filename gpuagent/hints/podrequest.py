@@ -7,6 +7,8 @@ else its ``limits`` entry (the API server defaults requests from limits for exte
 
 - The configured GPU resource names (default ``nvidia.com/gpu``) count whole GPUs.
 - ``nvidia.com/mig-<profile>`` (MIG "mixed" strategy) counts MIG instances of that profile.
+- GPUs asked for through DRA ResourceClaims (``gpuagent.hints.claims``, read by the extender) are added by
+  the caller as ``claims``: whole GPUs, or MIG devices of a profile, counted like the resources above.
 
 Annotations (only those the placement depends on; the agent reports the others):
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuagent.hints.score import FitRequest, RequestError, parse_fit_request
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
@@ -40,6 +42,9 @@ ANNOTATION_PLACEMENT = "gpuagent.io/placement"
 PLACEMENTS = ("binpack", "spread")
 DEFAULT_GPU_RESOURCE_NAMES = ("nvidia.com/gpu",)
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+if TYPE_CHECKING:
+    from gpuagent.hints.claims import ClaimGpus
 
 _COUNT_RE = re.compile(r"\+?[0-9]{1,9}", re.ASCII)  # extended resources are whole numbers
 
@@ -69,18 +74,21 @@ class PodGpuCount:
 
 
 def pod_fit_request(
-    pod: Any, *, gpu_resource_names: Sequence[str] = DEFAULT_GPU_RESOURCE_NAMES, field: str = "Pod"
+    pod: Any, *, gpu_resource_names: Sequence[str] = DEFAULT_GPU_RESOURCE_NAMES, field: str = "Pod",
+    claims: ClaimGpus | None = None,
 ) -> FitRequest | None:
-    """The ``FitRequest`` of ``pod`` (a v1 Pod as JSON), or None when it requests no GPU.
+    """The ``FitRequest`` of ``pod`` (a v1 Pod as JSON), or None when it requests no GPU. ``claims``: the
+    GPUs its ResourceClaims ask for, when they were read.
 
     Raises ``MalformedPod`` for a body that is not a Pod and ``PodRequestError`` for a bad value.
     """
     if not isinstance(pod, Mapping):
         raise MalformedPod(field, f"expected a Pod object, got {json_kind(pod)}")
     counts = gpu_counts(pod, gpu_resource_names=gpu_resource_names, field=field)
-    if not counts.by_resource:
+    dra = {kind: n for kind, n in (claims.by_kind.items() if claims is not None else ()) if n > 0}
+    if not counts.by_resource and not dra:
         return None
-    gpus, mig_profile = _one_kind(counts, gpu_resource_names, field)
+    gpus, mig_profile = _one_kind(counts, gpu_resource_names, field, dra)
     annotations = _annotations(pod, field)
     share = _annotation(annotations, ANNOTATION_SHARE, parse_share, field)
     memory = _annotation(annotations, ANNOTATION_MEMORY, parse_memory, field)
@@ -215,18 +223,29 @@ def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
         into[name] = into.get(name, 0) + count
 
 
-def _one_kind(counts: PodGpuCount, gpu_resource_names: Sequence[str], field: str) -> tuple[int, str | None]:
-    """(count, MIG profile or None): the scorer places one kind of device per pod."""
-    if len(counts.by_resource) > 1:
-        kinds = ", ".join(counts.by_resource)
+def _one_kind(
+    counts: PodGpuCount, gpu_resource_names: Sequence[str], field: str,
+    dra: Mapping[str | None, int] | None = None,
+) -> tuple[int, str | None]:
+    """(count, MIG profile or None): the scorer places one kind of device per pod. A kind asked for both as
+    a resource and through ResourceClaims adds up."""
+    by_kind: dict[str | None, int] = {}
+    names: dict[str | None, list[str]] = {}
+    for name, count in counts.by_resource.items():
+        kind = None if name in gpu_resource_names else name[len(MIG_RESOURCE_PREFIX) :]
+        by_kind[kind] = by_kind.get(kind, 0) + count
+        names.setdefault(kind, []).append(name)
+    for kind, count in (dra or {}).items():
+        by_kind[kind] = by_kind.get(kind, 0) + count
+        names.setdefault(kind, []).append(f"ResourceClaims: {kind or 'whole GPUs'}")
+    if len(by_kind) > 1 or len(counts.by_resource) > 1:
+        kinds = ", ".join(n for kind_names in names.values() for n in kind_names)
         raise PodRequestError(
             f"{field}.spec",
             f"requests more than one kind of GPU device ({kinds}); gpuagent places one kind per pod",
         )
-    ((name, count),) = counts.by_resource.items()
-    if name in gpu_resource_names:
-        return count, None
-    return count, name[len(MIG_RESOURCE_PREFIX) :]
+    ((kind, count),) = by_kind.items()
+    return count, kind
 
 
 def _annotations(pod: Mapping[str, Any], field: str) -> Mapping[str, Any]:
@@ -270,6 +289,8 @@ def _request_field(request_field: str, field: str, counts: PodGpuCount) -> str:
     annotation = {"share": ANNOTATION_SHARE, "memory": ANNOTATION_MEMORY, "policy": ANNOTATION_PLACEMENT}
     if request_field in annotation:
         return f'{field}.metadata.annotations["{annotation[request_field]}"]'
+    if not counts.by_resource:
+        return f"{field}.spec.resourceClaims"
     return f"{field}.spec (resources {', '.join(counts.by_resource)})"
 
 

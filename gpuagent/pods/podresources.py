@@ -5,6 +5,12 @@ The kubelet serves ``v1.PodResourcesLister`` on a plain unix socket (no TLS, no 
 ``resource_names`` (exact match; ``nvidia.com/gpu`` by default, shared names such as
 ``nvidia.com/gpu.shared`` come from the config) or any ``nvidia.com/mig-*`` name.
 
+GPUs allocated through Dynamic Resource Allocation (ResourceClaims, Kubernetes 1.34 GA) are reported per
+container in ``dynamic_resources``: the claim, and per device the driver, pool, device name and CDI device
+names, but no device id. ``fetch()`` keeps those of the GPU drivers in ``dra_drivers`` (``gpu.nvidia.com``
+by default; a NIC's claim is not a GPU) as :class:`DynamicAllocation` records, which ``pods.dra`` maps to
+GPU and MIG UUIDs.
+
 Device ids are whatever the device plugin advertised. The NVIDIA plugin reports ``GPU-<uuid>`` and
 ``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` before driver R470, and ``<id>::<n>`` for the n-th
 time-slicing or MPS replica of a device; :func:`parse_device_id` splits those forms.
@@ -28,6 +34,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+DEFAULT_DRA_DRIVERS = ("gpu.nvidia.com",)  # NVIDIA's DRA driver (k8s-dra-driver-gpu)
 
 _REPLICA_SEPARATOR = "::"
 _LEGACY_MIG_PREFIX = "MIG-GPU-"
@@ -49,12 +56,33 @@ class DeviceAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class DynamicAllocation:
+    """One device of a ResourceClaim (DRA) the kubelet prepared for one container.
+
+    The (driver, pool, device) triplet names the device uniquely; ``cdi_devices`` are the fully qualified
+    CDI device names the runtime injected for it (``k8s.gpu.nvidia.com/claim=<claim UID>-gpu-0``);
+    ``share_id`` is set when the device is one share of a device with consumable capacity."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...] = ()
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PodResourcesSnapshot:
     """The GPU part of one ``List`` + ``GetAllocatableResources`` round."""
 
     allocations: tuple[DeviceAllocation, ...]  # GPU resources only
     allocatable: tuple[str, ...]  # GPU device ids the kubelet can allocate, raw; () on kubelets < 1.21
     pods_seen: int  # pods in the List answer, GPU or not
+    dynamic: tuple[DynamicAllocation, ...] = ()  # DRA devices of the GPU drivers (kubelets >= 1.27)
 
 
 class PodResourcesUnavailable(Exception):
@@ -110,11 +138,12 @@ class PodResourcesClient:
         socket_path: str = DEFAULT_SOCKET_PATH,
         *,
         resource_names: Sequence[str] = ("nvidia.com/gpu",),
+        dra_drivers: Sequence[str] = DEFAULT_DRA_DRIVERS,
         timeout: float = 2.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        if isinstance(resource_names, str):
-            raise TypeError("resource_names must be a sequence of names, not a string")
+        if isinstance(resource_names, str) or isinstance(dra_drivers, str):
+            raise TypeError("resource_names and dra_drivers must be sequences of names, not strings")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if max_message_bytes <= 0:
@@ -122,6 +151,7 @@ class PodResourcesClient:
         self._socket_path = os.path.abspath(socket_path)
         self._target = "unix://" + self._socket_path  # grpc wants unix:///abs/path (or unix:rel)
         self._resource_names = frozenset(resource_names)
+        self._dra_drivers = frozenset(dra_drivers)
         self._timeout = timeout
         self._max_message_bytes = max_message_bytes
         self._conn: _Channel | None = None
@@ -186,6 +216,7 @@ class PodResourcesClient:
             allocations=self._allocations(listed),
             allocatable=allocatable,
             pods_seen=len(listed.pod_resources),
+            dynamic=self._dynamic(listed),
         )
 
     async def _check_socket(self) -> tuple[int, int]:
@@ -275,6 +306,34 @@ class PodResourcesClient:
                                 mig_uuid=parsed.mig_uuid,
                                 replica=parsed.replica,
                                 numa_nodes=numa,
+                            )
+                        )
+        return tuple(out)
+
+    def _dynamic(self, listed: Any) -> tuple[DynamicAllocation, ...]:
+        """The DRA devices of the GPU drivers; a claim resource without a device name (not a device) and
+        other drivers' devices are left out."""
+        if not self._dra_drivers:
+            return ()
+        out: list[DynamicAllocation] = []
+        for pod in listed.pod_resources:
+            for container in pod.containers:
+                for claim in container.dynamic_resources:
+                    for resource in claim.claim_resources:
+                        if resource.driver_name not in self._dra_drivers or not resource.device_name:
+                            continue
+                        out.append(
+                            DynamicAllocation(
+                                namespace=pod.namespace,
+                                pod=pod.name,
+                                container=container.name,
+                                claim_namespace=claim.claim_namespace or pod.namespace,
+                                claim_name=claim.claim_name,
+                                driver=resource.driver_name,
+                                pool=resource.pool_name,
+                                device=resource.device_name,
+                                cdi_devices=tuple(cdi.name for cdi in resource.cdi_devices),
+                                share_id=resource.share_id if resource.HasField("share_id") else None,
                             )
                         )
         return tuple(out)

@@ -5,7 +5,8 @@ only every ``identity_ttl`` seconds (a process rarely changes cgroup). The envir
 or an MPS client (a few variables: :mod:`gpuagent.pods.environ`) is read once per PID, with it: it gives
 each MPS client its limits and the device join its evidence. The kubelet's allocations are read on their
 own, slower cadence and the last answer is kept while the kubelet does not answer: allocations outlive a
-kubelet restart, and attribution falls back to cgroups alone until the first answer.
+kubelet restart, and attribution falls back to cgroups alone until the first answer. Devices of
+ResourceClaims (DRA) are mapped to GPUs by ``pods.dra`` and joined as the device plugin's are.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from gpuagent.pods.cgroup import CgroupIdentity, CgroupParseError, CgroupReader
 from gpuagent.pods.environ import Environ, EnvironReader
 from gpuagent.pods.mps import MpsLimitError, with_client_limits
 from gpuagent.pods.podresources import PodResourcesClient, PodResourcesUnavailable
-from gpuagent.snapshot import MPS_CLIENT, GpuSample, PodUse, SourceStatus
+from gpuagent.snapshot import MPS_CLIENT, DraDevice, GpuSample, PodUse, SourceStatus
 
 if TYPE_CHECKING:
+    from gpuagent.kubeapi import ApiConnection
+    from gpuagent.pods.dra.resolver import DraResolver
     from gpuagent.pods.metadata import PodMetadata
 
 METADATA_SOURCE = "api_server"  # gpuagent_source_success{source=...}
@@ -38,6 +41,7 @@ class PodsReading:
     gpus: tuple[GpuSample, ...]
     pods: tuple[PodUse, ...]
     statuses: tuple[SourceStatus, ...]
+    dra: tuple[DraDevice, ...] = ()
 
 
 class PodsSource:
@@ -49,6 +53,8 @@ class PodsSource:
         metadata: PodMetadata | None = None,
         environs: EnvironReader | None = None,
         node_names: frozenset[str] = frozenset(),
+        dra: DraResolver | None = None,
+        connection: ApiConnection | None = None,
         interval: float = 5.0,
         identity_ttl: float = 30.0,
         monotonic: Callable[[], float] = time.monotonic,
@@ -60,6 +66,9 @@ class PodsSource:
         self._bad_limits: set[tuple[int, str]] = set()  # MPS limits that did not resolve, logged once each
         self._client = podresources
         self._metadata = metadata
+        self._dra = dra
+        self._connection = connection  # shared by the API-server sources; closed with this source
+        self._dynamic: Sequence[Any] = ()  # the kubelet's DRA devices (of GPU drivers)
         self._interval = interval
         self._ttl = identity_ttl
         self._monotonic = monotonic
@@ -91,9 +100,13 @@ class PodsSource:
             ok, error = self._metadata.status
             statuses.append(SourceStatus(METADATA_SOURCE, ok, 0.0, error))
             names = self._metadata.names_by_uid() if self._metadata.synced else None
-        attributed, pods = self._attributor.attribute(gpus, identities, self._allocations, names,
-                                                      self._environs)
-        return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses))
+        allocations, dra = self._allocations, ()
+        if self._dra is not None:
+            allocations, mapping = self._dra.allocations(self._allocations, self._dynamic, gpus)
+            statuses.extend(self._dra.statuses(mapping))
+            dra = mapping.devices
+        attributed, pods = self._attributor.attribute(gpus, identities, allocations, names, self._environs)
+        return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses), dra=dra)
 
     async def _identify(self, pids: set[int], clients: set[int]) -> dict[int, CgroupIdentity | None]:
         """Each PID's identity, and the environment of a pod's process or MPS client until it is read (one
@@ -164,20 +177,30 @@ class PodsSource:
         else:
             if answer.allocations != self._allocations:  # unchanged: keep the object the index is built on
                 self._allocations = answer.allocations
+            if answer.dynamic != self._dynamic:
+                self._dynamic = answer.dynamic
             status = SourceStatus("pod_resources", True, self._monotonic() - now)
             if self._failure:
                 log.info("kubelet pod-resources answers again: %d GPU allocations", len(answer.allocations))
                 self._failure = ""
         self._podresources_status = status
+        if self._dra is not None:
+            await self._dra.refresh(self._dynamic, self._monotonic)
         return status
 
     @property
     def metadata(self) -> PodMetadata | None:
         return self._metadata
 
+    @property
+    def dra(self) -> DraResolver | None:
+        return self._dra
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+        if self._connection is not None:
+            await self._connection.aclose()
 
 
 def _wants_environ(identity: CgroupIdentity | None, client: bool) -> bool:
