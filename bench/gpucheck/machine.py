@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())  # the checkout
 
 _TORCH = ("import torch; ok = torch.cuda.is_available(); "
           "print(torch.__version__, ok, torch.cuda.get_device_name(0) if ok else '')")
