@@ -118,6 +118,8 @@ class Agent:
             slow_interval=config.slow_poll_interval,
             energy_interval=config.energy_interval,
             profiling_interval=config.profiling_interval,
+            process_utilization_interval=config.process_utilization_interval,
+            detail_interval=config.detail_interval,
             xid_window=config.xid_window,
             process_names=ProcessNames(config.proc_root, fallback=fallback),
             clock=clock,
@@ -201,6 +203,8 @@ class Agent:
         )
         if self.enforcer is not None:
             snapshot = replace(snapshot, enforcement=self._enforce(snapshot))
+            # the share controller closes its loop on per-process use: read it every poll where it acts
+            self.devices.read_process_utilization_every_poll(self.enforcer.contended_gpus)
         snapshot = replace(snapshot, accounting=self._account(snapshot))
         snapshot = replace(snapshot, hints=self._hints(snapshot))  # last: it reads everything above
         self.latest = snapshot

@@ -141,7 +141,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                       "proc_root": str(proc_root), "pod_resources_socket": str(kubelet.socket_path),
                       "pod_resources_interval": 0.5, "kubernetes_api": "off", "mode": "off",
                       "journal_path": str(work / "journal.json"), "accounting_retention": 2,
-                      "idle_window": 3, "energy_interval": 0.5}  # energy read every poll: a short run
+                      "idle_window": 3, "energy_interval": 0.5,  # read every poll: a short run
+                      "process_utilization_interval": 0.5}
             with PrometheusServer([target], work / "prometheus") as prom:
                 start = round(time.time(), 3)
                 agents.append(AgentRunner("agent-a", {**config, "scenario": str(scenario_a)}, work))
