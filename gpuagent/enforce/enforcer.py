@@ -190,7 +190,9 @@ class Enforcer:
         self._by_workload_before, self._by_workload_now = self._by_workload_now, {}
         owners: dict[str, _Owner] = {}
         problems: list[PolicyProblem] = []
+        target_for = self.actions.target_for
         for gpu in snapshot.gpus:
+            uuid, shared = gpu.info.uuid, not gpu.info.mig_enabled  # MIG: hard isolation, no shares
             for process in gpu.processes:
                 w = process.workload
                 if w is None or process.kind == MPS_SERVER:
@@ -201,16 +203,15 @@ class Enforcer:
                     limits, found = self._limits(w, pods.get((w.namespace, w.name)))
                     problems.extend(found)
                     owner = owners[key] = _Owner(w.namespace, w.name, limits)
-                share = sm_share_ratio(process)
-                if share is not None and not gpu.info.mig_enabled:
-                    uuid = gpu.info.uuid
-                    owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + share
+                if shared:
+                    share = sm_share_ratio(process)
+                    if share is not None:
+                        owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + share
+                    owner.gpus.add(uuid)
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
-                if not gpu.info.mig_enabled:
-                    owner.gpus.add(gpu.info.uuid)
                 owner.processes.append(process)
-                target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
+                target = target_for(w.cgroup_v2, w.cgroup_freezer)
                 if target is not None:
                     owner.targets.add(target)
         return owners, tuple(problems)
@@ -260,14 +261,19 @@ class Enforcer:
         now = self._clock()
         fractions: dict[str, float] = defaultdict(float)
         paused = now < self._paused_until  # an operator's manual thaw (``pause``)
-        decided: list[tuple[str, str, int, float]] = []
+        decided: list[tuple[str, str, int, float, ShareController]] = []
         tenants_by_gpu: dict[str, list[Tenant]] = {}  # in the owners' order, as the controllers saw them
         for key, o in owners.items():
-            if o.limits.exempt:
+            limits = o.limits
+            if limits.exempt:
                 continue
             for uuid, util in o.util_by_gpu.items():
-                tenants_by_gpu.setdefault(uuid, []).append(Tenant(
-                    key=key, util_ratio=util, share_ratio=o.limits.share_ratio, priority=o.limits.priority))
+                tenant = Tenant(key, util, limits.share_ratio, limits.priority)
+                on_gpu = tenants_by_gpu.get(uuid)
+                if on_gpu is None:
+                    tenants_by_gpu[uuid] = [tenant]
+                else:
+                    on_gpu.append(tenant)
         for gpu in snapshot.gpus:
             uuid = gpu.info.uuid
             tenants = tenants_by_gpu.get(uuid, [])
@@ -279,10 +285,13 @@ class Enforcer:
             if controller is None:
                 controller = self._controllers[uuid] = self._new_controller()
             result = controller.update(now, tenants)
+            index = gpu.info.index
             for tenant in tenants:
-                fraction = 0.0 if paused else result.get(tenant.key, 0.0)  # paused: release all
-                fractions[tenant.key] = max(fractions[tenant.key], fraction)
-                decided.append((tenant.key, uuid, gpu.info.index, fraction))
+                key = tenant.key
+                fraction = 0.0 if paused else result.get(key, 0.0)  # paused: release all
+                if fraction > fractions[key]:  # (a defaultdict: the key is there either way)
+                    fractions[key] = fraction
+                decided.append((key, uuid, index, fraction, controller))
         if self._cycler is not None:
             for key in self._throttling - {k for k, f in fractions.items() if f > 0}:
                 self._release(key)
@@ -297,17 +306,16 @@ class Enforcer:
             for key in self._seen - owners.keys():  # workloads that left: drop their counters too
                 self._cycler.forget(key)
         self._seen = set(owners)
+        cycled = self._cycler is not None and self.mode == "enforce"  # audit: no time frozen to report
+        throttled = self._cycler.throttled_seconds if cycled and self._cycler is not None else None
         states = []
-        for key, uuid, index, fraction in decided:
+        for key, uuid, index, fraction, controller in decided:
             owner = owners[key]
+            limits = owner.limits
+            # positional, in ShareState's field order: one of these per tenant per poll
             states.append(ShareState(
-                pod=owner.name, namespace=owner.namespace, gpu_uuid=uuid, gpu_index=index,
-                limit_ratio=owner.limits.share_ratio,
-                achieved_ratio=self._controllers[uuid].achieved(key),
-                frozen_ratio=fraction,
-                throttled_seconds_total=(self._cycler.throttled_seconds(key)
-                                         if self._cycler is not None and self.mode == "enforce" else 0.0),
-                priority=owner.limits.priority,
+                owner.name, owner.namespace, uuid, index, limits.share_ratio, controller.achieved(key),
+                fraction, throttled(key) if throttled is not None else 0.0, limits.priority,
             ))
         return tuple(states)
 
