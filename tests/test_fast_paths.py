@@ -22,7 +22,7 @@ from gpuagent import quantities
 from gpuagent.agent import build_enforcer
 from gpuagent.config import load_config
 from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
-from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers
+from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers, _TenantState
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
 from gpuagent.snapshot import ContainerUse, NodeSnapshot, PodUse, ProcessSample, Workload
 
@@ -121,6 +121,17 @@ def test_sums_of_the_others_are_what_fsum_gives(values: list[float]) -> None:
         expected = math.fsum(v for i, v in enumerate(values) if i != index)
         assert sums.without(index) == expected
         assert math.copysign(1.0, sums.without(index)) == math.copysign(1.0, expected) or expected == 0.0
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=100.0, allow_subnormal=True), min_size=3, max_size=20),
+       st.floats(min_value=0.0, max_value=0.9))
+def test_the_noise_without_sorting_is_the_sorted_window_s(diffs: list[float], fraction: float) -> None:
+    """A tenant's noise: fsum of the window with its largest difference taken back out, as the sum of the
+    sorted window less its last (squared differences of uses of at most 1/(1 - 0.9): up to 100)."""
+    state = _TenantState(fraction=fraction)
+    state.diffs.extend(diffs)
+    squares = sorted(state.diffs)[:-1]
+    assert state.noise() == math.sqrt(math.fsum(squares) / len(squares) / 2.0) * (1.0 - fraction)
 
 
 def test_sums_of_the_others_fall_back_to_fsum_for_infinities_and_nan() -> None:
