@@ -67,10 +67,10 @@ class IdleTracker(Generic[K]):
             state.idle_since = None
         elif state.idle_since is None:
             state.idle_since = now
-        return Observation(
-            idle_since=state.idle_since,
-            idle_seconds=0.0 if state.idle_since is None else now - state.idle_since,
-            efficiency_ratio=self._efficiency(state, now, allocated_total, busy_total),
+        return Observation(  # positional, in its field order: one per pod and GPU per poll
+            state.idle_since,
+            0.0 if state.idle_since is None else now - state.idle_since,
+            self._efficiency(state, now, allocated_total, busy_total),
         )
 
     def flagged(self, observation: Observation) -> bool:

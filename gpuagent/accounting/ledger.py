@@ -216,10 +216,26 @@ class Ledger:
         if current.busy_read_at == waiting.read_at:
             return
         settled: dict[tuple[Owner, int | None], Settled] = waiting.settle(current.busy_read_at)
-        lumps = {place: _Increment(allocated=lump.allocated_seconds, busy=lump.busy)
-                 for place, lump in settled.items()}
-        for key, lump in self._by_series(current.uuid, lumps).items():
-            self._add_busy(self._series(key, current), lump)
+        # by series, as _by_series sums increments: a series with one contributor takes its lump as is
+        by_series: dict[SeriesKey, Settled] = {}
+        merged: set[SeriesKey] = set()
+        for (owner, instance), lump in settled.items():
+            if owner is UNATTRIBUTED:
+                continue
+            for key in self._series_keys(owner, current.uuid, instance):
+                total = by_series.get(key)
+                if total is None:
+                    by_series[key] = lump
+                    continue
+                if key not in merged:  # a second contributor: sum into a lump of the series' own
+                    merged.add(key)
+                    total = by_series[key] = Settled(total.busy, total.allocated_seconds)
+                total.allocated_seconds += lump.allocated_seconds
+                if lump.busy is not None:
+                    total.busy = (total.busy or 0.0) + lump.busy
+        series = self.series
+        for key, lump in by_series.items():
+            self._add_busy(series.get(key) or self._series(key, current), lump)
         if current.busy_read_at is None:
             del self._busy[current.uuid]
 
@@ -266,14 +282,14 @@ class Ledger:
             if inc.allocated > 0 and inc.busy < self.idle_threshold_ratio * inc.allocated:
                 s.idle_allocated_gpu_seconds += inc.allocated
 
-    def _add_busy(self, s: Series, lump: _Increment) -> None:
+    def _add_busy(self, s: Series, lump: Settled) -> None:
         """A reading's busy over its window, and the time held in it judged idle or not (its GPU-seconds
         were added poll by poll)."""
         if lump.busy is None:
             return
         s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + lump.busy
-        if lump.allocated > 0 and lump.busy < self.idle_threshold_ratio * lump.allocated:
-            s.idle_allocated_gpu_seconds += lump.allocated
+        if lump.allocated_seconds > 0 and lump.busy < self.idle_threshold_ratio * lump.allocated_seconds:
+            s.idle_allocated_gpu_seconds += lump.allocated_seconds
 
     def _series_keys(self, owner: Owner, uuid: str, instance: int | None) -> tuple[SeriesKey, ...]:
         place = (owner, uuid, instance)
