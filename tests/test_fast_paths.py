@@ -11,11 +11,13 @@ import math
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from snapshots import two_gpu_node
+from test_poll_caches import Alloc
 from test_timeslice import Plant
 
 from gpuagent import quantities
@@ -23,8 +25,17 @@ from gpuagent.agent import build_enforcer
 from gpuagent.config import load_config
 from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
 from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers, _TenantState
+from gpuagent.pods.attribution import Attributor, PodName, _index_allocations, _index_names
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
-from gpuagent.snapshot import ContainerUse, NodeSnapshot, PodUse, ProcessSample, Workload
+from gpuagent.snapshot import (
+    MPS_SERVER,
+    ContainerUse,
+    GpuSample,
+    NodeSnapshot,
+    PodUse,
+    ProcessSample,
+    Workload,
+)
 
 # -- the share controller -------------------------------------------------------------------------------------
 
@@ -229,3 +240,98 @@ def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path,
             (p for _, problems in expected.values() for p in problems), key=str), step
     reloaded = {s.pod: s.limit_ratio for s in state.shares}
     assert reloaded["a"] == reloaded["d"] == pytest.approx(0.15)  # d's annotations did not change: the rule did
+
+
+# -- the attribution's pods from rows of processes ------------------------------------------------------------
+
+
+def pods_before(gpus: list[GpuSample], index: Any, names: Any) -> tuple[PodUse, ...]:
+    """``Attributor._pods`` as it was, summing each pod's processes into objects per pod and container, no
+    cache (the reference the rows-based one must agree with)."""
+    used: dict[tuple[str | None, str], dict[str, Any]] = {}
+    for gpu in gpus:
+        for process in gpu.processes:
+            w = process.workload
+            if w is None or w.kind != "pod" or process.kind == MPS_SERVER:
+                continue
+            totals = used.setdefault((w.namespace, w.name), {"containers": {}, "used_gpus": []})
+            totals["uid"], totals["qos"], totals["names_from"] = w.pod_uid, w.qos, w.names_from
+            container = w.container or (w.container_id or "")[:12] or "unknown"
+            figures = totals["containers"].setdefault(container, {"pids": [], "memory": 0, "sm": None})
+            figures["pids"].append(process.pid)
+            figures["memory"] += process.used_memory_bytes or 0
+            if process.sm_util_percent is not None:
+                figures["sm"] = (figures["sm"] or 0.0) + process.sm_util_percent
+            if gpu.info.uuid not in totals["used_gpus"]:
+                totals["used_gpus"].append(gpu.info.uuid)
+    keys = list(index.allocated)
+    keys.extend(k for k in used if k not in index.allocated)
+    keys.sort(key=lambda k: (k[0] or "", k[1]))
+    out = []
+    for key in keys:
+        allocated, totals, known = index.allocated.get(key), used.get(key), names.known.get(key)
+        devices, allocated_gpus = allocated if allocated is not None else ({}, ())
+        running = totals["containers"] if totals is not None else {}
+        containers = tuple(
+            ContainerUse(name=name, allocated_devices=devices.get(name, ()),
+                         pids=tuple(sorted(running[name]["pids"])) if name in running else (),
+                         gpu_memory_used_bytes=running[name]["memory"] if name in running else 0,
+                         sm_util_percent=running[name]["sm"] if name in running else None)
+            for name in sorted(set(devices) | set(running)))
+        sm_values = [c.sm_util_percent for c in containers if c.sm_util_percent is not None]
+        uid, qos, names_from = None, None, "pod_resources" if allocated is not None else "cgroup"
+        if totals is not None:
+            uid, qos, names_from = totals["uid"], totals["qos"], totals["names_from"]
+        annotations: dict[str, str] = {}
+        owner_kind = owner_name = None
+        if known is not None:
+            uid, name = known
+            qos, names_from, annotations = name.qos or qos, "api_server", dict(name.annotations)
+            owner_kind, owner_name = name.owner_kind, name.owner_name
+        out.append(PodUse(
+            name=key[1], namespace=key[0], uid=uid, qos=qos, names_from=names_from, annotations=annotations,
+            containers=containers, allocated_gpus=allocated_gpus,
+            used_gpus=tuple(totals["used_gpus"]) if totals is not None else (),
+            gpu_memory_used_bytes=sum(c.gpu_memory_used_bytes for c in containers),
+            sm_util_percent=sum(sm_values) if sm_values else None,
+            process_count=sum(len(c.pids) for c in containers), owner_kind=owner_kind, owner_name=owner_name))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_pods_from_rows_are_the_pods_summed_as_before(seed: int) -> None:
+    """Random nodes (pods of one or two containers with processes on several GPUs, unknown figures, MPS
+    servers, workloads off Kubernetes, pods only allocated, names known or not), polled in a row through one
+    Attributor (its remembered pods and order in play), each poll against the reference."""
+    rng = random.Random(seed)
+    uuids = ["GPU-0", "GPU-1", "GPU-2"]
+    pods = [(rng.choice(["ns", "ml", None]), f"p{i}") for i in range(rng.randint(1, 8))]
+    workloads = {
+        pod: [Workload(kind="pod", name=pod[1], namespace=pod[0], pod_uid=f"uid-{pod[1]}",
+                       container=rng.choice(["main", "side", None]), container_id=rng.choice(["c" * 64, None]),
+                       qos=rng.choice(["burstable", None]), names_from=rng.choice(["api_server", "cgroup"]))
+              for _ in range(rng.randint(1, 2))]
+        for pod in pods
+    }
+    others = [Workload(kind="systemd_service", name="train.service"), None]
+    allocations = [Alloc(ns or "default", name, rng.choice(["main", "side"]), f"{rng.choice(uuids)}::{n}")
+                   for n, (ns, name) in enumerate(pods) if rng.random() < 0.7]
+    index = _index_allocations(allocations, {})
+    names = _index_names({f"uid-{name}": PodName(ns or "default", name, {}, {"gpuagent.io/gpu-share": "30%"})
+                          for ns, name in pods if rng.random() < 0.5})
+    attributor = Attributor()
+    for _ in range(5):
+        gpus = []
+        pid = 100
+        for uuid in uuids:
+            processes = []
+            for _ in range(rng.randint(0, 6)):
+                pid += 1
+                pool = [w for ws in workloads.values() for w in ws] + others
+                processes.append(ProcessSample(
+                    pid, "python3", rng.choice(["compute", "compute", MPS_SERVER]),
+                    rng.choice([None, 2**30, 3 * 2**30]), rng.choice([None, 0.0, 12.5, 40.0, 7.25]), None,
+                    workload=rng.choice(pool)))
+            gpus.append(replace(two_gpu_node().gpus[0], info=replace(two_gpu_node().gpus[0].info, uuid=uuid),
+                                processes=tuple(processes), migs=()))
+        assert attributor._pods(gpus, index, names) == pods_before(gpus, index, names)
