@@ -357,8 +357,11 @@ class Attributor:
 
         def with_workload(gpu: GpuSample, process: ProcessSample) -> ProcessSample:
             out = done.get(id(process))
-            if out is not None:
-                return out
+            if out is None:
+                out = done[id(process)] = attach(gpu, process)
+            return out
+
+        def attach(gpu: GpuSample, process: ProcessSample) -> ProcessSample:
             identity = identities.get(process.pid)
             workload = None
             if identity is not None:
@@ -382,12 +385,14 @@ class Attributor:
                 else:
                     workload = _workload(identity, resolved)
                 workloads[id(identity)] = (identity, resolved, workload)
-            out = process if process.workload is workload else _with_workload(process, workload)
-            done[id(process)] = out
-            return out
+            return process if process.workload is workload else _with_workload(process, workload)
 
         attributed = []
         for gpu in gpus:
+            if not gpu.migs:  # (a GPU's processes are each listed once: no instance lists to share them)
+                processes = tuple([attach(gpu, p) for p in gpu.processes])
+                attributed.append(_gpu_with_processes(gpu, processes, ()))
+                continue
             processes = tuple([with_workload(gpu, p) for p in gpu.processes])
             migs = tuple([
                 _mig_with_processes(mig, tuple([with_workload(gpu, p) for p in mig.processes]))
