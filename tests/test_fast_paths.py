@@ -21,6 +21,7 @@ from test_poll_caches import Alloc
 from test_timeslice import Plant
 
 from gpuagent import quantities
+from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Rate, _use, owner_of
 from gpuagent.agent import build_enforcer
 from gpuagent.config import load_config
 from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
@@ -28,13 +29,17 @@ from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _Sums
 from gpuagent.pods.attribution import Attributor, PodName, _index_allocations, _index_names
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
 from gpuagent.snapshot import (
+    MPS_CLIENT,
     MPS_SERVER,
     ContainerUse,
     GpuSample,
+    MpsLimits,
     NodeSnapshot,
     PodUse,
     ProcessSample,
     Workload,
+    combined_mps_limits,
+    sm_share_ratio,
 )
 
 # -- the share controller -------------------------------------------------------------------------------------
@@ -335,3 +340,44 @@ def test_the_pods_from_rows_are_the_pods_summed_as_before(seed: int) -> None:
             gpus.append(replace(two_gpu_node().gpus[0], info=replace(two_gpu_node().gpus[0].info, uuid=uuid),
                                 processes=tuple(processes), migs=()))
         assert attributor._pods(gpus, index, names) == pods_before(gpus, index, names)
+
+
+# -- the accounting's rates: one process on a whole GPU -------------------------------------------------------
+
+
+def use_before(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
+    """``rates._use`` as it was, every place through the general sums (the reference)."""
+    by_place: dict[Any, list[ProcessSample]] = {}
+    for process in gpu.processes:
+        if process.kind != MPS_SERVER:
+            by_place.setdefault((owner_of(process), process.gpu_instance_id), []).append(process)
+    for (owner, instance), processes in by_place.items():
+        assert instance is None  # (these nodes have no MIG)
+        rate = Rate(memory_bytes=float(sum([p.used_memory_bytes or 0 for p in processes])))
+        known = [share for share in map(sm_share_ratio, processes) if share is not None]
+        rate.busy = min(1.0, sum(known)) if known else None
+        mps = combined_mps_limits(processes) if owner is not UNATTRIBUTED else None
+        if mps is not None and mps.active_thread_percent is not None:
+            rate.mps_held = 1.0 * mps.active_thread_percent / 100.0
+        if owner is not UNATTRIBUTED and not (pods_by_allocation and owner.kind == "pod"):
+            rate.allocated = 1.0
+        rates.units[(owner, instance)] = rate
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_process_on_a_whole_gpu_is_rated_as_the_sums_rate_it(seed: int) -> None:
+    rng = random.Random(seed)
+    workloads = [Workload(kind="pod", name=f"p{i}", namespace="ns", container="main") for i in range(4)]
+    workloads += [Workload(kind="systemd_service", name="train.service"), None]
+    processes = tuple(
+        ProcessSample(pid, "python3", rng.choice(["compute", MPS_CLIENT, MPS_SERVER]),
+                      rng.choice([None, 0, 2**30]), rng.choice([None, 0.0, 37.5, 100.0, 250.0]), None,
+                      workload=rng.choice(workloads),
+                      mps=rng.choice([None, MpsLimits(), MpsLimits(30.0, 2**30), MpsLimits(None, 2**29)]))
+        for pid in range(rng.randint(0, 8)))
+    gpu = replace(two_gpu_node().gpus[0], processes=processes, migs=())
+    for by_allocation in (False, True):
+        new, old = (GpuRates(gpu.info.uuid, 0, True, None) for _ in range(2))
+        _use(gpu, new, by_allocation)
+        use_before(gpu, old, by_allocation)
+        assert new.units == old.units
