@@ -52,8 +52,9 @@ class Accountant:
         observe, end, flagged = self.idle.observe, self.idle.end, self.idle.flagged
         base = self._today.base
         for key, series in self.ledger:
+            level, kind, namespace, name, container, gpu_uuid, instance = key  # (one unpacking: 7 reads)
             observation = None
-            if key.level != CONTAINER:
+            if level != CONTAINER:
                 if series.running:
                     observation = observe(key, now, series.allocated_now, series.busy_now,
                                           series.allocated_gpu_seconds, series.busy_gpu_seconds)
@@ -61,8 +62,8 @@ class Accountant:
                     end(key)
             # positional, in WorkloadGpuUsage's field order: one of these per series per poll
             usage.append(WorkloadGpuUsage(
-                key.level, key.kind, key.name, key.namespace, key.container, key.gpu_uuid, series.gpu_index,
-                key.gpu_instance_id, series.mig_profile, series.allocated_gpu_seconds,
+                level, kind, name, namespace, container, gpu_uuid, series.gpu_index,
+                instance, series.mig_profile, series.allocated_gpu_seconds,
                 series.busy_gpu_seconds, series.memory_byte_seconds, series.energy_joules,
                 series.idle_allocated_gpu_seconds, series.allocated_now,
                 observation.efficiency_ratio if observation is not None else None,

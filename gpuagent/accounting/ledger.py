@@ -163,8 +163,16 @@ class Ledger:
         self, previous: GpuRates, current: GpuRates, dt: float, totals: GpuTotals, pending: _PendingEnergy
     ) -> None:
         increments: dict[tuple[Owner, int | None], _Increment] = {}
-        for place in previous.units.keys() | current.units.keys():
-            increments[place] = _trapezoid(previous.units.get(place), current.units.get(place), dt)
+        before_units, after_units = previous.units, current.units
+        for place in before_units.keys() | after_units.keys():
+            a, b = before_units.get(place), after_units.get(place)
+            if a is not None and b is not None and a.busy is not None and b.busy is not None:
+                # both ends there and known (nearly every place): _trapezoid's arithmetic, inline
+                increments[place] = _Increment(
+                    (a.allocated + b.allocated) / 2 * dt, (a.busy + b.busy) / 2 * dt,
+                    (a.memory_bytes + b.memory_bytes) / 2 * dt)
+            else:
+                increments[place] = _trapezoid(a, b, dt)
         estimate = _energy_estimate(previous, current, dt) if pending.anchor is not None else None
         if estimate is not None:
             pending.unattributed += _split_energy(increments, estimate, dt)
