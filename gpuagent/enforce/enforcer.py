@@ -35,6 +35,7 @@ from gpuagent.enforce.memory import MemoryLadder, pod_key
 from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
 from gpuagent.enforce.timeslice import DutyCycler, ShareController, Tenant
 from gpuagent.snapshot import (
+    MPS_CLIENT,
     MPS_SERVER,
     EnforcementState,
     NodeSnapshot,
@@ -72,6 +73,7 @@ class _Owner:
     gpus: set[str] = field(default_factory=set)  # UUIDs of the GPUs it has processes on
     targets: set[FreezeTarget] = field(default_factory=set)
     processes: list[ProcessSample] = field(default_factory=list)
+    mps_client: bool = False  # one of its processes is an MPS client
 
 
 class Enforcer:
@@ -211,6 +213,8 @@ class Enforcer:
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
                 owner.processes.append(process)
+                if process.kind == MPS_CLIENT:
+                    owner.mps_client = True
                 target = target_for(w.cgroup_v2, w.cgroup_freezer)
                 if target is not None:
                     owner.targets.add(target)
@@ -359,6 +363,8 @@ def _ladder_limit(owner: _Owner) -> int | None:
     limit = None if owner.limits.exempt else owner.limits.memory_bytes
     if limit is None:
         return None
+    if not owner.mps_client:
+        return limit  # no MPS client: MPS holds it to nothing (combined_mps_limits: None)
     mps = combined_mps_limits(owner.processes)
     held = mps.pinned_memory_limit_bytes if mps is not None else None
     return None if held is not None and held <= limit else limit

@@ -170,7 +170,7 @@ class _TenantState:
 
     def achieved(self) -> float:
         if self.mean is None:
-            self.mean = math.fsum(u for _, u in self.samples) / len(self.samples) if self.samples else 0.0
+            self.mean = math.fsum([u for _, u in self.samples]) / len(self.samples) if self.samples else 0.0
         return self.mean
 
     def noise(self) -> float:
