@@ -324,20 +324,21 @@ class Attributor:
             self._names_in = names_by_uid
         index, names = self._allocation_index, self._name_index
 
-        uids_by_device: dict[str, set[str]] = defaultdict(set)
+        # The pod UIDs the API server does not name, by device (only those need the join), and what their
+        # processes' environments say.
+        unnamed: dict[str, set[str]] = defaultdict(set)
         environs_by_uid: dict[str, list[Environ]] = defaultdict(list)
         for gpu in gpus:
             for process in gpu.processes:
                 identity = identities.get(process.pid)
                 if identity is None or not identity.is_k8s or not identity.pod_uid:
                     continue
-                if process.kind == MPS_SERVER:
-                    continue  # it serves the tenants (from a device plugin's pod, say): it is none of them
-                uids_by_device[device_key(gpu, process)].add(identity.pod_uid)
+                if process.kind == MPS_SERVER or identity.pod_uid in names_by_uid:
+                    continue  # an MPS server serves the tenants (from a device plugin's pod): none of them
+                unnamed[device_key(gpu, process)].add(identity.pod_uid)
                 environ = environs.get(process.pid) if environs else None
-                if environ is not None and identity.pod_uid not in names_by_uid:
+                if environ is not None:
                     environs_by_uid[identity.pod_uid].append(environ)
-        unnamed = {d: {u for u in uids if u not in names_by_uid} for d, uids in uids_by_device.items()}
         matched: dict[str, PodKey] = {}
         if any(unnamed.values()):  # with none, nothing could match
             inputs = (index, names, frozenset((d, frozenset(u)) for d, u in unnamed.items()),
