@@ -27,14 +27,15 @@ and, for a pod, to the pod's series too. A series not seen for ``retention_secon
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from gpuagent.accounting.busy import PendingBusy, Settled
 from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate
 
 POD, CONTAINER, WORKLOAD = "pod", "container", "workload"
+_Summed = TypeVar("_Summed", "_Increment", Settled)  # what _by_series sums by series
 
 
 class SeriesKey(NamedTuple):
@@ -184,18 +185,18 @@ class Ledger:
                 waiting.add(place, present, increment.allocated)
                 increment.busy = None
         shares, series = pending.shares, self.series
-        for key, increment in self._by_series(current.uuid, increments).items():
+        for key, increment in self._by_series(current.uuid, increments, _Increment).items():
             if increment.energy is not None:
                 shares[key] = shares.get(key, 0.0) + increment.energy
             self._add(series.get(key) or self._series(key, current), increment)
 
     def _by_series(
-        self, uuid: str, increments: dict[tuple[Owner, int | None], _Increment]
-    ) -> dict[SeriesKey, _Increment]:
-        """The places' increments by series. A pod's series sums its containers' increments; a series with
-        one contributor (the common case: one container) takes its increment as is, which is what adding it
-        to a zero increment gives."""
-        by_series: dict[SeriesKey, _Increment] = {}
+        self, uuid: str, increments: dict[tuple[Owner, int | None], _Summed], zero: Callable[[], _Summed]
+    ) -> dict[SeriesKey, _Summed]:
+        """The places' increments (or a reading's lumps) by series. A pod's series sums its containers'; a
+        series with one contributor (the common case: one container) takes its increment as is, which is
+        what adding it to a ``zero()`` one gives."""
+        by_series: dict[SeriesKey, _Summed] = {}
         merged: set[SeriesKey] = set()  # series whose increment is a sum of its own (not shared)
         for (owner, instance), increment in increments.items():
             if owner is UNATTRIBUTED:
@@ -207,7 +208,7 @@ class Ledger:
                     continue
                 if key not in merged:  # a second contributor: sum into an increment of the series' own
                     merged.add(key)
-                    first, total = total, _Increment()
+                    first, total = total, zero()
                     total.add(first)
                     by_series[key] = total
                 total.add(increment)
@@ -224,23 +225,7 @@ class Ledger:
         if current.busy_read_at == waiting.read_at:
             return
         settled: dict[tuple[Owner, int | None], Settled] = waiting.settle(current.busy_read_at)
-        # by series, as _by_series sums increments: a series with one contributor takes its lump as is
-        by_series: dict[SeriesKey, Settled] = {}
-        merged: set[SeriesKey] = set()
-        for (owner, instance), lump in settled.items():
-            if owner is UNATTRIBUTED:
-                continue
-            for key in self._series_keys(owner, current.uuid, instance):
-                total = by_series.get(key)
-                if total is None:
-                    by_series[key] = lump
-                    continue
-                if key not in merged:  # a second contributor: sum into a lump of the series' own
-                    merged.add(key)
-                    total = by_series[key] = Settled(total.busy, total.allocated_seconds)
-                total.allocated_seconds += lump.allocated_seconds
-                if lump.busy is not None:
-                    total.busy = (total.busy or 0.0) + lump.busy
+        by_series = self._by_series(current.uuid, settled, Settled)
         series = self.series
         for key, lump in by_series.items():
             self._add_busy(series.get(key) or self._series(key, current), lump)
