@@ -1,412 +1,43 @@
-"""Scenario files of the simulated NVML: YAML in, frozen dataclasses out.
+"""Building a scenario: the semantic checks a schema cannot express, and the specs they produce.
 
-Validation runs in two passes, JSON Schema (``schema.json``, ``additionalProperties: false`` everywhere,
-so a typo is an error, not a silently ignored key) and then the semantic checks a schema cannot express
-(GPU indices, MIG profiles of the GPU's model, PID uniqueness, curve ranges). Every message names the
-path inside the file: ``demo.yaml: processes[3].gpu: GPU index 9 does not exist (scenario has 8 GPUs)``.
-All errors found are reported, one per line; :attr:`ScenarioError.errors` holds them as (path, message).
-
-The format, in brief (``examples/scenarios/`` has complete files)::
-
-    hostname: gpu-node-1               # optional, the node's name (a sim-only extension)
-    driver: {version: "550.90.07", cuda_version: 12040}
-    gpus:
-      - model: H100-SXM5-80GB          # models.py: H100-SXM5-80GB, A100-SXM4-40GB, A100-SXM4-80GB, L4, T4,
-        count: 2                       #   RTX-4090-Laptop; count expands to identical GPUs
-      - model: A100-SXM4-40GB
-        mig: {instances: [{profile: 3g.20gb, id: 1}, {profile: 1g.5gb}]}   # id: the GPU-instance ID
-    processes:
-      - name: train                    # pid omitted: a fake PID >= 4200000; given: a real PID
-        gpu: 0
-        memory: 20Gi                   # bytes, "512Mi", "80GB", or a curve of those
-        sm_util: {sine: {min: 20, max: 90, period: 60}}
-      - {name: infer, gpu: 2, mig_instance: 1, sm_util: 40, start: 10, stop: 100}
-    faults:
-      - xid: {gpu: 0, at: 30, code: 79}
-      - gpu_lost: {gpu: 0, at: 31}
-
-Defaults when a GPU curve is omitted: utilization = min(100, sum of its processes' ``sm_util``); power
-between the model's idle power and its limit by utilization; temperature from power; memory utilization
-from the processes' ``mem_util`` (default half their ``sm_util``). A process's ``memory`` defaults to
-300 MiB (a CUDA context), ``sm_util`` to 0, ``type`` to compute. ``mig_instance`` names the GPU-instance
-ID (as ``nvidia-smi`` shows "GI ID"); instances without an ``id`` get the profile's first free placement.
-
-MPS: a process of ``type: mps_server`` is the MPS server (named ``nvidia-cuda-mps-server``, on the compute
-list); ``type: mps_client`` is a client, listed only by ``nvmlDeviceGetMPSComputeRunningProcesses_v3``,
-with ``mps: {active_thread_percentage: 30, pinned_memory_limit: 8Gi}`` as its environment's limits (the
-simulator holds its SM use and memory to them). ``environ:`` is a made-up PID's simulated environment;
-a real PID's limits are its own environment. ``driver.mps_utilization: server`` puts the clients'
-per-process utilization on the server's PID instead of theirs.
+GPU indices, MIG profiles of the GPU's model, PID uniqueness, curve ranges: every message names the path
+inside the file (``processes[3].gpu: GPU index 9 does not exist (scenario has 8 GPUs)``), and every
+problem found is reported, in the order of the file.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import inspect
-import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pynvml
-import yaml
 
-from gpuagent.devices.sim.curves import Constant, Curve, FollowCpu, Points, Sine, UtilCurve
+from gpuagent.devices.sim.curves import Constant, FollowCpu, Points, Sine
 from gpuagent.devices.sim.models import MIB, MODELS, GpuModel, MigProfile
-
-SCHEMA_PATH = Path(__file__).with_name("schema.json")
-FAKE_PID_BASE = 4_200_000  # above Linux's largest pid_max (4194304): never a real process
-MPS_SERVER_NAME = "nvidia-cuda-mps-server"
-MPS_LIMIT_VARIABLES = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
-DEFAULT_PROCESS_MEMORY = 300 * MIB
-DEFAULT_DRIVER_VERSION = "550.90.07"
-DEFAULT_CUDA_VERSION = 12040
-
-
-class ScenarioError(ValueError):
-    """A scenario that does not load; the message names the file and the path inside it."""
-
-    def __init__(self, source: str, errors: list[tuple[str, str]]):
-        self.source = source
-        self.errors = tuple(errors)
-        super().__init__("\n".join(f"{source}: {p}: {m}" if p else f"{source}: {m}" for p, m in errors))
-
-
-# -- the model --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DriverSpec:
-    version: str = DEFAULT_DRIVER_VERSION
-    nvml_version: str = "12." + DEFAULT_DRIVER_VERSION
-    cuda_version: int = DEFAULT_CUDA_VERSION
-    latency_ms: Mapping[str, float] = field(default_factory=dict)  # function name or "default" -> ms
-    mps_utilization: str = "per_client"  # where MPS clients' per-process utilization samples go: or "server"
-
-
-@dataclass(frozen=True)
-class MigInstanceSpec:
-    id: int  # GPU-instance ID
-    profile: MigProfile
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    index: int
-    model: GpuModel
-    name: str
-    serial: str | None
-    memory_bytes: int
-    reserved_bytes: int
-    power_limit_w: float
-    pci_bus_id: str | None
-    utilization: Curve | None
-    memory_util: Curve | None
-    encoder_util: Curve | None
-    decoder_util: Curve | None
-    power_w: Curve | None
-    temperature: Curve | None
-    mig_enabled: bool
-    mig_instances: tuple[MigInstanceSpec, ...]
-    not_supported: frozenset[str]
-    nvlink_down: frozenset[int]
-    where: str  # "gpus[1]": the entry this GPU came from
-    numa_node: int | None = None  # None: the default, GPUs split evenly over two sockets
-    compute_mode: str = "default"
-
-    def instance(self, gi: int) -> MigInstanceSpec | None:
-        for inst in self.mig_instances:
-            if inst.id == gi:
-                return inst
-        return None
-
-
-@dataclass(frozen=True)
-class MpsSpec:
-    """An MPS client's limits (None: not set in its environment)."""
-
-    active_thread_percentage: float | None = None
-    pinned_memory_limit_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    index: int
-    pid: int
-    real: bool  # a real PID: listed only while it runs
-    name: str
-    gpu: int
-    mig_instance: int | None
-    type: str  # compute | graphics | both | mps_server | mps_client
-    memory: Curve
-    sm_util: UtilCurve
-    mem_util: Curve | None
-    start: float
-    stop: float | None
-    mps: MpsSpec | None = None  # an mps_client's limits
-    environ: Mapping[str, str] = field(default_factory=dict)  # the simulated environment of a made-up PID
-
-
-@dataclass(frozen=True)
-class GpuLost:
-    gpu: int
-    at: float
-
-
-@dataclass(frozen=True)
-class XidFault:
-    gpu: int
-    at: float
-    code: int
-    gpu_instance: int | None = None
-    count: int = 1
-    interval: float = 0.0
-
-
-@dataclass(frozen=True)
-class EccFault:
-    gpu: int
-    at: float
-    count: int
-    double_bit: bool
-
-
-@dataclass(frozen=True)
-class PcieReplayFault:
-    gpu: int
-    at: float
-    count: int
-
-
-@dataclass(frozen=True)
-class HangFault:
-    function: str | None  # None: any function
-    gpu: int | None  # None: any GPU (and calls without a GPU)
-    at: float
-    seconds: float
-
-
-@dataclass(frozen=True)
-class InitFailure:
-    until: float
-    error: int  # NVML_ERROR_* code
-
-
-Fault = GpuLost | XidFault | EccFault | PcieReplayFault | HangFault | InitFailure
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    hostname: str
-    seed: str
-    driver: DriverSpec
-    gpus: tuple[GpuSpec, ...]
-    processes: tuple[ProcessSpec, ...]
-    faults: tuple[Fault, ...]
-    source: str = "<scenario>"
-    description: str = ""
-
-    @property
-    def init_failure(self) -> InitFailure | None:
-        for f in self.faults:
-            if isinstance(f, InitFailure):
-                return f
-        return None
-
-
-# -- loading ----------------------------------------------------------------------------------------
-
-
-def load_scenario(path: str | Path) -> Scenario:
-    """Read, validate and build the scenario in ``path``; :class:`ScenarioError` names what is wrong."""
-    p = Path(path)
-    source = str(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(source, [("", f"cannot read: {exc.strerror or exc}")]) from exc
-    return parse_scenario(text, source=source, name=p.stem)
-
-
-def parse_scenario(
-    data: Mapping[str, Any] | str, *, source: str = "<scenario>", name: str | None = None
-) -> Scenario:
-    """Validate and build a scenario from a mapping (as YAML loads it) or from YAML text."""
-    if isinstance(data, str):
-        try:
-            data = _load_text(data)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ScenarioError(source, [(where, f"not valid YAML: {problem}")]) from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ScenarioError(source, [("", f"expected a mapping at the top level, got {_show(data)}")])
-    schema_errors = _schema_errors(data)
-    if schema_errors:
-        raise ScenarioError(source, schema_errors)
-    builder = _Builder(data, source, name)
-    scenario = builder.build()
-    if builder.errors:
-        raise ScenarioError(source, builder.errors)
-    return scenario
-
-
-def _load_text(text: str) -> Any:
-    """The document in ``text``. JSON (a YAML subset, as generated scenarios are written) goes through
-    ``json.loads``: PyYAML builds a node graph with a source mark per scalar first, about 30 MiB (libyaml)
-    to 48 MiB (pure Python) for a 5,000-process churn scenario, and the freed graph's memory stays with
-    the agent process (its arenas are pinned by the scenario objects built meanwhile); ``json.loads``
-    allocates only the result (under 1 MiB). Anything else, or JSON that does not parse, is YAML, read by
-    libyaml where PyYAML has it, so YAML errors keep their line and column."""
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)
-        except ValueError:
-            pass  # YAML flow mapping, or broken JSON: YAML names the line and column
-    return yaml.load(text, Loader=_YAML_LOADER)  # a SafeLoader: plain data only
-
-
-_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_validator: jsonschema.protocols.Validator | None = None
-
-
-def schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-
-
-def _schema_errors(data: Mapping[str, Any]) -> list[tuple[str, str]]:
-    global _validator
-    if _validator is None:
-        _validator = jsonschema.Draft202012Validator(schema())
-    out = [_explain(e) for e in _validator.iter_errors(data)]
-    return sorted(set(out), key=lambda pm: _path_sort_key(pm[0]))
-
-
-def _path_sort_key(path: str) -> list[Any]:
-    return [int(x) if x.isdigit() else x for x in re.split(r"[.\[\]]+", path) if x]
-
-
-# -- schema error messages --------------------------------------------------------------------------
-
-
-def format_path(parts: Any) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += ("." if out else "") + str(p)
-    return out
-
-
-_TYPE_WORDS = {
-    "number": "a number", "integer": "an integer", "string": "a string", "array": "a list",
-    "object": "a mapping", "boolean": "true or false", "null": "nothing",
-}
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _explain(err: jsonschema.ValidationError) -> tuple[str, str]:
-    """(path, message) for a schema error, descending into the matching branch of a oneOf."""
-    if err.validator in ("oneOf", "anyOf") and err.context:
-        branches: dict[int, list[jsonschema.ValidationError]] = {}
-        for sub in err.context:
-            branches.setdefault(int(sub.relative_schema_path[0]), []).append(sub)
-        fitting = [
-            errs for errs in branches.values()
-            if not any(e.validator == "type" and not e.relative_path for e in errs)
-        ]
-        if fitting:
-            best = max(fitting[0], key=lambda e: len(e.absolute_path))
-            return _explain(best)
-        titles = [s.get("title") for s in err.validator_value if isinstance(s, dict) and s.get("title")]
-        what = " or ".join(titles) if titles else err.schema.get("title", "another type")
-        return format_path(err.absolute_path), f"expected {what}, got {_show(err.instance)}"
-    path = list(err.absolute_path)
-    v, value, inst = err.validator, err.validator_value, err.instance
-    if v == "additionalProperties":
-        allowed = sorted(err.schema.get("properties", {}))
-        extras = [k for k in inst if k not in err.schema.get("properties", {})]
-        key = str(extras[0]) if extras else "?"
-        hint = difflib.get_close_matches(key, allowed, n=1)
-        if hint:
-            msg = f"unknown key (did you mean '{hint[0]}'?)"
-        else:
-            msg = f"unknown key; allowed: {', '.join(allowed)}"
-        return format_path([*path, key]), msg
-    if v == "required":
-        missing = [k for k in value if k not in inst]
-        return format_path(path), f"missing required key '{missing[0] if missing else value[0]}'"
-    if v == "enum":
-        noun = path[-1] if path and isinstance(path[-1], str) else "value"
-        return format_path(path), f"unknown {noun} {_show(inst)}; known: {', '.join(map(str, value))}"
-    if v == "const":
-        return format_path(path), f"must be {value!r}, got {_show(inst)}"
-    if v == "type":
-        title = err.schema.get("title")
-        types = [value] if isinstance(value, str) else value
-        what = title or " or ".join(_TYPE_WORDS.get(t, t) for t in types)
-        return format_path(path), f"expected {what}, got {_show(inst)}"
-    bounds = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
-    if v in bounds:
-        return format_path(path), f"must be {bounds[v]} {value}, got {_show(inst)}"
-    if v == "minItems":
-        return format_path(path), f"needs at least {value} item{'s' if value != 1 else ''}"
-    if v == "maxItems":
-        return format_path(path), f"takes at most {value} item{'s' if value != 1 else ''}"
-    if v == "minLength":
-        return format_path(path), "must not be empty"
-    if v == "maxLength":
-        return format_path(path), f"is longer than {value} characters"
-    if v == "pattern":
-        return format_path(path), f"{_show(inst)} is not {err.schema.get('title', 'valid here')}"
-    if v == "uniqueItems":
-        return format_path(path), "has duplicate items"
-    if v in ("minProperties", "maxProperties") and "fault" in format_path(path):
-        kinds = ", ".join(err.schema.get("properties", {}))
-        return format_path(path), f"a fault is a mapping with exactly one key, one of: {kinds}"
-    if v == "minProperties":
-        return format_path(path), "must not be empty"
-    return format_path(path), err.message
-
-
-# -- semantic checks and building --------------------------------------------------------------------
-
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]i?B?|B)?\s*$")
-_UNITS = {"": 1, "B": 1}
-for _i, _p in enumerate("KMGTP", start=1):
-    _UNITS[_p] = _UNITS[_p + "B"] = 1000**_i
-    _UNITS[_p + "i"] = _UNITS[_p + "iB"] = 1024**_i
-
-
-def parse_size(value: int | float | str) -> int:
-    """Bytes from ``4096``, ``"4Gi"``, ``"512Mi"``, ``"80GB"`` (binary with ``i``, decimal without)."""
-    if isinstance(value, (int, float)):
-        return int(value)
-    m = _SIZE.match(value)
-    if m is None:
-        raise ValueError(f"not a size: {value!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+from gpuagent.devices.sim.scenario.spec import (
+    DEFAULT_CUDA_VERSION,
+    DEFAULT_DRIVER_VERSION,
+    DEFAULT_PROCESS_MEMORY,
+    FAKE_PID_BASE,
+    MPS_LIMIT_VARIABLES,
+    MPS_SERVER_NAME,
+    DriverSpec,
+    EccFault,
+    Fault,
+    GpuLost,
+    GpuSpec,
+    HangFault,
+    InitFailure,
+    MigInstanceSpec,
+    MpsSpec,
+    PcieReplayFault,
+    ProcessSpec,
+    Scenario,
+    XidFault,
+)
+from gpuagent.devices.sim.scenario.values import gib, parse_size
 
 
 def _pynvml_function_names() -> frozenset[str]:
@@ -677,8 +308,8 @@ class _Builder:
                 holder = f"GPU {gi_index}"
                 if gpu.mig_enabled:
                     holder = f"GPU instance {mig_instance} of {holder}"
-                self.error(f"{where}.memory", f"up to {_gib(memory.bounds()[1])}, more than the "
-                           f"{_gib(capacity)} {holder} can hold")
+                self.error(f"{where}.memory", f"up to {gib(memory.bounds()[1])}, more than the "
+                           f"{gib(capacity)} {holder} can hold")
             sm = self.curve(p.get("sm_util", 0), f"{where}.sm_util", lo=0.0, hi=100.0, follow=True)
             if isinstance(sm, FollowCpu) and not real:
                 self.error(f"{where}.sm_util.follow_cpu", "needs a real 'pid' on the process")
@@ -715,7 +346,7 @@ class _Builder:
                 return None
             if memory > capacity:
                 self.error(f"{where}.mps.pinned_memory_limit",
-                           f"{_gib(memory)} is more than the {_gib(capacity)} the device holds")
+                           f"{gib(memory)} is more than the {gib(capacity)} the device holds")
                 return None
         return MpsSpec(limits.get("active_thread_percentage"), memory)
 
@@ -795,11 +426,3 @@ class _Builder:
                 out.append(InitFailure(float(f["until"]), code))
         return out
 
-
-def _gib(n: float) -> str:
-    return f"{n / 1024**3:.1f} GiB"
-
-
-def stable_digest(*parts: object) -> bytes:
-    """A deterministic digest of ``parts`` (UUIDs, serials)."""
-    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
