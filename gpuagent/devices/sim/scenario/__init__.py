@@ -40,7 +40,9 @@ per-process utilization on the server's PID instead of theirs.
 
 The package, one job a module: ``spec.py`` the model (the frozen specs the simulator runs from);
 ``load.py`` text to a validated mapping to a :class:`Scenario`; ``messages.py`` JSON Schema errors in
-words; ``values.py`` sizes read and values shown; ``build.py`` the semantic checks and the building.
+words; ``build.py`` the semantic checks and the building, one module per section (``gpus.py`` with
+``mig_layout.py``, ``processes.py`` with ``mps.py``, ``faults.py``), curves in ``curve_nodes.py``, and what
+they share in ``checks.py`` (the problems found, pynvml's names) and ``values.py`` (sizes, values shown).
 """
 
 from gpuagent.devices.sim.scenario.load import (

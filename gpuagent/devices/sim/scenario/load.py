@@ -15,7 +15,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from gpuagent.devices.sim.scenario.build import _Builder
+from gpuagent.devices.sim.scenario.build import build
+from gpuagent.devices.sim.scenario.checks import Problems
 from gpuagent.devices.sim.scenario.messages import explain, path_sort_key
 from gpuagent.devices.sim.scenario.spec import Scenario
 from gpuagent.devices.sim.scenario.values import show
@@ -62,10 +63,10 @@ def parse_scenario(
     schema_errors = _schema_errors(data)
     if schema_errors:
         raise ScenarioError(source, schema_errors)
-    builder = _Builder(data, source, name)
-    scenario = builder.build()
-    if builder.errors:
-        raise ScenarioError(source, builder.errors)
+    problems = Problems()
+    scenario = build(problems, data, source, name)
+    if problems.errors:
+        raise ScenarioError(source, problems.errors)
     return scenario
 
 
