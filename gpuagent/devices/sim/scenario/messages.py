@@ -16,8 +16,11 @@ import jsonschema
 from gpuagent.devices.sim.scenario.values import show
 
 
-def path_sort_key(path: str) -> list[Any]:
-    return [int(x) if x.isdigit() else x for x in re.split(r"[.\[\]]+", path) if x]
+def path_sort_key(path: str) -> list[tuple[int, int | str]]:
+    """Orders paths as the file does: ``gpus[2]`` before ``gpus[10]``. A key YAML reads as a number
+    (``2: x``) makes a numeric part where another path has a name: numbers sort first, never compared
+    with names (which raised TypeError instead of reporting the scenario's errors)."""
+    return [(0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"[.\[\]]+", path) if x]
 
 
 def format_path(parts: Any) -> str:
