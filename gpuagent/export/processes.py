@@ -5,8 +5,11 @@ instance it runs in (``GPU_I_PROFILE``/``GPU_I_ID``), ``pid``, ``comm`` (left
 out when the process exited before its name was read) and ``kind``: a process with both a compute and a
 graphics context is listed twice by NVML, and ``kind`` keeps its two series apart; ``kind`` is also
 ``mps_client`` for an MPS client and ``mps_server`` for the MPS server. Utilization ratios exist only where
-NVML reports them (never on MIG; on some drivers not for MPS clients); ``None`` gives no series. An MPS
-client's limits, where its environment sets them, are series of their own.
+NVML reports them (never on MIG; on some drivers not for MPS clients); ``None`` gives no series. They are
+NVML's means over one read's window, which ``gpuagent_gpu_process_utilization_window_seconds`` states per GPU
+(a poll where the share controller acts, ``process_utilization_interval`` elsewhere), read at
+``gpuagent_gpu_process_utilization_timestamp_seconds``. An MPS client's limits, where its environment sets
+them, are series of their own.
 """
 
 from __future__ import annotations
@@ -27,11 +30,21 @@ class ProcessCollector(GpuRenderer):
         memory = gauge("gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.")
         sm = gauge(
             "gpuagent_process_sm_utilization_ratio",
-            "Share of the last NVML sample period in which the process ran kernels on the SMs (0-1).",
+            "Share of the GPU's last per-process read window in which the process ran kernels on the SMs "
+            "(0-1).",
         )
         mem_util = gauge(
             "gpuagent_process_memory_utilization_ratio",
-            "Share of the last NVML sample period in which the process read or wrote GPU memory (0-1).",
+            "Share of the GPU's last per-process read window in which the process read or wrote GPU memory "
+            "(0-1).",
+        )
+        window = gauge(
+            "gpuagent_gpu_process_utilization_window_seconds",
+            "Seconds the per-process utilization ratios of the GPU average over (previous read to last).",
+        )
+        read_at = gauge(
+            "gpuagent_gpu_process_utilization_timestamp_seconds",
+            "Unix time of the last read of the GPU's per-process utilization.",
         )
         mps_threads = gauge(
             "gpuagent_process_mps_active_thread_ratio",
@@ -55,7 +68,9 @@ class ProcessCollector(GpuRenderer):
                     add_known(mps_threads, series, _ratio(process.mps.active_thread_percent))
                     add_known(mps_memory, series, process.mps.pinned_memory_limit_bytes)
             add(count, labels.gpu(gpu), len({p.pid for p in processes}))
-        return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count])
+            add_known(window, labels.gpu(gpu), gpu.process_util_window_seconds)
+            add_known(read_at, labels.gpu(gpu), gpu.process_util_read_at_unix)
+        return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count, window, read_at])
 
 
 def _unique(gpu: GpuSample) -> list[ProcessSample]:
