@@ -321,8 +321,9 @@ def test_costs_at_flat_and_per_model_prices(run: Run, tmp_path: Path) -> None:
 
 def test_chunked_queries_add_up_to_the_whole_range(run: Run, reports: dict[str, str]) -> None:
     """Totals asked in 6 s pieces (what --chunk does for long ranges) are close to one query's: each
-    piece's increase() extrapolates to its edges, so a series may differ by about a scrape interval (1 s)
-    per piece. (tests/test_report_backfill.py checks daily pieces over days against the true figures.)"""
+    piece's increase() extrapolates to its edges from the samples nearest them, so a series may differ by
+    about a scrape interval per edge, and the 1 s interval stretches on a loaded machine: 3 s a piece is
+    allowed. (tests/test_report_backfill.py checks daily pieces over days against the true figures.)"""
     done = run.report("--format", "json", "--chunk", "6s", "--progress")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
@@ -332,9 +333,9 @@ def test_chunked_queries_add_up_to_the_whole_range(run: Run, reports: dict[str, 
     assert set(chunked) == set(whole)
     for key, row in whole.items():
         assert chunked[key]["allocated_gpu_hours"] == pytest.approx(row["allocated_gpu_hours"],
-                                                                    abs=pieces * 1.5 / 3600), key
+                                                                    abs=pieces * 3 / 3600), key
     total = json.loads(reports["json"])["total"]["allocated_gpu_hours"]
-    assert document["total"]["allocated_gpu_hours"] == pytest.approx(total, rel=0.15)
+    assert document["total"]["allocated_gpu_hours"] == pytest.approx(total, abs=len(whole) * pieces * 3 / 3600)
     progress = done.stderr.splitlines()
     assert re.match(r"\[1/\d+\] ", progress[0]) and progress[-1].endswith("s") and "queries in" in progress[-1]
 
