@@ -97,8 +97,8 @@ def name_dataclass_constructors() -> int:
                 if code is None or not code.co_filename.startswith("<"):  # dataclasses' or faster_init's
                     continue
                 label = f"{cls.__name__}.{method}"
-                fn.__code__ = code.replace(co_filename="<dataclass>", co_firstlineno=0, co_name=label,
-                                           co_qualname=label)
+                names = {"co_name": label, **({"co_qualname": label} if hasattr(code, "co_qualname") else {})}
+                fn.__code__ = code.replace(co_filename="<dataclass>", co_firstlineno=0, **names)
                 renamed += 1
     return renamed
 

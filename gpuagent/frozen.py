@@ -19,6 +19,7 @@ from typing import TypeVar
 
 T = TypeVar("T", bound=type)
 
+
 class _Factory:
     """A default-factory field not passed (``dataclasses`` has a sentinel of its own, private)."""
 
@@ -27,6 +28,7 @@ class _Factory:
 
 
 _MISSING = _Factory()
+_SLOT = type(type("_Probe", (), {"__slots__": ("x",)}).__dict__["x"])  # the member descriptor's type
 
 
 def rewritable(cls: type) -> bool:
@@ -43,9 +45,6 @@ def rewritable(cls: type) -> bool:
     if any(not f.init or f.kw_only or f.name == "self" or f.name.startswith("_") for f in fields):
         return False  # (a name of ours in the generated code starts with "_")
     return all(isinstance(cls.__dict__.get(f.name), _SLOT) for f in fields)
-
-
-_SLOT = type(type("_Probe", (), {"__slots__": ("x",)}).__dict__["x"])  # the member descriptor's type
 
 
 def faster_init(cls: T) -> T:

@@ -126,7 +126,7 @@ def _allocation_signature(snapshot: NodeSnapshot) -> tuple[object, ...]:
 
 
 def _rates(
-    snapshot: NodeSnapshot, known: bool, by_gpu: dict[str, list[tuple[Owner, int | None, float]]],
+    snapshot: NodeSnapshot, known: bool, by_gpu: dict[str, list[tuple[Owner, int | None, float]]]
 ) -> dict[str, GpuRates]:
     nvml_ok = all(s.ok for s in snapshot.sources if s.name == "nvml")  # else these are earlier samples
     out: dict[str, GpuRates] = {}
