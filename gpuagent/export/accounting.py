@@ -14,8 +14,20 @@ from typing import NamedTuple
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, counter, gauge, join, label_text, non_empty, with_label
-from gpuagent.export.labels import GpuLabels, GpuRenderer, find_mig, pod_labels
+from gpuagent.export.families import (
+    TextCache,
+    add,
+    add_known,
+    counter,
+    gauge,
+    join,
+    label_text,
+    non_empty,
+    put,
+    put_known,
+    with_label,
+)
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, find_mig, pod_labels
 from gpuagent.snapshot import GpuSample, NodeSnapshot, WorkloadGpuUsage
 
 _DOC = {
@@ -72,40 +84,55 @@ _FAMILIES = {
 class AccountingCollector(GpuRenderer):
     name = "accounting"
 
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        super().__init__(hostname_label=hostname_label)
+        # (level, namespace, name, container, kind, the GPU's join keys) -> the series' label text
+        self._series = TextCache(_series_text)
+
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         state = snapshot.accounting
         if state is None:
             return []
+        self._series.rotate()
         by_uuid = {g.info.uuid: g for g in snapshot.gpus}
+        places = labels.places()
         host = labels.host
+        levels: dict[str, list[WorkloadGpuUsage]] = {level: [] for level in _FAMILIES}
+        for usage in state.usage:
+            if usage.level in levels:
+                levels[usage.level].append(usage)
         out: list[Metric] = []
-        for level, ident in (("pod", _pod), ("container", _container), ("workload", _workload)):
+        cache = self._series
+        for level, usages in levels.items():
             names = _FAMILIES[level]
+            texts = [
+                cache[(level, u.namespace, u.name, u.container, u.kind,
+                       places.get((u.gpu_uuid, u.gpu_instance_id))
+                       or _gpu_labels(u, by_uuid.get(u.gpu_uuid), labels, host))]
+                for u in usages
+            ]
             allocated = counter(names.allocated, _DOC["allocated"])
             busy = counter(names.busy, _DOC["busy"])
             memory = counter(names.memory, _DOC["memory"])
             energy = counter(names.energy, _DOC["energy"])
-            idle_allocated = efficiency = idle = None
+            put(allocated, texts, [u.allocated_gpu_seconds_total for u in usages])
+            put_known(busy, texts, [u.busy_gpu_seconds_total for u in usages])
+            put(memory, texts, [u.memory_byte_seconds_total for u in usages])
+            put_known(energy, texts, [u.energy_joules_total for u in usages])
+            out += [allocated, busy, memory, energy]
             if names.idle_allocated and names.efficiency and names.idle:  # pods and workloads
                 idle_allocated = counter(names.idle_allocated, _DOC["idle_allocated"])
                 efficiency = gauge(names.efficiency, _DOC["efficiency"])
                 idle = gauge(names.idle, _DOC["idle"])
-            for usage in state.usage:
-                if usage.level != level:
-                    continue
-                series = join(ident(usage), _gpu_labels(usage, by_uuid.get(usage.gpu_uuid), labels, host))
-                add(allocated, series, usage.allocated_gpu_seconds_total)
-                add_known(busy, series, usage.busy_gpu_seconds_total)
-                add(memory, series, usage.memory_byte_seconds_total)
-                add_known(energy, series, usage.energy_joules_total)
-                if idle_allocated is None or efficiency is None or idle is None:
-                    continue
-                add(idle_allocated, series, usage.idle_allocated_gpu_seconds_total)
-                if usage.ended_at_unix is None:  # gauges only while it runs
-                    add_known(efficiency, series, usage.efficiency_ratio)
-                    add(idle, series, usage.idle_seconds)
-            out += [allocated, busy, memory, energy]
-            out += [m for m in (idle_allocated, efficiency, idle) if m is not None]
+                put(idle_allocated, texts, [u.idle_allocated_gpu_seconds_total for u in usages])
+                # The gauges only while it runs.
+                running = [i for i, u in enumerate(usages) if u.ended_at_unix is None]
+                if len(running) < len(usages):
+                    texts = [texts[i] for i in running]
+                    usages = [usages[i] for i in running]
+                put_known(efficiency, texts, [u.efficiency_ratio for u in usages])
+                put(idle, texts, [u.idle_seconds for u in usages])
+                out += [idle_allocated, efficiency, idle]
         gap = counter("gpuagent_accounting_gap_seconds_total",
                       "Time not accounted on the GPU: polls too far apart, or the GPU stale or unhealthy.")
         energy = counter("gpuagent_gpu_energy_accounted_joules_total",
@@ -132,16 +159,16 @@ class AccountingCollector(GpuRenderer):
         return non_empty([*out, gap, energy, unattributed, events, tracked, window, threshold])
 
 
-def _pod(usage: WorkloadGpuUsage) -> str:
-    return pod_labels(usage.namespace, usage.name)
-
-
-def _container(usage: WorkloadGpuUsage) -> str:
-    return with_label(pod_labels(usage.namespace, usage.name), "container", usage.container or "")
-
-
-def _workload(usage: WorkloadGpuUsage) -> str:
-    return label_text({"workload_kind": usage.kind, "workload": usage.name})
+def _series_text(key: tuple[str, str | None, str, str | None, str, str]) -> str:
+    """The label text of a workload's series on a GPU: who (by level), then the GPU's join keys."""
+    level, namespace, name, container, kind, gpu = key
+    if level == "pod":
+        who = pod_labels(namespace, name)
+    elif level == "container":
+        who = with_label(pod_labels(namespace, name), "container", container or "")
+    else:
+        who = label_text({"workload_kind": kind, "workload": name})
+    return join(who, gpu)
 
 
 def _gpu_labels(

@@ -28,7 +28,7 @@ from enum import Enum
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export import xid
-from gpuagent.export.families import add, add_known, add_rows, extend, family, flag, non_empty, with_label
+from gpuagent.export.families import add, add_known, extend, family, flag, non_empty, put_known, with_label
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProfilingSample
 
@@ -198,20 +198,32 @@ class DcgmCollector(GpuRenderer):
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         gpus = [g for g in snapshot.gpus if g.health is not Health.LOST]
-        series = [(gpu, labels.dcgm(gpu)) for gpu in gpus]
-        metrics = [self._field(f, series, labels) for f in FIELDS]
+        texts = [labels.dcgm(gpu) for gpu in gpus]
+        profiling = [gpu.profiling for gpu in gpus]
+        any_mig = any(gpu.migs for gpu in gpus)
+        metrics = [self._field(f, gpus, texts, profiling, labels, any_mig) for f in FIELDS]
         metrics.insert(_XID_POSITION, self._xid_last(gpus, labels))
         metrics.append(self._xid_count(gpus, labels))
         return non_empty(metrics)
 
     @staticmethod
-    def _field(field: Field, gpus: list[tuple[GpuSample, str]], labels: GpuLabels) -> Metric:
+    def _field(
+        field: Field,
+        gpus: list[GpuSample],
+        texts: list[str],
+        profiling: list[ProfilingSample | None],
+        labels: GpuLabels,
+        any_mig: bool,
+    ) -> Metric:
         metric = _dcgm_family(field.name, field.csv_type, field.help)
-        if field.scope is Scope.GPU:
-            value = field.value
-            add_rows(metric, [(text, value(gpu)) for gpu, text in gpus])
+        if field.scope is Scope.GPU or not any_mig:  # one row per GPU (the common case: no MIG GPU)
+            read = field.value
+            if field.scope is Scope.PROFILING:
+                put_known(metric, texts, [None if p is None else read(p) for p in profiling])
+            else:
+                put_known(metric, texts, list(map(read, gpus)))
             return metric
-        for gpu, text in gpus:
+        for gpu, text in zip(gpus, texts, strict=True):
             per_instance = [(mig, _read(field, mig)) for mig in gpu.migs]
             if any(value is not None for _, value in per_instance):
                 for mig, value in per_instance:

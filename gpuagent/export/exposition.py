@@ -7,10 +7,11 @@ difference: same family munging (``_total``/``_info`` names, ``untyped``, ``_cre
 same value formatting, label values escaped exactly as both formats say (``\\``, ``"``, newline). Not
 rendered: exemplars and native histograms (the agent emits neither), UTF-8 metric names (ours are legacy).
 
-A :class:`~gpuagent.export.families.Family`'s rows are label text already, so a line is a join. Caches, all
-bounded by the live series (``rotate_caches``, called by the guard for each new snapshot, drops what the
-snapshot before last used): each family's text per format; the family of each name encoded last, whose text
-an identical family of the next snapshot takes; formatted values. Sizes: ``cache_sizes``.
+A :class:`~gpuagent.export.families.Family`'s rows are label text already, so a line is a join. Caches: each
+family's text per format (on the family: the guard serves a family again, with its text, for as long as its
+rows stay the same); each family's HELP/TYPE lines, by name; formatted values, bounded by the live series
+(``rotate_caches``, called by the guard for each new snapshot, drops what the snapshot before last used).
+Sizes: ``cache_sizes``.
 """
 
 from __future__ import annotations
@@ -54,51 +55,15 @@ def encode_family(kind: str, metric: Metric, fmt: Lines) -> str:
     """One family's text, or nothing when it cannot be encoded (a label value that is not a string, a
     value that is not a number): a renderer's bug costs that family, never the whole scrape.
 
-    A :class:`Family` remembers its text per format: a family served again (the same snapshot's, see
-    ``guard``) costs nothing to encode, and a family whose rows are those of the family of the same name
-    encoded last (about half of them between two polls: limits, flags, info, idle GPUs) takes its text.
+    A :class:`Family` remembers its text per format: a family served again (the same snapshot's, or one
+    the guard kept from an earlier snapshot because its rows are the same) costs nothing to encode.
     """
     if isinstance(metric, Family):
         text = metric.encoded.get(kind)
         if text is None:
-            text = metric.encoded[kind] = _reused(kind, metric) or _encode(kind, metric, fmt)
-            _ENCODED.current[metric.name] = metric
+            text = metric.encoded[kind] = _encode(kind, metric, fmt)
         return text
     return _encode(kind, metric, fmt)
-
-
-class _Encoded:
-    """The families encoded from the current and the previous snapshot, by name (two generations)."""
-
-    __slots__ = ("current", "previous")
-
-    def __init__(self) -> None:
-        self.current: dict[str, Family] = {}
-        self.previous: dict[str, Family] = {}
-
-
-_ENCODED = _Encoded()
-
-
-def _reused(kind: str, metric: Family) -> str | None:
-    """The text of the last family of that name encoded in ``kind``, when its output would be the same."""
-    last = _ENCODED.current.get(metric.name) or _ENCODED.previous.get(metric.name)
-    if last is None or last is metric:
-        return None
-    text = last.encoded.get(kind)
-    if (
-        text is not None
-        and last.values == metric.values  # floats: equal values have one repr (no -0.0 is stored)
-        and last.texts == metric.texts
-        and last.names == metric.names
-        and last.type == metric.type
-        and last.documentation == metric.documentation
-        and last.unit == metric.unit
-        and last.error is None
-        and metric.error is None
-    ):
-        return text
-    return None
 
 
 def _encode(kind: str, metric: Metric, fmt: Lines) -> str:
@@ -115,14 +80,9 @@ _UNENCODABLE: set[str] = set()  # families already logged as unencodable: one li
 
 
 def _text_family(metric: Metric, fmt: Lines) -> str:
-    name = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
-    out = [
-        f"# HELP {name} {_escape_help_text(metric.documentation)}\n",
-        f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n",
-    ]
     if isinstance(metric, Family) and metric.names is None:  # the common case: no suffixed samples
-        out += fmt.rows(metric)
-        return "".join(out)
+        return _header(TEXT, metric) + "".join(fmt.rows(metric))
+    out = [_header(TEXT, metric)]
     moved: dict[str, list[str]] = {}
     for sample_name, line in _named_lines(metric, fmt, _text_timestamp):
         if sample_name.endswith(_OPENMETRICS_ONLY):  # rare: only then find which one
@@ -139,14 +99,35 @@ def _text_family(metric: Metric, fmt: Lines) -> str:
 
 
 def _openmetrics_family(metric: Metric, fmt: Lines) -> str:
-    out = [f"# HELP {metric.name} {escape(metric.documentation)}\n", f"# TYPE {metric.name} {metric.type}\n"]
-    if metric.unit:
-        out.append(f"# UNIT {metric.name} {metric.unit}\n")
     if isinstance(metric, Family):
-        out += fmt.rows(metric)
-    else:
-        out.extend(line for _, line in _named_lines(metric, fmt, _openmetrics_timestamp))
+        return _header(OPENMETRICS, metric) + "".join(fmt.rows(metric))
+    out = [_openmetrics_header(metric)]
+    out.extend(line for _, line in _named_lines(metric, fmt, _openmetrics_timestamp))
     return "".join(out)
+
+
+def _header(kind: str, metric: Metric) -> str:
+    """The HELP and TYPE (and UNIT) lines of a family, made once per name, help, type and unit."""
+    key = (kind, metric.name, metric.documentation, metric.type, metric.unit)
+    text = _HEADERS.get(key)
+    if text is None:
+        if kind == TEXT:
+            name = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
+            text = (f"# HELP {name} {_escape_help_text(metric.documentation)}\n"
+                    f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n")
+        else:
+            text = _openmetrics_header(metric)
+        if len(_HEADERS) < 10_000:  # the code's own families: a few hundred
+            _HEADERS[key] = text
+    return text
+
+
+_HEADERS: dict[tuple[str, str, str, str, str], str] = {}
+
+
+def _openmetrics_header(metric: Metric) -> str:
+    out = f"# HELP {metric.name} {escape(metric.documentation)}\n# TYPE {metric.name} {metric.type}\n"
+    return out + f"# UNIT {metric.name} {metric.unit}\n" if metric.unit else out
 
 
 def _named_lines(
@@ -177,15 +158,26 @@ def wants_openmetrics(accept_header: str | None) -> bool:
 class _Values(dict[float, str]):
     """Formatted values of one snapshot's families: most values repeat (0, 1, limits, totals), each is
     formatted once. ``rotate`` (a new snapshot) starts a new generation that takes over what the previous
-    one formatted, so the cache holds at most the distinct values of the last two snapshots."""
+    one formatted, so the cache holds at most the distinct values of the last two snapshots.
+
+    A value is written as client_python writes a float (``floatToGoString``): ``repr`` of the float below
+    1e6, Go's exponent form above, ``+Inf``, ``-Inf``, ``NaN``. An int is written as its float (``3`` as
+    ``3.0``), as are bools; -0.0 as 0.0 (it is the same key as 0.0 here). Anything else raises
+    ``TypeError``: the encoder then leaves that family out."""
 
     previous: dict[float, str] = {}
 
     def __missing__(self, value: float) -> str:
         text = self.previous.get(value)
         if text is None:
+            number = value
+            if type(number) is not float:
+                if not isinstance(number, (int, float)):
+                    raise TypeError(f"a sample value must be a number, not {value!r}")
+                number = float(number)
+            number += 0.0  # -0.0 reads 0.0
             # floatToGoString's result is repr() below 1e6 (Go switches to exponents sooner, +Inf, NaN).
-            text = repr(value) if -_INF < value < 1e6 else floatToGoString(value)
+            text = repr(number) if -_INF < number < 1e6 else floatToGoString(number)
         self[value] = text
         return text
 
@@ -195,22 +187,17 @@ _VALUES = _Values()
 
 
 def rotate_caches() -> None:
-    """A new snapshot is being rendered: values and families only the one before last used are dropped."""
+    """A new snapshot is being rendered: values only the one before last used are dropped."""
     global _VALUES
     fresh = _Values()
     fresh.previous = _VALUES
     _VALUES.previous = {}  # two generations, never a chain
     _VALUES = fresh
-    _ENCODED.previous, _ENCODED.current = _ENCODED.current, {}
 
 
 def cache_sizes() -> dict[str, int]:
-    """What the encoder's caches hold (both generations), for tests and the footprint bench."""
-    return {
-        "values": len(_VALUES) + len(_VALUES.previous),
-        "families": len(_ENCODED.current) + len(_ENCODED.previous),
-        "family_rows": sum(len(m.values) for m in (*_ENCODED.current.values(), *_ENCODED.previous.values())),
-    }
+    """What the encoder's caches hold (both generations of values), for tests and the footprint bench."""
+    return {"values": len(_VALUES) + len(_VALUES.previous), "headers": len(_HEADERS)}
 
 
 class Lines:
@@ -244,7 +231,7 @@ class Lines:
         if text is None:
             text = self._labels[id(labels)] = label_text(labels)
             self._keep.append(labels)
-        # -0.0 == 0.0: a cached "0.0" must not answer for it (our families store no -0.0, see families.add)
+        # -0.0 == 0.0: a cached "0.0" must not answer for client_python's -0.0, which it writes "-0.0"
         value = _VALUES[sample.value] if sample.value else floatToGoString(sample.value)
         if sample.timestamp is None:
             return f"{sample.name}{text} {value}\n"

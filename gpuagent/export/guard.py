@@ -9,6 +9,9 @@ The snapshot is read once per scrape, so every family of a scrape comes from the
 immutable, so what a renderer made of it is kept and served again until the next poll (the encoder keeps
 each family's text too): a scrape between two polls renders only the ``volatile`` renderers (those that
 read the clock, e.g. ``gpuagent_snapshot_age_seconds``). A renderer that failed is tried again next scrape.
+A family of a new snapshot whose rows are those of the family of that name served last (limits, flags,
+info, an idle GPU's figures: about half of them between two polls) is replaced by that one, whose text is
+encoded already.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Protocol
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.exposition import rotate_caches
-from gpuagent.export.families import Family, add, flag, gauge, rotate_label_texts
+from gpuagent.export.families import Family, flag, gauge, label_pairs, put, rotate_label_texts, same_rows
 from gpuagent.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ class SnapshotCollector:
         # The snapshot last rendered and what each renderer made of it (successes only).
         self._rendered: tuple[NodeSnapshot | None, dict[str, list[Metric]]] = (None, {})
         self._volatile = frozenset(r.name for r in renderers if getattr(r, "volatile", False))
+        self._served: dict[str, Family] = {}  # the family of each name served last (one per name)
+        self._texts = [label_pairs((("collector", name),)) for name in names]  # success and duration labels
 
     def describe(self) -> list[Metric]:
         # Registration calls describe() (or, without it, collect()): nothing is rendered at register() time.
@@ -70,6 +75,8 @@ class SnapshotCollector:
         duration = gauge("gpuagent_collector_duration_seconds", "Time the collector took in this scrape.")
         seen: set[str] = {success.name, duration.name}
         rendered = self._rendered_for(snapshot)
+        succeeded: list[float] = []
+        took: list[float] = []
         for renderer in self._renderers:
             start = self._timer()
             metrics = rendered.get(renderer.name)
@@ -78,14 +85,17 @@ class SnapshotCollector:
                 seen.update(m.name for m in metrics)
             else:
                 metrics, ok = self._render(renderer, snapshot, seen)
+                self._serve_again(metrics)
                 if ok and renderer.name not in self._volatile:
                     rendered[renderer.name] = metrics
                     for metric in metrics:
                         if isinstance(metric, Family):
                             metric.stable = True
-            add(success, {"collector": renderer.name}, flag(ok))
-            add(duration, {"collector": renderer.name}, self._timer() - start)
+            succeeded.append(flag(ok))
+            took.append(self._timer() - start)
             yield from metrics
+        put(success, self._texts, succeeded)
+        put(duration, self._texts, took)
         yield success
         yield duration
 
@@ -101,6 +111,18 @@ class SnapshotCollector:
         self._note(renderer.name, None)
         seen.update(m.name for m in metrics)
         return metrics, True
+
+    def _serve_again(self, metrics: list[Metric]) -> None:
+        """Each family whose rows are those of the family of its name served last becomes that one."""
+        served = self._served
+        for index, metric in enumerate(metrics):
+            if not isinstance(metric, Family):
+                continue
+            last = served.get(metric.name)
+            if last is not None and last is not metric and same_rows(last, metric):
+                metrics[index] = last
+            else:
+                served[metric.name] = metric
 
     def _rendered_for(self, snapshot: NodeSnapshot | None) -> dict[str, list[Metric]]:
         """The families already rendered from ``snapshot`` (by identity: a new poll is a new object)."""

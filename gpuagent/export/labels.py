@@ -18,7 +18,7 @@ from collections.abc import Callable
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import label_pairs, label_text
-from gpuagent.snapshot import GpuSample, MigSample, NodeSnapshot
+from gpuagent.snapshot import GpuInfo, GpuSample, MigSample, NodeSnapshot
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
 DEFAULT_HOSTNAME_LABEL = "Hostname"  # dcgm-exporter <= 4.5.3-4.8.2; 4.6.0-4.8.3 and later use "hostname"
@@ -32,7 +32,7 @@ class GpuLabels:
     latest rendered: its memo is bounded by the snapshot's GPUs and instances.
     """
 
-    __slots__ = ("_cache", "_driver", "_host", "_owner", "host")
+    __slots__ = ("_cache", "_driver", "_gpus", "_host", "_owner", "_places", "host")
 
     def __init__(self, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         # An empty hostname_label drops the host label, like dcgm-exporter's --no-hostname.
@@ -41,6 +41,8 @@ class GpuLabels:
         self._driver = {DRIVER_VERSION: snapshot.driver_version} if snapshot.driver_version else {}
         self._cache: dict[tuple[str, int, int | None], str] = {}
         self._owner = exclusive_owners(snapshot)
+        self._gpus = snapshot.gpus
+        self._places: dict[tuple[str, int | None], str] | None = None
 
     _last: tuple[NodeSnapshot, str, GpuLabels] | None = None  # the one most recently built, per process
 
@@ -71,7 +73,7 @@ class GpuLabels:
         return text
 
     def _dcgm(self, gpu: GpuSample, mig: MigSample | None) -> dict[str, str]:
-        labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, **describe(gpu)}
+        labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, **describe(gpu.info)}
         if mig is not None:
             labels.update(_mig(mig.profile, mig.gpu_instance_id))
         owner = self._owner.get(mig.uuid if mig is not None else gpu.info.uuid, {})
@@ -97,6 +99,27 @@ class GpuLabels:
         # An instance the snapshot does not list: keep its id, there is no profile to name.
         labels = {"gpu": str(gpu.info.index), "UUID": gpu.info.uuid, "GPU_I_ID": str(gpu_instance_id)}
         return label_text({**labels, **self._host})
+
+
+    def instances(self, gpu: GpuSample) -> dict[int | None, str]:
+        """``instance``'s text of the GPU (key None) and of each of its MIG instances (by GPU instance id)."""
+        texts: dict[int | None, str] = {None: self.gpu(gpu)}
+        for mig in gpu.migs:
+            if mig.gpu_instance_id not in texts:  # as find_mig: the first instance of an id
+                texts[mig.gpu_instance_id] = self.gpu(gpu, mig)
+        return texts
+
+    def places(self) -> dict[tuple[str, int | None], str]:
+        """``instances`` of every GPU of the snapshot (of a UUID, the last GPU), keyed by (UUID, GPU instance
+        id or None): one lookup for renderers of many rows."""
+        if self._places is None:
+            by_uuid = {g.info.uuid: g for g in self._gpus}
+            self._places = {
+                (uuid, instance): text
+                for uuid, gpu in by_uuid.items()
+                for instance, text in self.instances(gpu).items()
+            }
+        return self._places
 
 
 def host_labels(hostname: str | None, hostname_label: str) -> str:
@@ -133,9 +156,8 @@ def pod_labels(namespace: str | None, pod: str) -> str:
     return label_pairs((("namespace", namespace), ("pod", pod)) if namespace else (("pod", pod),))
 
 
-def describe(gpu: GpuSample) -> dict[str, str]:
+def describe(info: GpuInfo) -> dict[str, str]:
     """dcgm-exporter's descriptive labels of a GPU."""
-    info = gpu.info
     return {"pci_bus_id": info.pci_bus_id, "device": f"nvidia{info.index}", "modelName": info.name}
 
 

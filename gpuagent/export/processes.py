@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, extend, gauge, non_empty
-from gpuagent.export.labels import GpuLabels, GpuRenderer
+from gpuagent.export.families import TextCache, add, extend, gauge, non_empty, put_known
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
 
 
@@ -23,7 +23,12 @@ class ProcessCollector(GpuRenderer):
 
     name = "processes"
 
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        super().__init__(hostname_label=hostname_label)
+        self._texts = TextCache(_process_text)  # a process's label text, by what it is made of
+
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
+        self._texts.rotate()
         memory = gauge("gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.")
         sm = gauge(
             "gpuagent_process_sm_utilization_ratio",
@@ -42,19 +47,31 @@ class ProcessCollector(GpuRenderer):
             "GPU memory the MPS client may allocate on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).",
         )
         count = gauge("gpuagent_gpu_processes", "Number of processes using the GPU.")
+        texts = self._texts
+        series: list[str] = []
+        processes: list[ProcessSample] = []
         for gpu in snapshot.gpus:
             if gpu.health is Health.LOST:
                 continue
-            processes = _unique(gpu)
-            for process in processes:
-                series = extend(labels.instance(gpu, process.gpu_instance_id), _identity(process))
-                add_known(memory, series, process.used_memory_bytes)
-                add_known(sm, series, _ratio(process.sm_util_percent))
-                add_known(mem_util, series, _ratio(process.memory_util_percent))
-                if process.mps is not None:
-                    add_known(mps_threads, series, _ratio(process.mps.active_thread_percent))
-                    add_known(mps_memory, series, process.mps.pinned_memory_limit_bytes)
-            add(count, labels.gpu(gpu), len({p.pid for p in processes}))
+            unique = _unique(gpu)
+            places = labels.instances(gpu) if unique else {}
+            for process in unique:
+                instance = process.gpu_instance_id
+                place = places.get(instance) or labels.instance(gpu, instance)
+                w = process.workload
+                who = () if w is None else (w.kind, w.name, w.namespace, w.container)
+                series.append(texts[(place, process.pid, process.comm, process.kind, *who)])
+            processes += unique
+            add(count, labels.gpu(gpu), len({p.pid for p in unique}))
+        put_known(memory, series, [p.used_memory_bytes for p in processes])
+        put_known(sm, series, [_ratio(p.sm_util_percent) for p in processes])
+        put_known(mem_util, series, [_ratio(p.memory_util_percent) for p in processes])
+        clients = [(text, p.mps) for text, p in zip(series, processes, strict=True) if p.mps is not None]
+        if clients:
+            texts_of_clients = [text for text, _ in clients]
+            threads = [_ratio(limits.active_thread_percent) for _, limits in clients]
+            put_known(mps_threads, texts_of_clients, threads)
+            put_known(mps_memory, texts_of_clients, [limit.pinned_memory_limit_bytes for _, limit in clients])
         return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count])
 
 
@@ -70,25 +87,26 @@ def _unique(gpu: GpuSample) -> list[ProcessSample]:
     return unique
 
 
-def _identity(process: ProcessSample) -> tuple[tuple[str, str], ...]:
-    pid, kind = ("pid", str(process.pid)), ("kind", process.kind)
-    return ((pid, ("comm", process.comm), kind) if process.comm else (pid, kind)) + _owner(process)
-
-
-def _owner(process: ProcessSample) -> tuple[tuple[str, str], ...]:
-    """Whose process it is: ``namespace, pod, container`` for a pod, else ``workload_kind, workload``."""
-    w = process.workload
-    if w is None:
-        return ()
-    if w.kind == "pod":
-        labels = (("namespace", w.namespace),) if w.namespace else ()
-        labels += (("pod", w.name),)
-        if w.container:
-            labels += (("container", w.container),)
-        return labels
-    return (("workload_kind", w.kind), ("workload", w.name))
+def _process_text(key: tuple) -> str:
+    """A process's label text: where it runs (the GPU's or instance's text), ``pid``, ``comm`` (when known),
+    ``kind``, then whose it is: ``namespace, pod, container`` for a pod, else ``workload_kind, workload``."""
+    place, pid, comm, kind, *who = key
+    labels: tuple[tuple[str, str], ...] = (("pid", str(pid)),)
+    if comm:
+        labels += (("comm", comm),)
+    labels += (("kind", kind),)
+    if who:
+        workload_kind, name, namespace, container = who
+        if workload_kind == "pod":
+            if namespace:
+                labels += (("namespace", namespace),)
+            labels += (("pod", name),)
+            if container:
+                labels += (("container", container),)
+        else:
+            labels += (("workload_kind", workload_kind), ("workload", name))
+    return extend(place, labels)
 
 
 def _ratio(percent: float | None) -> float | None:
     return None if percent is None else percent / 100
-
