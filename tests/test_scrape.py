@@ -211,5 +211,6 @@ def test_health_renders_its_snapshot_families_once_and_the_age_on_every_scrape()
     assert first["gpuagent_snapshot_age_seconds"].values == [1.0]
     assert second["gpuagent_snapshot_age_seconds"].values == [6.0]
     third = {m.name: m for m in health.render(_churned(snapshot, 1))}
-    assert third["gpuagent_gpu_health"] is not first["gpuagent_gpu_health"]
+    assert third["gpuagent_gpu_health"] is first["gpuagent_gpu_health"]  # the same rows: served again
+    assert third["gpuagent_polls"] is not first["gpuagent_polls"]
     assert third["gpuagent_polls"].values == [1.0]  # a counter family is named without _total

@@ -15,6 +15,9 @@ from typing import NamedTuple
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import (
+    COUNTER,
+    GAUGE,
+    Kept,
     TextCache,
     add,
     add_known,
@@ -23,8 +26,6 @@ from gpuagent.export.families import (
     join,
     label_text,
     non_empty,
-    put,
-    put_known,
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, find_mig, pod_labels
@@ -88,6 +89,7 @@ class AccountingCollector(GpuRenderer):
         super().__init__(hostname_label=hostname_label)
         # (level, namespace, name, container, kind, the GPU's join keys) -> the series' label text
         self._series = TextCache(_series_text)
+        self._kept = Kept()
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         state = snapshot.accounting
@@ -102,7 +104,7 @@ class AccountingCollector(GpuRenderer):
             if usage.level in levels:
                 levels[usage.level].append(usage)
         out: list[Metric] = []
-        cache = self._series
+        cache, kept = self._series, self._kept
         for level, usages in levels.items():
             names = _FAMILIES[level]
             texts = [
@@ -111,28 +113,30 @@ class AccountingCollector(GpuRenderer):
                        or _gpu_labels(u, by_uuid.get(u.gpu_uuid), labels, host))]
                 for u in usages
             ]
-            allocated = counter(names.allocated, _DOC["allocated"])
-            busy = counter(names.busy, _DOC["busy"])
-            memory = counter(names.memory, _DOC["memory"])
-            energy = counter(names.energy, _DOC["energy"])
-            put(allocated, texts, [u.allocated_gpu_seconds_total for u in usages])
-            put_known(busy, texts, [u.busy_gpu_seconds_total for u in usages])
-            put(memory, texts, [u.memory_byte_seconds_total for u in usages])
-            put_known(energy, texts, [u.energy_joules_total for u in usages])
-            out += [allocated, busy, memory, energy]
+            allocated = [u.allocated_gpu_seconds_total for u in usages]
+            busy = [u.busy_gpu_seconds_total for u in usages]
+            memory = [u.memory_byte_seconds_total for u in usages]
+            shares = [u.energy_joules_total for u in usages]
+            out += [
+                kept.family(names.allocated, _DOC["allocated"], COUNTER, texts, allocated),
+                kept.known(names.busy, _DOC["busy"], COUNTER, texts, busy),
+                kept.family(names.memory, _DOC["memory"], COUNTER, texts, memory),
+                kept.known(names.energy, _DOC["energy"], COUNTER, texts, shares),
+            ]
             if names.idle_allocated and names.efficiency and names.idle:  # pods and workloads
-                idle_allocated = counter(names.idle_allocated, _DOC["idle_allocated"])
-                efficiency = gauge(names.efficiency, _DOC["efficiency"])
-                idle = gauge(names.idle, _DOC["idle"])
-                put(idle_allocated, texts, [u.idle_allocated_gpu_seconds_total for u in usages])
+                held = [u.idle_allocated_gpu_seconds_total for u in usages]
+                out.append(kept.family(names.idle_allocated, _DOC["idle_allocated"], COUNTER, texts, held))
                 # The gauges only while it runs.
                 running = [i for i, u in enumerate(usages) if u.ended_at_unix is None]
                 if len(running) < len(usages):
                     texts = [texts[i] for i in running]
                     usages = [usages[i] for i in running]
-                put_known(efficiency, texts, [u.efficiency_ratio for u in usages])
-                put(idle, texts, [u.idle_seconds for u in usages])
-                out += [idle_allocated, efficiency, idle]
+                efficiency = [u.efficiency_ratio for u in usages]
+                idle = [u.idle_seconds for u in usages]
+                out += [
+                    kept.known(names.efficiency, _DOC["efficiency"], GAUGE, texts, efficiency),
+                    kept.family(names.idle, _DOC["idle"], GAUGE, texts, idle),
+                ]
         gap = counter("gpuagent_accounting_gap_seconds_total",
                       "Time not accounted on the GPU: polls too far apart, or the GPU stale or unhealthy.")
         energy = counter("gpuagent_gpu_energy_accounted_joules_total",

@@ -28,7 +28,17 @@ from enum import Enum
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export import xid
-from gpuagent.export.families import add, add_known, extend, family, flag, non_empty, put_known, with_label
+from gpuagent.export.families import (
+    Kept,
+    add,
+    add_known,
+    extend,
+    family,
+    flag,
+    non_empty,
+    put_known,
+    with_label,
+)
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProfilingSample
 
@@ -181,7 +191,11 @@ _XID_POSITION = next(i for i, f in enumerate(FIELDS) if f.name == "DCGM_FI_DEV_D
 
 
 def _dcgm_family(name: str, csv_type: str, documentation: str) -> Metric:
-    return family(name, documentation, "unknown" if csv_type == COUNTER else csv_type)
+    return family(name, documentation, _type(csv_type))
+
+
+def _type(csv_type: str) -> str:
+    return "unknown" if csv_type == COUNTER else csv_type
 
 
 class DcgmCollector(GpuRenderer):
@@ -195,33 +209,28 @@ class DcgmCollector(GpuRenderer):
         super().__init__(hostname_label=hostname_label)
         # dcgm's window_size_in_ms label; the snapshot's XidRecord.recent is counted over the same window.
         self._window_ms = str(round(xid_window_seconds * 1000))
+        self._kept = Kept()
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         gpus = [g for g in snapshot.gpus if g.health is not Health.LOST]
         texts = [labels.dcgm(gpu) for gpu in gpus]
         profiling = [gpu.profiling for gpu in gpus]
-        any_mig = any(gpu.migs for gpu in gpus)
-        metrics = [self._field(f, gpus, texts, profiling, labels, any_mig) for f in FIELDS]
+        if not any(gpu.migs for gpu in gpus):  # one row per GPU and field (the common case)
+            known = self._kept.known
+            metrics = [
+                known(f.name, f.help, _type(f.csv_type), texts, _column(f, gpus, profiling)) for f in FIELDS
+            ]
+        else:
+            metrics = [self._field(f, gpus, texts, labels) for f in FIELDS]
         metrics.insert(_XID_POSITION, self._xid_last(gpus, labels))
         metrics.append(self._xid_count(gpus, labels))
         return non_empty(metrics)
 
     @staticmethod
-    def _field(
-        field: Field,
-        gpus: list[GpuSample],
-        texts: list[str],
-        profiling: list[ProfilingSample | None],
-        labels: GpuLabels,
-        any_mig: bool,
-    ) -> Metric:
+    def _field(field: Field, gpus: list[GpuSample], texts: list[str], labels: GpuLabels) -> Metric:
         metric = _dcgm_family(field.name, field.csv_type, field.help)
-        if field.scope is Scope.GPU or not any_mig:  # one row per GPU (the common case: no MIG GPU)
-            read = field.value
-            if field.scope is Scope.PROFILING:
-                put_known(metric, texts, [None if p is None else read(p) for p in profiling])
-            else:
-                put_known(metric, texts, list(map(read, gpus)))
+        if field.scope is Scope.GPU:
+            put_known(metric, texts, _column(field, gpus, []))
             return metric
         for gpu, text in zip(gpus, texts, strict=True):
             per_instance = [(mig, _read(field, mig)) for mig in gpu.migs]
@@ -252,6 +261,14 @@ class DcgmCollector(GpuRenderer):
             for code, count in sorted(recent.items()):
                 add(metric, with_label(base, "xid", str(code)), count)
         return metric
+
+
+def _column(field: Field, gpus: list[GpuSample], profiling: list[ProfilingSample | None]) -> list[Value]:
+    """A field of every GPU (``profiling``: their ``ProfilingSample``, for a PROFILING field)."""
+    if field.scope is Scope.PROFILING:
+        read = field.value
+        return [None if p is None else read(p) for p in profiling]
+    return list(map(field.value, gpus))
 
 
 def _read(field: Field, sample: GpuSample | MigSample) -> Value:

@@ -8,10 +8,10 @@ same value formatting, label values escaped exactly as both formats say (``\\``,
 rendered: exemplars and native histograms (the agent emits neither), UTF-8 metric names (ours are legacy).
 
 A :class:`~gpuagent.export.families.Family`'s rows are label text already, so a line is a join. Caches: each
-family's text per format (on the family: the guard serves a family again, with its text, for as long as its
-rows stay the same); each family's HELP/TYPE lines, by name; formatted values, bounded by the live series
-(``rotate_caches``, called by the guard for each new snapshot, drops what the snapshot before last used).
-Sizes: ``cache_sizes``.
+family's encoded bytes per format (on the family: the guard serves a family again, with its bytes, for as
+long as its rows stay the same), so a body is one join of bytes; each family's HELP/TYPE lines, by name;
+formatted values, bounded by the live series (``rotate_caches``, called by the guard for each new snapshot,
+drops what the snapshot before last used). Sizes: ``cache_sizes``.
 """
 
 from __future__ import annotations
@@ -37,43 +37,47 @@ _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # moved to gauges of their
 TEXT, OPENMETRICS = "text", "openmetrics"
 
 
+EOF = b"# EOF\n"  # the end of an OpenMetrics exposition
+
+
 def generate_text(registry: Collector) -> bytes:
     """Prometheus text format 0.0.4."""
     fmt = Lines()
-    return "".join([encode_family(TEXT, m, fmt) for m in registry.collect()]).encode("utf-8")
+    return b"".join([encode_family(TEXT, m, fmt) for m in registry.collect()])
 
 
 def generate_openmetrics(registry: Collector) -> bytes:
     """OpenMetrics text format 1.0."""
     fmt = Lines()
     out = [encode_family(OPENMETRICS, m, fmt) for m in registry.collect()]
-    out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
+    out.append(EOF)
+    return b"".join(out)
 
 
-def encode_family(kind: str, metric: Metric, fmt: Lines) -> str:
-    """One family's text, or nothing when it cannot be encoded (a label value that is not a string, a
-    value that is not a number): a renderer's bug costs that family, never the whole scrape.
+def encode_family(kind: str, metric: Metric, fmt: Lines) -> bytes:
+    """One family's text (UTF-8), or nothing when it cannot be encoded (a label value that is not a string,
+    a value that is not a number): a renderer's bug costs that family, never the whole scrape.
 
-    A :class:`Family` remembers its text per format: a family served again (the same snapshot's, or one
+    A :class:`Family` remembers its bytes per format: a family served again (the same snapshot's, or one
     the guard kept from an earlier snapshot because its rows are the same) costs nothing to encode.
     """
     if isinstance(metric, Family):
-        text = metric.encoded.get(kind)
-        if text is None:
-            text = metric.encoded[kind] = _encode(kind, metric, fmt)
-        return text
+        encoded = metric.encoded.get(kind)
+        if encoded is None:
+            encoded = metric.encoded[kind] = _encode(kind, metric, fmt)
+        return encoded
     return _encode(kind, metric, fmt)
 
 
-def _encode(kind: str, metric: Metric, fmt: Lines) -> str:
+def _encode(kind: str, metric: Metric, fmt: Lines) -> bytes:
     try:
-        return _text_family(metric, fmt) if kind == TEXT else _openmetrics_family(metric, fmt)
+        text = _text_family(metric, fmt) if kind == TEXT else _openmetrics_family(metric, fmt)
     except Exception as error:
         if metric.name not in _UNENCODABLE:
             _UNENCODABLE.add(metric.name)
             log.error("family %s cannot be encoded and is left out: %r", metric.name, error)
-        return ""
+        return b""
+    return text.encode("utf-8")
 
 
 _UNENCODABLE: set[str] = set()  # families already logged as unencodable: one line each, not one per scrape

@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client.metrics_core import METRIC_TYPES, Metric
 from prometheus_client.samples import Sample
 
+GAUGE, COUNTER, INFO = "gauge", "counter", "info"  # the family types renderers use most
 _SAMPLE_SUFFIX = {"counter": "_total", "info": "_info"}
 _CHECKED: dict[tuple[str, str], str] = {}  # (name, type) pairs already validated -> the sample name
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # our names are legacy ones (exposition's docstring)
@@ -167,10 +168,58 @@ def put(metric: Family, texts: list[str], values: list[float], names: list[str] 
 
 def put_known(metric: Family, texts: list[str], values: list[float | None]) -> None:
     """``put``, leaving out the rows whose value is unknown (``None`` never renders as 0)."""
+    put(metric, *_known(texts, values))
+
+
+def _known(texts: list[str], values: list[float | None]) -> tuple[list[str], list[float]]:
     if None in values:
         rows = [(text, value) for text, value in zip(texts, values, strict=True) if value is not None]
-        texts, values = [text for text, _ in rows], [value for _, value in rows]
-    put(metric, texts, values)  # type: ignore[arg-type]
+        return [text for text, _ in rows], [value for _, value in rows]  # type: ignore[misc]
+    return texts, values  # type: ignore[return-value]
+
+
+class Kept:
+    """The families one renderer made of the last snapshot, by name: a family whose rows come out the same
+    again is that same object, whose text the encoder made already, and only a family whose rows changed is
+    made anew. One per renderer; it holds one family per name the renderer uses.
+
+    ``family`` is ``family()`` then ``put()``; ``known`` is ``family()`` then ``put_known()``.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[str, Family] = {}
+
+    def family(
+        self,
+        name: str,
+        documentation: str,
+        typ: str,
+        texts: list[str],
+        values: list[float],
+        names: list[str] | None = None,
+    ) -> Family:
+        last = self._last.get(name)
+        if (
+            last is not None
+            and last.values == values
+            and last.texts == texts
+            and last.names == names
+            and last.documentation == documentation
+            and last.type == typ
+            and last.error is None
+        ):
+            return last
+        metric = family(name, documentation, typ)
+        put(metric, texts, values, names)
+        self._last[name] = metric
+        return metric
+
+    def known(
+        self, name: str, documentation: str, typ: str, texts: list[str], values: list[float | None]
+    ) -> Family:
+        return self.family(name, documentation, typ, *_known(texts, values))
 
 
 def add_rows(metric: Family, rows: Iterable[tuple[str, float | None]]) -> None:

@@ -70,6 +70,10 @@ class SnapshotCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.families()
+
+    def families(self) -> list[Metric]:
+        """What one scrape serves: each renderer's families, then the collectors' success and duration."""
         snapshot = self._snapshot()
         success = gauge("gpuagent_collector_success", "1 when the collector succeeded in this scrape.")
         duration = gauge("gpuagent_collector_duration_seconds", "Time the collector took in this scrape.")
@@ -77,43 +81,45 @@ class SnapshotCollector:
         rendered = self._rendered_for(snapshot)
         succeeded: list[float] = []
         took: list[float] = []
+        out: list[Metric] = []
         for renderer in self._renderers:
             start = self._timer()
             metrics = rendered.get(renderer.name)
             if metrics is not None:  # this snapshot's, rendered by an earlier scrape
                 ok = True
-                seen.update(m.name for m in metrics)
+                seen.update([m.name for m in metrics])
             else:
                 metrics, ok = self._render(renderer, snapshot, seen)
-                self._serve_again(metrics)
                 if ok and renderer.name not in self._volatile:
                     rendered[renderer.name] = metrics
-                    for metric in metrics:
-                        if isinstance(metric, Family):
-                            metric.stable = True
+                    self._serve_again(metrics, stable=True)
+                else:
+                    self._serve_again(metrics, stable=False)
             succeeded.append(flag(ok))
             took.append(self._timer() - start)
-            yield from metrics
+            out += metrics
         put(success, self._texts, succeeded)
         put(duration, self._texts, took)
-        yield success
-        yield duration
+        out += (success, duration)
+        return out
 
     def _render(
         self, renderer: Renderer, snapshot: NodeSnapshot | None, seen: set[str]
     ) -> tuple[list[Metric], bool]:
         try:
             metrics = list(renderer.render(snapshot))  # all or nothing: a failure halfway yields nothing
-            _check(metrics, seen)
+            names = [m.name for m in metrics]
+            _check(names, seen)
         except Exception as error:
             self._note(renderer.name, error)
             return [], False
         self._note(renderer.name, None)
-        seen.update(m.name for m in metrics)
+        seen.update(names)
         return metrics, True
 
-    def _serve_again(self, metrics: list[Metric]) -> None:
-        """Each family whose rows are those of the family of its name served last becomes that one."""
+    def _serve_again(self, metrics: list[Metric], *, stable: bool) -> None:
+        """Each family whose rows are those of the family of its name served last becomes that one; the
+        others are marked ``stable`` when they are served again, unchanged, until the next snapshot."""
         served = self._served
         for index, metric in enumerate(metrics):
             if not isinstance(metric, Family):
@@ -123,6 +129,8 @@ class SnapshotCollector:
                 metrics[index] = last
             else:
                 served[metric.name] = metric
+                if stable:
+                    metric.stable = True
 
     def _rendered_for(self, snapshot: NodeSnapshot | None) -> dict[str, list[Metric]]:
         """The families already rendered from ``snapshot`` (by identity: a new poll is a new object)."""
@@ -162,12 +170,13 @@ class SnapshotCollector:
             log.info("collector %s recovered", name)
 
 
-def _check(metrics: Iterable[Metric], seen: set[str]) -> None:
-    """Raise when a renderer repeats a family another one already rendered, inside the guarded section.
+def _check(names: list[str], seen: set[str]) -> None:
+    """Raise when a renderer repeats a family another one (or itself) already rendered, inside the guarded
+    section.
 
-    Samples themselves are not checked here (that cost a millisecond a scrape): ``families.add`` makes every
-    value a float, and the encoder leaves out a family whose labels it cannot encode.
+    Samples themselves are not checked here (that cost a millisecond a scrape): the encoder leaves out a
+    family whose labels or values it cannot encode.
     """
-    for metric in metrics:
-        if metric.name in seen:
-            raise ValueError(f"family {metric.name} is rendered twice")
+    if len(set(names)) != len(names) or not seen.isdisjoint(names):
+        repeated = next(n for i, n in enumerate(names) if n in seen or n in names[:i])
+        raise ValueError(f"family {repeated} is rendered twice")

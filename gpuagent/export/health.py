@@ -18,6 +18,10 @@ from prometheus_client.utils import floatToGoString
 
 from gpuagent import __version__
 from gpuagent.export.families import (
+    COUNTER,
+    GAUGE,
+    INFO,
+    Kept,
     TextCache,
     add,
     counter,
@@ -27,7 +31,6 @@ from gpuagent.export.families import (
     gauge,
     label_pairs,
     non_empty,
-    put,
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, describe
@@ -48,6 +51,7 @@ class HealthCollector:
         self._clock = clock
         self._hostname_label = hostname_label
         self._texts = TextCache(_label_text)  # label texts kept across snapshots, by what they are made of
+        self._kept = Kept()
         # The last snapshot and its families but the age: every scrape of it serves them again (their text
         # is cached with them), so only the age is rendered and encoded on each scrape.
         self._last: tuple[NodeSnapshot, list[Metric], list[Metric]] | None = None
@@ -67,44 +71,47 @@ class HealthCollector:
 
     def _of_snapshot(self, snapshot: NodeSnapshot) -> tuple[list[Metric], list[Metric]]:
         """The families before the age and those after it, which depend on the snapshot alone."""
-        up = gauge("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.")
-        add(up, "", flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources)))
+        up = self._kept.family("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.", GAUGE, [""],
+                               [flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources))])
         return [up, _build_info()], [*self._poll(snapshot), *self._nvml(snapshot), *self._gpus(snapshot)]
 
     def _poll(self, snapshot: NodeSnapshot) -> list[Metric]:
-        stale = gauge("gpuagent_snapshot_stale", "1 when a GPU's last read did not finish in time, else 0.")
-        add(stale, {}, flag(snapshot.stale))
-        polls = counter("gpuagent_polls_total", "Polls since the agent started.")
-        add(polls, {}, snapshot.polls_total)
-        interval = gauge("gpuagent_poll_interval_seconds", "Configured time between polls.")
-        add(interval, {}, snapshot.poll_interval_seconds)
-        success = gauge("gpuagent_source_success", "1 when the source's last run succeeded, else 0.")
-        duration = gauge("gpuagent_source_duration_seconds", "Duration of the source's last run.")
+        kept = self._kept
+        stale = kept.family(
+            "gpuagent_snapshot_stale", "1 when a GPU's last read did not finish in time, else 0.",
+            GAUGE, [""], [flag(snapshot.stale)])
+        polls = kept.family("gpuagent_polls_total", "Polls since the agent started.", COUNTER,
+                            [""], [snapshot.polls_total])
+        interval = kept.family("gpuagent_poll_interval_seconds", "Configured time between polls.", GAUGE,
+                               [""], [snapshot.poll_interval_seconds])
         sources = snapshot.sources
         labels = [self._texts[("source", source.name)] for source in sources]
-        put(success, labels, [flag(source.ok) for source in sources])
-        put(duration, labels, [source.duration_seconds for source in sources])
+        success = kept.family("gpuagent_source_success", "1 when the source's last run succeeded, else 0.",
+                              GAUGE, labels, [flag(source.ok) for source in sources])
+        duration = kept.family("gpuagent_source_duration_seconds", "Duration of the source's last run.",
+                               GAUGE, labels, [source.duration_seconds for source in sources])
         return [stale, self._histogram(snapshot.poll_histogram), polls, interval, success, duration]
 
     def _histogram(self, histogram: PollHistogram) -> Metric:
-        metric = family("gpuagent_poll_duration_seconds", "Duration of the agent's polls.", "histogram")
+        name = "gpuagent_poll_duration_seconds"
         # +Inf is the total count, the last bucket, then the count and the sum
         finite = [i for i, bound in enumerate(histogram.upper_bounds) if not math.isinf(bound)]
         bounds = tuple(histogram.upper_bounds[i] for i in finite)
         counts = [histogram.cumulative_counts[i] for i in finite]
-        texts, names = self._texts[("histogram", metric.name, bounds)]
-        put(metric, texts, [*counts, histogram.count, histogram.count, histogram.sum_seconds], names)
-        return metric
+        texts, names = self._texts[("histogram", name, bounds)]
+        values = [*counts, histogram.count, histogram.count, histogram.sum_seconds]
+        return self._kept.family(name, "Duration of the agent's polls.", "histogram", texts, values, names)
 
     def _nvml(self, snapshot: NodeSnapshot) -> list[Metric]:
-        calls = family("gpuagent_nvml_call_duration_seconds", "Time spent in each NVML function.", "summary")
+        name = "gpuagent_nvml_call_duration_seconds"
         texts: list[str] = []
         values: list[float] = []
         for stats in snapshot.nvml_calls:
             text = self._texts[("function", stats.function)]
             texts += (text, text)
             values += (stats.calls_total, stats.seconds_total)
-        put(calls, texts, values, [calls.name + "_count", calls.name + "_sum"] * len(snapshot.nvml_calls))
+        names = [name + "_count", name + "_sum"] * len(snapshot.nvml_calls)
+        calls = self._kept.family(name, "Time spent in each NVML function.", "summary", texts, values, names)
         errors = counter("gpuagent_nvml_errors_total", "NVML calls that failed, by function and error.")
         for error in snapshot.nvml_errors:
             add(errors, label_pairs((("function", error.function), ("code", error.code))), error.count)
@@ -112,26 +119,26 @@ class HealthCollector:
 
     def _gpus(self, snapshot: NodeSnapshot) -> list[Metric]:
         labels = GpuLabels.of(snapshot, self._hostname_label)
-        health = gauge(
-            "gpuagent_gpu_health",
-            "1 for the GPU's current health state (ok, lost, unresponsive, error), 0 for the others.",
-        )
-        stale = gauge("gpuagent_gpu_stale", "1 when the GPU's values are from an earlier poll, else 0.")
-        xids = counter("gpuagent_gpu_xid_errors_total", "XID errors seen since the agent started.")
-        info = family("gpuagent_gpu_info", "Static facts of the GPU and its driver.", "info")
+        kept = self._kept
         gpus = snapshot.gpus
         series = [labels.gpu(gpu) for gpu in gpus]
         states: list[str] = []
         for text in series:
             states += self._texts[("states", text)]
-        put(health, states, [flag(gpu.health is state) for gpu in gpus for state in _STATES])
-        put(stale, series, [flag(gpu.stale) for gpu in gpus])
+        health = kept.family(
+            "gpuagent_gpu_health",
+            "1 for the GPU's current health state (ok, lost, unresponsive, error), 0 for the others.",
+            GAUGE, states, [flag(gpu.health is state) for gpu in gpus for state in _STATES])
+        stale = kept.family("gpuagent_gpu_stale", "1 when the GPU's values are from an earlier poll, else 0.",
+                            GAUGE, series, [flag(gpu.stale) for gpu in gpus])
+        xids = counter("gpuagent_gpu_xid_errors_total", "XID errors seen since the agent started.")
         for gpu, text in zip(gpus, series, strict=True):
             for code, count in sorted(gpu.xid.totals.items()):
                 add(xids, with_label(text, "xid", str(code)), count)
         versions = (snapshot.driver_version, snapshot.cuda_driver_version, snapshot.nvml_version)
         facts = [self._texts[("info", text, g.info, *versions)] for g, text in zip(gpus, series, strict=True)]
-        put(info, facts, [1] * len(facts))
+        info = kept.family("gpuagent_gpu_info", "Static facts of the GPU and its driver.", INFO,
+                           facts, [1] * len(facts))
         return [health, stale, xids, info]
 
 

@@ -15,15 +15,15 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.dra import dra_families
 from gpuagent.export.families import (
+    GAUGE,
+    INFO,
+    Kept,
     TextCache,
     add,
     extend,
-    family,
     gauge,
     join,
     non_empty,
-    put,
-    put_known,
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, pod_labels
@@ -45,39 +45,42 @@ class PodCollector(GpuRenderer):
     def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         super().__init__(hostname_label=hostname_label)
         self._texts = TextCache(_label_text)  # a pod's series' label texts, by what they are made of
+        self._kept = Kept()
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         self._texts.rotate()
-        pod_memory = gauge("gpuagent_pod_gpu_memory_used_bytes", "GPU memory used by the pod's processes.")
-        pod_sm = gauge("gpuagent_pod_gpu_sm_utilization_ratio",
-                       "Share of the GPU's SM time used by the pod's processes (0-1, sum of NVML samples).")
-        pod_procs = gauge("gpuagent_pod_gpu_processes", "Processes of the pod on the GPU.")
-        ctr_memory = gauge("gpuagent_container_gpu_memory_used_bytes", "GPU memory used by the container.")
-        ctr_sm = gauge("gpuagent_container_gpu_sm_utilization_ratio",
-                       "Share of the GPU's SM time used by the container's processes (0-1).")
-        mps_threads = gauge("gpuagent_pod_gpu_mps_active_thread_ratio",
-                            "Share of the GPU's SMs the pod's MPS clients may use (0-1, the sum of their "
-                            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); absent when a client is not limited.")
-        mps_memory = gauge("gpuagent_pod_gpu_mps_memory_limit_bytes",
-                           "GPU memory the pod's MPS clients may allocate (the sum of their "
-                           "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for this GPU); absent when a client is not "
-                           "limited.")
-        tenants = gauge("gpuagent_gpu_tenants", "Pods allocated or using the GPU (more than 1: shared).")
+        kept = self._kept
         use = _Use()
         for gpu in snapshot.gpus:
             use.add(gpu, labels, self._texts)
-        put(pod_memory, use.pods, use.pod_memory)
-        put_known(pod_sm, use.pods, use.pod_sm)
-        put(pod_procs, use.pods, use.pod_processes)
-        put(ctr_memory, use.containers, use.container_memory)
-        put_known(ctr_sm, use.containers, use.container_sm)
-        for metric, column in ((mps_threads, use.mps_threads), (mps_memory, use.mps_memory)):
-            put_known(metric, use.mps_pods, column)
-        allocated = gauge("gpuagent_pod_allocated_gpus", "GPUs the kubelet allocated to the pod.")
-        device = gauge("gpuagent_pod_gpu_allocated",
-                       "1 for each device the kubelet allocated to a container (device_id as allocated).")
-        info = family("gpuagent_pod_info", "A pod holding or using GPUs; where its names came from; its "
-                      "owner (the top of its controller chain, from the API server).", "info")
+        pod_memory = kept.family(
+            "gpuagent_pod_gpu_memory_used_bytes", "GPU memory used by the pod's processes.",
+            GAUGE, use.pods, use.pod_memory)
+        pod_sm = kept.known(
+            "gpuagent_pod_gpu_sm_utilization_ratio",
+            "Share of the GPU's SM time used by the pod's processes (0-1, sum of NVML samples).",
+            GAUGE, use.pods, use.pod_sm)
+        pod_procs = kept.family(
+            "gpuagent_pod_gpu_processes", "Processes of the pod on the GPU.",
+            GAUGE, use.pods, use.pod_processes)
+        ctr_memory = kept.family(
+            "gpuagent_container_gpu_memory_used_bytes", "GPU memory used by the container.",
+            GAUGE, use.containers, use.container_memory)
+        ctr_sm = kept.known(
+            "gpuagent_container_gpu_sm_utilization_ratio",
+            "Share of the GPU's SM time used by the container's processes (0-1).",
+            GAUGE, use.containers, use.container_sm)
+        mps_threads = kept.known(
+            "gpuagent_pod_gpu_mps_active_thread_ratio",
+            "Share of the GPU's SMs the pod's MPS clients may use (0-1, the sum of their "
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); absent when a client is not limited.",
+            GAUGE, use.mps_pods, use.mps_threads)
+        mps_memory = kept.known(
+            "gpuagent_pod_gpu_mps_memory_limit_bytes",
+            "GPU memory the pod's MPS clients may allocate (the sum of their "
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for this GPU); absent when a client is not limited.",
+            GAUGE, use.mps_pods, use.mps_memory)
+        tenants = gauge("gpuagent_gpu_tenants", "Pods allocated or using the GPU (more than 1: shared).")
         unallocated = gauge("gpuagent_pod_gpu_unallocated_use",
                             "1 when the pod runs on a GPU the kubelet did not allocate to it.")
         by_uuid = {g.info.uuid: g for g in snapshot.gpus}
@@ -112,9 +115,17 @@ class PodCollector(GpuRenderer):
                     gpu = by_uuid.get(uuid) if uuid not in pod.allocated_gpus else None
                     if gpu is not None:
                         add(unallocated, join(ident, labels.gpu(gpu)), 1)
-        put(info, info_texts, [1] * len(info_texts))
-        put(allocated, idents, [len(pod.allocated_gpus) for pod in snapshot.pods])
-        put(device, device_texts, [1] * len(device_texts))
+        allocated = kept.family(
+            "gpuagent_pod_allocated_gpus", "GPUs the kubelet allocated to the pod.",
+            GAUGE, idents, [len(pod.allocated_gpus) for pod in snapshot.pods])
+        device = kept.family(
+            "gpuagent_pod_gpu_allocated",
+            "1 for each device the kubelet allocated to a container (device_id as allocated).",
+            GAUGE, device_texts, [1] * len(device_texts))
+        info = kept.family(
+            "gpuagent_pod_info",
+            "A pod holding or using GPUs; where its names came from; its owner (the top of its controller "
+            "chain, from the API server).", INFO, info_texts, [1] * len(info_texts))
         for gpu in snapshot.gpus:
             if snapshot.pods:
                 # A pod known only by its UID is most likely one of the allocated pods whose use could not

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import TextCache, add, extend, gauge, non_empty, put_known
+from gpuagent.export.families import GAUGE, Kept, TextCache, add, extend, gauge, non_empty
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
 
@@ -26,28 +26,12 @@ class ProcessCollector(GpuRenderer):
     def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         super().__init__(hostname_label=hostname_label)
         self._texts = TextCache(_process_text)  # a process's label text, by what it is made of
+        self._kept = Kept()
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
-        self._texts.rotate()
-        memory = gauge("gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.")
-        sm = gauge(
-            "gpuagent_process_sm_utilization_ratio",
-            "Share of the last NVML sample period in which the process ran kernels on the SMs (0-1).",
-        )
-        mem_util = gauge(
-            "gpuagent_process_memory_utilization_ratio",
-            "Share of the last NVML sample period in which the process read or wrote GPU memory (0-1).",
-        )
-        mps_threads = gauge(
-            "gpuagent_process_mps_active_thread_ratio",
-            "Share of the GPU's SMs the MPS client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0-1).",
-        )
-        mps_memory = gauge(
-            "gpuagent_process_mps_memory_limit_bytes",
-            "GPU memory the MPS client may allocate on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).",
-        )
+        texts, kept = self._texts, self._kept
+        texts.rotate()
         count = gauge("gpuagent_gpu_processes", "Number of processes using the GPU.")
-        texts = self._texts
         series: list[str] = []
         processes: list[ProcessSample] = []
         for gpu in snapshot.gpus:
@@ -63,15 +47,27 @@ class ProcessCollector(GpuRenderer):
                 series.append(texts[(place, process.pid, process.comm, process.kind, *who)])
             processes += unique
             add(count, labels.gpu(gpu), len({p.pid for p in unique}))
-        put_known(memory, series, [p.used_memory_bytes for p in processes])
-        put_known(sm, series, [_ratio(p.sm_util_percent) for p in processes])
-        put_known(mem_util, series, [_ratio(p.memory_util_percent) for p in processes])
+        memory = kept.known(
+            "gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.",
+            GAUGE, series, [p.used_memory_bytes for p in processes])
+        sm = kept.known(
+            "gpuagent_process_sm_utilization_ratio",
+            "Share of the last NVML sample period in which the process ran kernels on the SMs (0-1).",
+            GAUGE, series, [_ratio(p.sm_util_percent) for p in processes])
+        mem_util = kept.known(
+            "gpuagent_process_memory_utilization_ratio",
+            "Share of the last NVML sample period in which the process read or wrote GPU memory (0-1).",
+            GAUGE, series, [_ratio(p.memory_util_percent) for p in processes])
         clients = [(text, p.mps) for text, p in zip(series, processes, strict=True) if p.mps is not None]
-        if clients:
-            texts_of_clients = [text for text, _ in clients]
-            threads = [_ratio(limits.active_thread_percent) for _, limits in clients]
-            put_known(mps_threads, texts_of_clients, threads)
-            put_known(mps_memory, texts_of_clients, [limit.pinned_memory_limit_bytes for _, limit in clients])
+        of_clients = [text for text, _ in clients]
+        mps_threads = kept.known(
+            "gpuagent_process_mps_active_thread_ratio",
+            "Share of the GPU's SMs the MPS client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0-1).",
+            GAUGE, of_clients, [_ratio(limits.active_thread_percent) for _, limits in clients])
+        mps_memory = kept.known(
+            "gpuagent_process_mps_memory_limit_bytes",
+            "GPU memory the MPS client may allocate on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).",
+            GAUGE, of_clients, [limits.pinned_memory_limit_bytes for _, limits in clients])
         return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count])
 
 
