@@ -1,7 +1,7 @@
 """Scale on one pod-dense node: the cost of a poll, of a scrape and of accounting against the number of pods.
 
     .venv/bin/python bench/bench_scale.py [--sizes 8 32 110 250] [--polls 200] [--scrapes 40]
-        [--mode audit] [--gc agent] [--profile DIR] [--plot FILE] [--out DIR]
+        [--scrape-every 15] [--mode audit] [--gc agent] [--profile DIR] [--plot FILE] [--out DIR]
 
 Time-slicing replicas make the 8 GPUs of a node into 80-110 pods (the kubelet's default cap is 110). For each
 size the simulated 8xH100 node runs that many pods, one GPU process each, spread round-robin over the GPUs,
@@ -19,8 +19,10 @@ A poll's own work is the process's CPU time over ``poll_once`` minus the CPU tim
 inside the "NVML" calls (``measure.SimulatorTime``; a real driver's calls cost the agent no such CPU), in
 parts: the device reads (the agent's side), attribution (cgroups, the kubelet's allocations, names),
 enforcement, accounting, hints, and "other" (the snapshot's assembly); the garbage collector's share is
-counted apart too. Then ``--scrapes`` more polls are each followed by ``/metrics`` of the new snapshot
-(``export.scrape``, text 0.0.4), and as many by prometheus-client rendering the same series
+counted apart too. Then ``--scrapes`` times ``/metrics`` of a new snapshot (``export.scrape``, text 0.0.4)
+``--scrape-every`` polls after the last one (15: Prometheus scraping every 15 s, as ``deploy/`` has it, an
+agent polling every second; 1 makes the scrapes follow each other poll by poll, which flatters the
+families kept from the last scrape), and as many times prometheus-client rendering the same series
 (``measure.PrometheusClientRender``: a custom collector's fresh typed families filled with ``add_metric``,
 ``generate_latest``; and its cheaper ``add_sample`` variant, for comparison), in alternating blocks, each
 side's timing right after a poll and never after the other side's work.
@@ -187,7 +189,7 @@ async def measure(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 for node in nodes:
                     await profile_polls(node, scrape, args.polls, args.profile / f"scale-{node.pods}")
             polls = await measure_polls(nodes, args.polls)
-            scrapes = [await measure_scrapes(node, scrape, args.scrapes) for node in nodes]
+            scrapes = [await measure_scrapes(node, scrape, args.scrapes, args.scrape_every) for node in nodes]
         finally:
             gc.unfreeze()
             gc.set_threshold(*thresholds)
@@ -265,13 +267,15 @@ class _PollFigures:
         }
 
 
-async def measure_scrapes(node: ScaleNode, scrape: Callable[..., Any], count: int) -> dict[str, Any]:
-    """Our scrape of a new snapshot, and prometheus-client rendering the same series, each timed right after
-    a poll of its own, in alternating blocks of ``SCRAPE_BLOCK``: a change of the machine's load meets both
-    sides alike, and neither side's timing follows the other's work. (prometheus-client's parse and render
-    leave some 100,000 freed objects behind; a scrape timed right after them allocates into that cold memory
-    and took 1.3-1.5 times as long as after a poll alone.) The first scrape of each of our blocks, after the
-    other side's, is not timed."""
+async def measure_scrapes(
+    node: ScaleNode, scrape: Callable[..., Any], count: int, every: int = 1
+) -> dict[str, Any]:
+    """Our scrape of a new snapshot ``every`` polls after the last scrape, and prometheus-client rendering
+    the same series, each timed right after a poll, in alternating blocks of ``SCRAPE_BLOCK``: a change of
+    the machine's load meets both sides alike, and neither side's timing follows the other's work.
+    (prometheus-client's parse and render leave some 100,000 freed objects behind; a scrape timed right
+    after them allocates into that cold memory and took 1.3-1.5 times as long as after a poll alone.) The
+    first scrape of each of our blocks, after the other side's, is not timed."""
     ours: list[float] = []
     stock: list[float] = []
     cheaper: list[float] = []
@@ -285,7 +289,8 @@ async def measure_scrapes(node: ScaleNode, scrape: Callable[..., Any], count: in
         scrape(node.agent.registry, None, None)
         bodies = []
         for _ in range(min(SCRAPE_BLOCK, count - len(ours))):
-            await poll()
+            for _ in range(every):
+                await poll()
             started = time.process_time()
             bodies.append(scrape(node.agent.registry, None, None).body)
             ours.append(time.process_time() - started)
@@ -412,7 +417,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 110, 250], help="pods on the node")
     parser.add_argument("--polls", type=int, default=200, help="polls measured per size")
-    parser.add_argument("--scrapes", type=int, default=40, help="scrapes measured per size (a poll each)")
+    parser.add_argument("--scrapes", type=int, default=40, help="scrapes measured per size")
+    parser.add_argument("--scrape-every", type=int, default=15,
+                        help="polls between two scrapes (15: every 15 s at the default 1 s poll interval)")
     parser.add_argument("--mode", choices=("off", "audit", "enforce"), default="audit")
     parser.add_argument("--gc", choices=("agent", "default"), default="agent",
                         help="the garbage collector as gpuagent run tunes it, or CPython's defaults")
@@ -421,8 +428,8 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, default=None, help="PNG file (default: under --out)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    if any(n < 1 for n in args.sizes) or args.polls < 1 or args.scrapes < 1:
-        parser.error("--sizes, --polls and --scrapes must be at least 1")
+    if any(n < 1 for n in args.sizes) or min(args.polls, args.scrapes, args.scrape_every) < 1:
+        parser.error("--sizes, --polls, --scrapes and --scrape-every must be at least 1")
     logging_off()
     results = asyncio.run(run(args))
     machine = machine_name()
@@ -430,7 +437,8 @@ def main() -> int:
     plot_path = args.plot or args.out / f"scale_{stamp}.png"
     plot(results, plot_path, machine)
     figures = {"machine": machine, "mode": args.mode, "gc": args.gc, "polls": args.polls,
-               "scrapes": args.scrapes, "sizes": results, "bars": verdict(results), "plot": str(plot_path)}
+               "scrapes": args.scrapes, "scrape_every": args.scrape_every, "sizes": results,
+               "bars": verdict(results), "plot": str(plot_path)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"scale_{stamp}.json").write_text(json.dumps(figures, indent=1))
     print(table(results))
