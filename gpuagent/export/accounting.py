@@ -20,9 +20,7 @@ from gpuagent.export.families import (
     Kept,
     TextCache,
     add,
-    add_known,
     counter,
-    gauge,
     join,
     label_text,
     non_empty,
@@ -137,34 +135,40 @@ class AccountingCollector(GpuRenderer):
                     kept.known(names.efficiency, _DOC["efficiency"], GAUGE, texts, efficiency),
                     kept.family(names.idle, _DOC["idle"], GAUGE, texts, idle),
                 ]
-        gap = counter("gpuagent_accounting_gap_seconds_total",
-                      "Time not accounted on the GPU: polls too far apart, or the GPU stale or unhealthy.")
-        energy = counter("gpuagent_gpu_energy_accounted_joules_total",
-                         "The GPU's energy over the intervals accounted (its tenants' shares add up to it).")
-        unattributed = counter("gpuagent_gpu_energy_unattributed_joules_total",
-                               "Energy accounted to no workload (nobody there, or unnamed processes).")
-        for totals in state.gpus:
-            gpu = by_uuid.get(totals.gpu_uuid)
-            series = labels.gpu(gpu) if gpu is not None else join(
-                label_text({"gpu": str(totals.gpu_index), "UUID": totals.gpu_uuid}), host)
-            add(gap, series, totals.gap_seconds_total)
-            add_known(energy, series, totals.energy_joules_total)
-            add_known(unattributed, series, totals.energy_unattributed_joules_total)
+        totals = state.gpus
+        at = [places.get((t.gpu_uuid, None)) or cache[("gpu", t.gpu_index, t.gpu_uuid, host)] for t in totals]
+        gap = kept.family(
+            "gpuagent_accounting_gap_seconds_total",
+            "Time not accounted on the GPU: polls too far apart, or the GPU stale or unhealthy.",
+            COUNTER, at, [t.gap_seconds_total for t in totals])
+        energy = kept.known(
+            "gpuagent_gpu_energy_accounted_joules_total",
+            "The GPU's energy over the intervals accounted (its tenants' shares add up to it).",
+            COUNTER, at, [t.energy_joules_total for t in totals])
+        unattributed = kept.known(
+            "gpuagent_gpu_energy_unattributed_joules_total",
+            "Energy accounted to no workload (nobody there, or unnamed processes).",
+            COUNTER, at, [t.energy_unattributed_joules_total for t in totals])
         events = counter("gpuagent_accounting_events_total", "Idle-GPU Kubernetes Events, by outcome.")
         for outcome, count in sorted(state.events_total.items()):
             add(events, {"outcome": outcome}, count)
-        tracked = gauge("gpuagent_accounting_series", "Workload x GPU series held (ended ones too).")
-        add(tracked, {}, len(state.usage))
-        window = gauge("gpuagent_accounting_idle_window_seconds", "Idle this long and a workload is flagged.")
-        add(window, {}, state.idle_window_seconds)
-        threshold = gauge("gpuagent_accounting_idle_threshold_ratio",
-                          "SM use of what a workload holds under which it counts as idle (0-1).")
-        add(threshold, {}, state.idle_threshold_ratio)
+        tracked = kept.family("gpuagent_accounting_series", "Workload x GPU series held (ended ones too).",
+                              GAUGE, [""], [len(state.usage)])
+        window = kept.family(
+            "gpuagent_accounting_idle_window_seconds", "Idle this long and a workload is flagged.",
+            GAUGE, [""], [state.idle_window_seconds])
+        threshold = kept.family("gpuagent_accounting_idle_threshold_ratio",
+                                "SM use of what a workload holds under which it counts as idle (0-1).",
+                                GAUGE, [""], [state.idle_threshold_ratio])
         return non_empty([*out, gap, energy, unattributed, events, tracked, window, threshold])
 
 
-def _series_text(key: tuple[str, str | None, str, str | None, str, str]) -> str:
-    """The label text of a workload's series on a GPU: who (by level), then the GPU's join keys."""
+def _series_text(key: tuple) -> str:
+    """The label text of a workload's series on a GPU: who (by level), then the GPU's join keys; or the
+    join keys of a GPU the snapshot does not list (``gpu``: its index, UUID and the host label)."""
+    if key[0] == "gpu":
+        _, index, uuid, host = key
+        return join(label_text({"gpu": str(index), "UUID": uuid}), host)
     level, namespace, name, container, kind, gpu = key
     if level == "pod":
         who = pod_labels(namespace, name)

@@ -65,8 +65,8 @@ class EnforcementCollector(GpuRenderer):
         mode = kept.family("gpuagent_enforcement_mode", "1 for the node's enforcement mode.", GAUGE,
                            [texts[("mode", value)] for value in MODES],
                            [1.0 if state.mode == value else 0.0 for value in MODES])
-        frozen = gauge("gpuagent_enforcement_frozen_cgroups", "Cgroups held in a freeze duty cycle.")
-        add(frozen, "", state.frozen_cgroups)
+        frozen = kept.family("gpuagent_enforcement_frozen_cgroups", "Cgroups held in a freeze duty cycle.",
+                             GAUGE, [""], [state.frozen_cgroups])
         known = dict.fromkeys(KNOWN_ACTIONS.get(state.mode, ()), 0)
         counts = sorted((known | dict(state.actions_total)).items())
         actions = kept.family("gpuagent_enforcement_actions_total",

@@ -71,7 +71,12 @@ def encode_family(kind: str, metric: Metric, fmt: Lines) -> bytes:
 
 def _encode(kind: str, metric: Metric, fmt: Lines) -> bytes:
     try:
-        text = _text_family(metric, fmt) if kind == TEXT else _openmetrics_family(metric, fmt)
+        if isinstance(metric, Family) and (kind == OPENMETRICS or not _moves(metric)):
+            text = _header(kind, metric) + "".join(fmt.rows(metric))  # a family's lines are the same in both
+        elif kind == TEXT:
+            text = _text_family(metric, fmt)
+        else:
+            text = _openmetrics_family(metric, fmt)
     except Exception as error:
         if metric.name not in _UNENCODABLE:
             _UNENCODABLE.add(metric.name)
@@ -80,12 +85,15 @@ def _encode(kind: str, metric: Metric, fmt: Lines) -> bytes:
     return text.encode("utf-8")
 
 
+def _moves(metric: Family) -> bool:
+    """Whether the 0.0.4 text format moves some of a family's samples to gauges of their own."""
+    return metric.names is not None and any(name.endswith(_OPENMETRICS_ONLY) for name in set(metric.names))
+
+
 _UNENCODABLE: set[str] = set()  # families already logged as unencodable: one line each, not one per scrape
 
 
 def _text_family(metric: Metric, fmt: Lines) -> str:
-    if isinstance(metric, Family) and metric.names is None:  # the common case: no suffixed samples
-        return _header(TEXT, metric) + "".join(fmt.rows(metric))
     out = [_header(TEXT, metric)]
     moved: dict[str, list[str]] = {}
     for sample_name, line in _named_lines(metric, fmt, _text_timestamp):
@@ -103,8 +111,6 @@ def _text_family(metric: Metric, fmt: Lines) -> str:
 
 
 def _openmetrics_family(metric: Metric, fmt: Lines) -> str:
-    if isinstance(metric, Family):
-        return _header(OPENMETRICS, metric) + "".join(fmt.rows(metric))
     out = [_openmetrics_header(metric)]
     out.extend(line for _, line in _named_lines(metric, fmt, _openmetrics_timestamp))
     return "".join(out)
@@ -161,31 +167,54 @@ def wants_openmetrics(accept_header: str | None) -> bool:
 
 class _Values(dict[float, str]):
     """Formatted values of one snapshot's families: most values repeat (0, 1, limits, totals), each is
-    formatted once. ``rotate`` (a new snapshot) starts a new generation that takes over what the previous
-    one formatted, so the cache holds at most the distinct values of the last two snapshots.
-
-    A value is written as client_python writes a float (``floatToGoString``): ``repr`` of the float below
-    1e6, Go's exponent form above, ``+Inf``, ``-Inf``, ``NaN``. An int is written as its float (``3`` as
-    ``3.0``), as are bools; -0.0 as 0.0 (it is the same key as 0.0 here). Anything else raises
-    ``TypeError``: the encoder then leaves that family out."""
+    formatted once (``sample_value``). ``rotate`` (a new snapshot) starts a new generation that takes over
+    what the previous one formatted, so the cache holds at most the distinct values of the last two
+    snapshots. -0.0 is the same key as 0.0 here, and is written 0.0."""
 
     previous: dict[float, str] = {}
 
     def __missing__(self, value: float) -> str:
         text = self.previous.get(value)
         if text is None:
-            number = value
-            if type(number) is not float:
-                if not isinstance(number, (int, float)):
-                    raise TypeError(f"a sample value must be a number, not {value!r}")
-                number = float(number)
-            number += 0.0  # -0.0 reads 0.0
-            # floatToGoString's result is repr() below 1e6 (Go switches to exponents sooner, +Inf, NaN).
-            text = repr(number) if -_INF < number < 1e6 else floatToGoString(number)
+            if type(value) is float and -_INF < value < 1e6:  # the common case, inline
+                text = repr(value + 0.0)  # -0.0 reads 0.0
+            else:
+                text = sample_value(value)
         self[value] = text
         return text
 
 
+def sample_value(value: float) -> str:
+    """A sample's value as client_python writes it (``floatToGoString``): ``repr`` of the float below 1e6,
+    Go's exponent form from there (``1.234567e+06``), ``+Inf``, ``-Inf``, ``NaN``; an int or a bool as its
+    float (``3`` as ``3.0``); -0.0 as 0.0. A whole number of 7 to 16 digits (bytes, counts, mJ) is written
+    from its digits, without ``repr``. Anything else raises ``TypeError``: the encoder then leaves that
+    family out."""
+    if type(value) is int and -_EXACT < value < _EXACT:  # an int a float holds exactly
+        return f"{value}.0" if value < 1_000_000 else _go_exponent(str(value))
+    if type(value) is not float:
+        if not isinstance(value, (int, float)):
+            raise TypeError(f"a sample value must be a number, not {value!r}")
+        value = float(value)
+    value += 0.0
+    if -_INF < value < 1e6:
+        return repr(value)
+    if value < 1e16:  # Go's exponent form of repr's digits (repr has no exponent below 1e16)
+        if value.is_integer():  # repr writes its digits, then ".0"
+            return _go_exponent(str(int(value)))
+        text = repr(value)
+        dot = text.index(".")
+        return _go_exponent(text[:dot], text[dot + 1:])
+    return floatToGoString(value)  # +Inf, -Inf, NaN, repr's own exponents
+
+
+def _go_exponent(whole: str, fraction: str = "") -> str:
+    """floatToGoString's form of a number of 7 to 16 ``whole`` digits and ``fraction`` digits."""
+    return f"{whole[0]}.{whole[1:]}{fraction}".rstrip("0.") + _EXPONENTS[len(whole)]
+
+
+_EXACT = 2**53  # ints below this (in magnitude) are floats exactly
+_EXPONENTS = {n: f"e+{n - 1:02d}" for n in range(7, 17)}  # by the number of digits
 _INF = float("inf")
 _VALUES = _Values()
 

@@ -216,6 +216,10 @@ class Kept:
         self._last[name] = metric
         return metric
 
+    def last(self, name: str) -> Family | None:
+        """The family made last under ``name`` (for a renderer that knows its rows are the same)."""
+        return self._last.get(name)
+
     def known(
         self, name: str, documentation: str, typ: str, texts: list[str], values: list[float | None]
     ) -> Family:

@@ -156,6 +156,8 @@ class SnapshotCollector:
 
     def _note(self, name: str, error: Exception | None) -> None:
         """Log a change of state only: the first failure (with its traceback) and the recovery."""
+        if error is None and name not in self._failing:  # the common case, without the lock
+            return
         with self._lock:
             was_failing = name in self._failing
             if error is not None and not was_failing:

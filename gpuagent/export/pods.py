@@ -80,7 +80,6 @@ class PodCollector(GpuRenderer):
             "GPU memory the pod's MPS clients may allocate (the sum of their "
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for this GPU); absent when a client is not limited.",
             GAUGE, use.mps_pods, use.mps_memory)
-        tenants = gauge("gpuagent_gpu_tenants", "Pods allocated or using the GPU (more than 1: shared).")
         unallocated = gauge("gpuagent_pod_gpu_unallocated_use",
                             "1 when the pod runs on a GPU the kubelet did not allocate to it.")
         by_uuid = {g.info.uuid: g for g in snapshot.gpus}
@@ -126,12 +125,13 @@ class PodCollector(GpuRenderer):
             "gpuagent_pod_info",
             "A pod holding or using GPUs; where its names came from; its owner (the top of its controller "
             "chain, from the API server).", INFO, info_texts, [1] * len(info_texts))
-        for gpu in snapshot.gpus:
-            if snapshot.pods:
-                # A pod known only by its UID is most likely one of the allocated pods whose use could not
-                # be matched (shared GPU): count it only beyond those.
-                uuid = gpu.info.uuid
-                add(tenants, labels.gpu(gpu), named[uuid] + max(0, unnamed[uuid] - idle_allocated[uuid]))
+        gpus = snapshot.gpus if snapshot.pods else ()
+        # A pod known only by its UID is most likely one of the allocated pods whose use could not be
+        # matched (shared GPU): count it only beyond those.
+        tenants = kept.family(
+            "gpuagent_gpu_tenants", "Pods allocated or using the GPU (more than 1: shared).", GAUGE,
+            [labels.gpu(gpu) for gpu in gpus],
+            [named[u] + max(0, unnamed[u] - idle_allocated[u]) for u in (gpu.info.uuid for gpu in gpus)])
         return non_empty([pod_memory, pod_sm, pod_procs, ctr_memory, ctr_sm, mps_threads, mps_memory, tenants,
                           allocated, device, info, unallocated]) + dra_families(snapshot, labels)
 

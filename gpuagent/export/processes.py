@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import GAUGE, Kept, TextCache, add, extend, gauge, non_empty
+from gpuagent.export.families import GAUGE, Kept, TextCache, extend, non_empty
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
 
@@ -31,8 +31,9 @@ class ProcessCollector(GpuRenderer):
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         texts, kept = self._texts, self._kept
         texts.rotate()
-        count = gauge("gpuagent_gpu_processes", "Number of processes using the GPU.")
         series: list[str] = []
+        places_of_gpus: list[str] = []
+        counts: list[int] = []
         processes: list[ProcessSample] = []
         for gpu in snapshot.gpus:
             if gpu.health is Health.LOST:
@@ -46,7 +47,8 @@ class ProcessCollector(GpuRenderer):
                 who = () if w is None else (w.kind, w.name, w.namespace, w.container)
                 series.append(texts[(place, process.pid, process.comm, process.kind, *who)])
             processes += unique
-            add(count, labels.gpu(gpu), len({p.pid for p in unique}))
+            places_of_gpus.append(labels.gpu(gpu))
+            counts.append(len({p.pid for p in unique}))
         memory = kept.known(
             "gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.",
             GAUGE, series, [p.used_memory_bytes for p in processes])
@@ -68,6 +70,8 @@ class ProcessCollector(GpuRenderer):
             "gpuagent_process_mps_memory_limit_bytes",
             "GPU memory the MPS client may allocate on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).",
             GAUGE, of_clients, [limits.pinned_memory_limit_bytes for _, limits in clients])
+        count = kept.family("gpuagent_gpu_processes", "Number of processes using the GPU.", GAUGE,
+                            places_of_gpus, counts)
         return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count])
 
 
