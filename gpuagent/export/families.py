@@ -45,8 +45,8 @@ class Family(Metric):
     """
 
     # Slots: a scrape makes a hundred families or more, and an instance without a __dict__ is made faster.
-    __slots__ = ("documentation", "encoded", "error", "name", "names", "sample_name", "stable", "texts",
-                 "type", "unit", "values")
+    __slots__ = ("compared", "documentation", "encoded", "error", "name", "names", "sample_name", "stable",
+                 "texts", "type", "unit", "values")
 
     def __init__(self, name: str, documentation: str, typ: str) -> None:
         # Metric.__init__ is not called: it assigns ``samples``, which is a computed property here.
@@ -70,6 +70,7 @@ class Family(Metric):
         self.error: Exception | None = None
         self.encoded: dict[str, str] = {}  # format -> text, filled by the encoder
         self.stable = False  # set by the guard: served again, unchanged, until the next snapshot
+        self.compared = False  # set by Kept: made because its rows differ from the last of its name
 
     @property  # type: ignore[override]
     def samples(self) -> list[Sample]:
@@ -213,6 +214,7 @@ class Kept:
             return last
         metric = family(name, documentation, typ)
         put(metric, texts, values, names)
+        metric.compared = True
         self._last[name] = metric
         return metric
 

@@ -25,7 +25,17 @@ from typing import Protocol
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.exposition import rotate_caches
-from gpuagent.export.families import Family, flag, gauge, label_pairs, put, rotate_label_texts, same_rows
+from gpuagent.export.families import (
+    GAUGE,
+    Family,
+    Kept,
+    flag,
+    gauge,
+    label_pairs,
+    put,
+    rotate_label_texts,
+    same_rows,
+)
 from gpuagent.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
@@ -64,6 +74,7 @@ class SnapshotCollector:
         self._volatile = frozenset(r.name for r in renderers if getattr(r, "volatile", False))
         self._served: dict[str, Family] = {}  # the family of each name served last (one per name)
         self._texts = [label_pairs((("collector", name),)) for name in names]  # success and duration labels
+        self._kept = Kept()
 
     def describe(self) -> list[Metric]:
         # Registration calls describe() (or, without it, collect()): nothing is rendered at register() time.
@@ -75,9 +86,7 @@ class SnapshotCollector:
     def families(self) -> list[Metric]:
         """What one scrape serves: each renderer's families, then the collectors' success and duration."""
         snapshot = self._snapshot()
-        success = gauge("gpuagent_collector_success", "1 when the collector succeeded in this scrape.")
-        duration = gauge("gpuagent_collector_duration_seconds", "Time the collector took in this scrape.")
-        seen: set[str] = {success.name, duration.name}
+        seen: set[str] = {"gpuagent_collector_success", "gpuagent_collector_duration_seconds"}
         rendered = self._rendered_for(snapshot)
         succeeded: list[float] = []
         took: list[float] = []
@@ -98,9 +107,12 @@ class SnapshotCollector:
             succeeded.append(flag(ok))
             took.append(self._timer() - start)
             out += metrics
-        put(success, self._texts, succeeded)
+        out.append(self._kept.family(
+            "gpuagent_collector_success", "1 when the collector succeeded in this scrape.",
+            GAUGE, self._texts, succeeded))
+        duration = gauge("gpuagent_collector_duration_seconds", "Time the collector took in this scrape.")
         put(duration, self._texts, took)
-        out += (success, duration)
+        out.append(duration)
         return out
 
     def _render(
@@ -125,7 +137,7 @@ class SnapshotCollector:
             if not isinstance(metric, Family):
                 continue
             last = served.get(metric.name)
-            if last is not None and last is not metric and same_rows(last, metric):
+            if last is not None and last is not metric and not metric.compared and same_rows(last, metric):
                 metrics[index] = last
             else:
                 served[metric.name] = metric

@@ -110,7 +110,7 @@ class HealthCollector:
             text = self._texts[("function", stats.function)]
             texts += (text, text)
             values += (stats.calls_total, stats.seconds_total)
-        names = [name + "_count", name + "_sum"] * len(snapshot.nvml_calls)
+        names = self._texts[("summary", name, len(snapshot.nvml_calls))]
         calls = self._kept.family(name, "Time spent in each NVML function.", "summary", texts, values, names)
         errors = counter("gpuagent_nvml_errors_total", "NVML calls that failed, by function and error.")
         for error in snapshot.nvml_errors:
@@ -160,6 +160,9 @@ def _label_text(key: tuple) -> Any:
         return label_pairs((("function", key[1]),))
     if kind == "states":  # one per health state, in the enum's order
         return tuple(with_label(key[1], "state", state.value) for state in _STATES)
+    if kind == "summary":  # the sample names of its rows: count and sum of each of ``n``
+        _, name, n = key
+        return [name + "_count", name + "_sum"] * n
     if kind == "histogram":  # the label texts and sample names of its rows (buckets, +Inf, count, sum)
         _, name, bounds = key
         texts = [label_pairs((("le", floatToGoString(bound)),)) for bound in bounds]
