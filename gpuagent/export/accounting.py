@@ -95,7 +95,7 @@ class AccountingCollector(GpuRenderer):
             return []
         self._series.rotate()
         by_uuid = {g.info.uuid: g for g in snapshot.gpus}
-        places = labels.places()
+        places = labels.places(snapshot)
         host = labels.host
         levels: dict[str, list[WorkloadGpuUsage]] = {level: [] for level in _FAMILIES}
         for usage in state.usage:

@@ -72,7 +72,7 @@ class EnforcementCollector(GpuRenderer):
         actions = kept.family("gpuagent_enforcement_actions_total",
                               "Enforcement actions by outcome (audit: decided, not carried out).", COUNTER,
                               [texts[("action", *key)] for key, _ in counts], [count for _, count in counts])
-        places = labels.places()
+        places = labels.places(snapshot)
         shares = [share for share in state.shares if (share.gpu_uuid, None) in places]
         series = [texts[("share", s.namespace, s.pod, places[(s.gpu_uuid, None)])] for s in shares]
         limit = kept.known(

@@ -36,6 +36,7 @@ from gpuagent.export.families import (
     rotate_label_texts,
     same_rows,
 )
+from gpuagent.export.held import Held, hold, nothing
 from gpuagent.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class SnapshotCollector:
         self._lock = threading.Lock()  # scrapes may run concurrently
         self._failing: set[str] = set()
         # The snapshot last rendered and what each renderer made of it (successes only).
-        self._rendered: tuple[NodeSnapshot | None, dict[str, list[Metric]]] = (None, {})
+        self._rendered: tuple[Held, dict[str, list[Metric]]] = (nothing, {})
         self._volatile = frozenset(r.name for r in renderers if getattr(r, "volatile", False))
         self._served: dict[str, Family] = {}  # the family of each name served last (one per name)
         self._texts = [label_pairs((("collector", name),)) for name in names]  # success and duration labels
@@ -147,14 +148,15 @@ class SnapshotCollector:
     def _rendered_for(self, snapshot: NodeSnapshot | None) -> dict[str, list[Metric]]:
         """The families already rendered from ``snapshot`` (by identity: a new poll is a new object)."""
         with self._lock:
-            last, rendered = self._rendered
+            held, rendered = self._rendered
+            last = held()
             if last is not snapshot or snapshot is None:
                 if last is not snapshot:
                     # Caches keep what the previous snapshot formatted, and nothing older.
                     rotate_caches()
                     rotate_label_texts()
                 rendered = {}
-                self._rendered = (snapshot, rendered)
+                self._rendered = (nothing if snapshot is None else hold(snapshot), rendered)
             return rendered
 
     def _snapshot(self) -> NodeSnapshot | None:

@@ -33,6 +33,7 @@ from gpuagent.export.families import (
     non_empty,
     with_label,
 )
+from gpuagent.export.held import Held, hold
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, describe
 from gpuagent.snapshot import Health, NodeSnapshot, PollHistogram
 
@@ -54,7 +55,7 @@ class HealthCollector:
         self._kept = Kept()
         # The last snapshot and its families but the age: every scrape of it serves them again (their text
         # is cached with them), so only the age is rendered and encoded on each scrape.
-        self._last: tuple[NodeSnapshot, list[Metric], list[Metric]] | None = None
+        self._last: tuple[Held, list[Metric], list[Metric]] | None = None
 
     def render(self, snapshot: NodeSnapshot | None) -> list[Metric]:
         if snapshot is None:
@@ -62,9 +63,9 @@ class HealthCollector:
             add(up, {}, 0)
             return [up, _build_info()]
         last = self._last
-        if last is None or last[0] is not snapshot:
+        if last is None or last[0]() is not snapshot:
             self._texts.rotate()
-            last = self._last = (snapshot, *self._of_snapshot(snapshot))
+            last = self._last = (hold(snapshot), *self._of_snapshot(snapshot))
         age = gauge("gpuagent_snapshot_age_seconds", "Time since the snapshot being served was taken.")
         add(age, "", self._clock() - snapshot.taken_at_unix)
         return non_empty([*last[1], age, *last[2]])

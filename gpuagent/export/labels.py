@@ -16,6 +16,7 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import TextCache, label_pairs, label_text
+from gpuagent.export.held import Held, hold
 from gpuagent.snapshot import GpuInfo, GpuSample, MigSample, NodeSnapshot
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
@@ -32,7 +33,7 @@ class GpuLabels:
     formats none.
     """
 
-    __slots__ = ("_dcgm", "_driver", "_gpu", "_gpus", "_host", "_owner", "_places", "host")
+    __slots__ = ("_dcgm", "_driver", "_gpu", "_host", "_owner", "_places", "host")
 
     def __init__(self, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         # An empty hostname_label drops the host label, like dcgm-exporter's --no-hostname.
@@ -40,22 +41,21 @@ class GpuLabels:
         self._host = (hostname_label, snapshot.hostname) if hostname_label and snapshot.hostname else None
         self._driver = snapshot.driver_version or None
         self._owner = exclusive_owners(snapshot)
-        self._gpus = snapshot.gpus
         # Memos: GPU index (and GPU instance id) -> text
         self._gpu: dict[int | tuple[int, int], str] = {}
         self._dcgm: dict[int | tuple[int, int], str] = {}
         self._places: dict[tuple[str, int | None], str] | None = None
 
-    _last: tuple[NodeSnapshot, str, GpuLabels] | None = None  # the one most recently built, per process
+    _last: tuple[Held, str, GpuLabels] | None = None  # the one most recently built, per process
 
     @classmethod
     def of(cls, snapshot: NodeSnapshot, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> GpuLabels:
         last = cls._last
-        if last is not None and last[0] is snapshot and last[1] == hostname_label:
+        if last is not None and last[0]() is snapshot and last[1] == hostname_label:
             return last[2]
         _TEXTS.rotate()
         labels = cls(snapshot, hostname_label)
-        cls._last = (snapshot, hostname_label, labels)
+        cls._last = (hold(snapshot), hostname_label, labels)
         return labels
 
     def dcgm(self, gpu: GpuSample, mig: MigSample | None = None) -> str:
@@ -97,11 +97,11 @@ class GpuLabels:
                 texts[mig.gpu_instance_id] = self.gpu(gpu, mig)
         return texts
 
-    def places(self) -> dict[tuple[str, int | None], str]:
+    def places(self, snapshot: NodeSnapshot) -> dict[tuple[str, int | None], str]:
         """``instances`` of every GPU of the snapshot (of a UUID, the last GPU), keyed by (UUID, GPU instance
         id or None): one lookup for renderers of many rows."""
         if self._places is None:
-            by_uuid = {g.info.uuid: g for g in self._gpus}
+            by_uuid = {g.info.uuid: g for g in snapshot.gpus}
             self._places = {
                 (uuid, instance): text
                 for uuid, gpu in by_uuid.items()
