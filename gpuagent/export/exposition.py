@@ -201,7 +201,7 @@ def sample_value(value: float) -> str:
     value += 0.0
     if -_INF < value < 1e6:
         return repr(value)
-    if value < 1e16:  # Go's exponent form of repr's digits (repr has no exponent below 1e16)
+    if 1e6 <= value < 1e16:  # Go's exponent form of repr's digits (repr has no exponent below 1e16)
         if value.is_integer():  # repr writes its digits, then ".0"
             return _go_exponent(str(int(value)))
         text = repr(value)
