@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 SCENARIO ?= examples/scenarios/h100-8x-64proc.yaml
 LISTEN ?= 127.0.0.1:9402
 
-.PHONY: install install-test run test lint bench clean
+.PHONY: install install-test run test lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ test: install-test lint
 
 bench: install-test
 	$(BIN)/python bench/bench_poll_scrape.py
+
+# The real-GPU proof (docs/real-gpu.md): every check, one report in $(REPORT)/ (report.md, report.json,
+# work.tar.gz). On a lent GPU machine the system python3 (with PyTorch) runs it; without a GPU the same
+# command runs the simulator's items with this checkout's .venv.
+REPORT ?= gpu-check
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	$(GPU_PYTHON) bench/real_gpu.py all --out $(REPORT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

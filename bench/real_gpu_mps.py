@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpucheck.items.probe import cursor_reads
+
 MPS_LIST = "nvmlDeviceGetMPSComputeRunningProcesses_v3"
 
 
@@ -132,22 +134,9 @@ def _nvml_view(pids: dict[int, str]) -> dict[str, Any]:
         view["gpu"] = {"name": nvml.nvmlDeviceGetName(handle), "util_percent": util.gpu,
                        "memory_used_bytes": memory.used,
                        "compute_mode": nvml.nvmlDeviceGetComputeMode(handle)}
-        samples, cursor = [], 0
-        nvml.nvmlDeviceGetProcessUtilization(handle, 0)
-        for _ in range(6):
-            time.sleep(0.5)
-            try:
-                got = nvml.nvmlDeviceGetProcessUtilization(handle, cursor)
-            except nvml.NVMLError as exc:
-                samples.append(str(exc))
-                continue
-            row = []
-            for sample in got:
-                cursor = max(cursor, sample.timeStamp)
-                row.append({"who": pids.get(sample.pid, _comm(sample.pid)), "sm": sample.smUtil,
-                            "mem": sample.memUtil})
-            samples.append(row)
-        view["process_utilization_samples"] = samples
+        view["process_utilization_samples"] = cursor_reads(
+            nvml, handle, 0.5, 6,
+            lambda s: {"who": pids.get(s.pid, _comm(s.pid)), "sm": s.smUtil, "mem": s.memUtil})
         return view
     finally:
         nvml.nvmlShutdown()

@@ -64,6 +64,9 @@ from gpuagent.snapshot import (
 
 log = logging.getLogger(__name__)
 
+# A second SIGTERM/SIGINT this soon after the first is the same request delivered twice, not an operator
+# insisting: GNU timeout, and a kill of the process group beside the main process, deliver two at once.
+DUPLICATE_SIGNAL_SECONDS = 0.1
 GC_YOUNG_OBJECTS = 10_000  # allocations between collections of the youngest generation (CPython's: 700)
 HTTP_DRAIN_SECONDS = 2.0  # at shutdown, requests in flight get this long (at most a quarter of the deadline)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -118,6 +121,8 @@ class Agent:
             slow_interval=config.slow_poll_interval,
             energy_interval=config.energy_interval,
             profiling_interval=config.profiling_interval,
+            process_utilization_interval=config.process_utilization_interval,
+            detail_interval=config.detail_interval,
             xid_window=config.xid_window,
             process_names=ProcessNames(config.proc_root, fallback=fallback),
             clock=clock,
@@ -201,6 +206,8 @@ class Agent:
         )
         if self.enforcer is not None:
             snapshot = replace(snapshot, enforcement=self._enforce(snapshot))
+            # the share controller closes its loop on per-process use: read it every poll where it acts
+            self.devices.read_process_utilization_every_poll(self.enforcer.contended_gpus)
         snapshot = replace(snapshot, accounting=self._account(snapshot))
         snapshot = replace(snapshot, hints=self._hints(snapshot))  # last: it reads everything above
         self.latest = snapshot
@@ -492,16 +499,19 @@ def run(config: Config) -> int:
         tune_garbage_collector()
         shutdown = agent.shutdown_plan(exit=process_exit, executor=io, backstop=True)
         stop = asyncio.Event()
-        signalled: list[int] = []
+        first_signal_at: list[float] = []
 
         def on_signal(signum: int, _frame: object) -> None:
             # A Python-level handler, not loop.add_signal_handler: it runs even while the loop is blocked,
             # so the backstop is armed whatever the loop is doing. It only arms and schedules.
-            signalled.append(signum)
-            if len(signalled) == 1:
+            now = time.monotonic()
+            if not first_signal_at:
+                first_signal_at.append(now)
                 arm_backstop(config.shutdown_timeout)
                 loop.call_soon_threadsafe(stop.set)
-            else:  # a second signal: no more waiting
+            elif now - first_signal_at[0] < DUPLICATE_SIGNAL_SECONDS:
+                pass  # the same request delivered twice (`timeout` signals the child and its process group)
+            else:  # a second request: no more waiting
                 reason = f"{signal.Signals(signum).name} again during shutdown"
                 loop.call_soon_threadsafe(shutdown.force, reason)
 

@@ -407,17 +407,32 @@ class Config:
         default_doc="30, or poll_interval when that is longer",
     )
     energy_interval: float = _key(
-        10.0,
+        30.0,
         _number(0),
         "seconds between reads of each GPU's energy counter (about 3 ms a read on an H100); "
         "<= poll_interval: every poll",
         "SECONDS",
     )
     profiling_interval: float = _key(
-        5.0,
+        10.0,
         _number(0),
         "seconds between GPM samples for the DCGM_FI_PROF_* figures, averaged over that interval (about "
         "1.7 ms of NVML a GPU on an H100); <= poll_interval: every poll",
+        "SECONDS",
+    )
+    process_utilization_interval: float = _key(
+        10.0,
+        _number(0),
+        "seconds between reads of per-process utilization (about 2 ms a read on an H100) on GPUs where the "
+        "share controller does not act (there: every poll); the figures average over the interval; "
+        "<= poll_interval: every poll",
+        "SECONDS",
+    )
+    detail_interval: float = _key(
+        10.0,
+        _number(0),
+        "seconds between reads of the memory and graphics clocks, encoder/decoder utilization, PCIe and "
+        "NVLink counters and memory temperature; <= poll_interval: every poll",
         "SECONDS",
     )
     nvml_timeout: float = _key(

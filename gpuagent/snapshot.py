@@ -74,7 +74,9 @@ class ProcessSample:
     comm: str  # process name from /proc/PID/comm, "" when it exited before we looked
     kind: str  # "compute", "graphics", MPS_CLIENT or MPS_SERVER (infrastructure: nobody's tenant)
     used_memory_bytes: int | None
-    sm_util_percent: float | None  # None on MIG (NVML has no per-process utilization there)
+    # Mean over the GPU's last per-process read window (GpuSample.process_util_*); None on MIG (NVML has no
+    # per-process utilization there) and for a process that appeared after the last read.
+    sm_util_percent: float | None
     memory_util_percent: float | None
     gpu_instance_id: int | None = None  # the MIG GPU instance it runs in, None when not MIG
     workload: Workload | None = None  # set by the pods source; None before attribution, or PID vanished
@@ -214,6 +216,13 @@ class GpuSample:
     # repeats the subset of one instance for convenience: iterate one or the other, never both.
     processes: tuple[ProcessSample, ...] = ()
     migs: tuple[MigSample, ...] = ()
+    # The processes' utilization figures are NVML's averages over one read's window: from the previous read
+    # (``process_util_window_seconds`` before) to ``process_util_read_at_unix``. A read happens every poll
+    # where the share controller acts, every ``process_utilization_interval`` elsewhere; between reads the
+    # figures are the last read's, and a process new since then has none (None). Both None on MIG, before
+    # the first read, and (window) at the first read, which covers whatever the driver's buffer held.
+    process_util_read_at_unix: float | None = None
+    process_util_window_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,8 @@ def two_gpu_node() -> NodeSnapshot:
             ProcessSample(4242, "python3", "compute", 30 * GIB, 63.0, 20.0),
             ProcessSample(4343, ODD_COMM, "compute", 10 * GIB, 24.0, 21.0),
         ),
+        process_util_read_at_unix=TAKEN_AT - 4.0,  # the GPU's per-process use is read every 10 s
+        process_util_window_seconds=10.0,
     )
     gpu1 = GpuSample(
         info=_h100_info(1, "GPU-8a2c1f0e-33b1-4bd7-9e0a-5f6d7c8b9a01", "00000000:64:00.0"),

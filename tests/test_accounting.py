@@ -25,6 +25,7 @@ from gpuagent.config import load_config
 from gpuagent.devices.sim import SimulatedNvml, load_scenario
 from gpuagent.export import build_registry
 from gpuagent.export.exposition import generate_text
+from gpuagent.pods.source import PodsReading
 from gpuagent.snapshot import (
     ContainerUse,
     GpuInfo,
@@ -64,13 +65,7 @@ class NamedTenants:
             migs = tuple(replace(m, processes=tuple(named(p) for p in m.processes)) for m in gpu.migs)
             out.append(replace(gpu, processes=tuple(named(p) for p in gpu.processes), migs=migs))
         status = SourceStatus("pod_resources", True, 0.0)
-
-        class Attributed:
-            pass
-
-        result = Attributed()
-        result.gpus, result.pods, result.statuses = tuple(out), self.pods, (status,)  # type: ignore[attr-defined]
-        return result
+        return PodsReading(gpus=tuple(out), pods=self.pods, statuses=(status,))  # what the agent reads, whole
 
     async def close(self) -> None:
         pass

@@ -70,7 +70,7 @@ async def test_counters_on_a_real_metrics_endpoint_grow_monotonically(
             "backend": "sim", "scenario": str(scenario), "pod_resources_socket": str(sock),
             "pod_resources_interval": 0.2, "listen": f"127.0.0.1:{port}", "poll_interval": 0.2,
             "kubernetes_api": "off", "idle_events": "off", "journal_path": str(tmp_path / "journal.json"),
-            "energy_interval": 0.5,
+            "energy_interval": 0.5, "process_utilization_interval": 0.2,  # read within a short run
         })
         agent = Agent(config, nvml=nvml, backend="sim")
         stop = asyncio.Event()

@@ -28,6 +28,7 @@ from cgroups import (
 from fake_apiserver import FakeApiServer
 
 from gpuagent.enforce.actions import ActionRefused, Actions, EvictionClient, FreezeTarget
+from gpuagent.enforce.actions.freezer import Freezer
 from gpuagent.enforce.journal import Journal, JournalError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,8 +142,8 @@ def test_duty_cycle_writes_the_journal_once_and_skips_no_op_writes(
     target = actions.target_for(proc.cgroup_paths.get(UNIFIED), proc.cgroup_paths.get("freezer"))
     assert target is not None
     writes: list[bool] = []
-    real_write = Actions._write
-    monkeypatch.setattr(Actions, "_write", staticmethod(
+    real_write = Freezer._write
+    monkeypatch.setattr(Freezer, "_write", staticmethod(
         lambda directory, hierarchy, *, frozen: (writes.append(frozen), real_write(directory, hierarchy,
                                                                                     frozen=frozen))))
     for _ in range(5):
@@ -166,14 +167,14 @@ def test_journal_is_written_before_the_freeze(
     target = actions.target_for(proc.cgroup_paths.get(UNIFIED), proc.cgroup_paths.get("freezer"))
     assert target is not None
     seen: list[object] = []
-    real_write = Actions._write
+    real_write = Freezer._write
 
     def write(directory: str, hierarchy: str, *, frozen: bool) -> None:
         on_disk = [e.target for e in Journal(journal.path).entries()]  # what a crash now would leave
         seen.append((frozen, on_disk))
         real_write(directory, hierarchy, frozen=frozen)
 
-    monkeypatch.setattr(Actions, "_write", staticmethod(write))
+    monkeypatch.setattr(Freezer, "_write", staticmethod(write))
     actions.freeze(target, reason="x")
     actions.release(target)
     assert seen == [(True, [target]), (False, [target])]  # thawed before it is un-journaled
@@ -605,8 +606,8 @@ def test_signal_refusals(cgroup_sandbox: CgroupSandbox, make: Callable[..., Acti
     assert outside.popen.poll() is None and protected.popen.poll() is None
     for pid, rule in refused.items():
         with pytest.raises(ActionRefused) as info:
-            actions._check_pid(pid)
-            actions._check_pid_cgroups(pid, actions._pid_cgroups(pid))
+            actions._signaller.check_pid(pid)
+            actions._signaller.check_cgroups(pid, actions._signaller.cgroups_of(pid))
         assert info.value.rule == rule and str(pid) in str(info.value)
     with pytest.raises(ValueError, match="SIGTERM and SIGKILL"):
         actions.signal(outside.pid, signal.SIGSTOP, reason="x")

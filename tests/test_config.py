@@ -66,6 +66,8 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "slow_poll_interval",
         "energy_interval",
         "profiling_interval",
+        "process_utilization_interval",
+        "detail_interval",
         "nvml_timeout",
         "shutdown_timeout",
         "backend",

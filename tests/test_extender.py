@@ -413,8 +413,11 @@ async def test_new_nodes_are_fetched_within_one_deadline_then_cached(harness: An
     # The slow node's fetch was given up by the client's own timeout; it is cached as failing and
     # refreshed like the rest: once it answers quickly, it is judged.
     del h.agents.delay_seconds[NODES[1]]
-    await h.extender.cache.refresh_all()
-    _, reply = await h.post("filter", filter_request())
+    for _ in range(20):  # a refresh can still miss the 0.3 s timeout on a loaded machine: the next one is due
+        await h.extender.cache.refresh_all()
+        _, reply = await h.post("filter", filter_request())
+        if NODES[1] in reply["FailedNodes"]:
+            break
     assert NODES[1] in reply["FailedNodes"]  # reached now: all its GPUs are held
 
 

@@ -254,7 +254,7 @@ def test_the_ladder_never_signals(monkeypatch) -> None:
     monkeypatch.setattr(os, "kill", refuse)
     m, _ = ladder(term_after=0, kill_grace=0)
     assert kinds(m.update([train(OVER)])) == [("warn", (11, 12)), ("term", (11, 12)), ("kill", (11, 12))]
-    assert not {"os", "signal", "subprocess"} & set(vars(memory))  # only enforce/actions.py acts
+    assert not {"os", "signal", "subprocess"} & set(vars(memory))  # only enforce/actions/ acts
 
 
 @pytest.mark.parametrize("bad", [dict(action="freeze"), dict(term_after=-1), dict(kill_grace=float("nan")),

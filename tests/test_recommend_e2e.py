@@ -142,7 +142,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                       "hostname": HOST, "proc_root": str(proc_root), "pod_resources_socket": str(kubelet.socket_path),
                       "pod_resources_interval": 0.5, "kubernetes_api": "on",
                       "kubeconfig": str(api.write_kubeconfig(work / "kubeconfig")), "idle_events": "off",
-                      "mode": "off", "journal_path": str(work / "journal.json"), "energy_interval": 0.5}
+                      "mode": "off", "journal_path": str(work / "journal.json"), "energy_interval": 0.5,
+                      # per-process use every poll: the bursts (one second in five) are what is recommended on
+                      "process_utilization_interval": 0.5}
             with PrometheusServer([target], work / "prometheus") as prom:
                 agent = AgentRunner("agent", config, work)
                 agent.wait_ready()

@@ -141,7 +141,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                       "proc_root": str(proc_root), "pod_resources_socket": str(kubelet.socket_path),
                       "pod_resources_interval": 0.5, "kubernetes_api": "off", "mode": "off",
                       "journal_path": str(work / "journal.json"), "accounting_retention": 2,
-                      "idle_window": 3, "energy_interval": 0.5}  # energy read every poll: a short run
+                      "idle_window": 3, "energy_interval": 0.5,  # read every poll: a short run
+                      "process_utilization_interval": 0.5}
             with PrometheusServer([target], work / "prometheus") as prom:
                 start = round(time.time(), 3)
                 agents.append(AgentRunner("agent-a", {**config, "scenario": str(scenario_a)}, work))
@@ -320,8 +321,9 @@ def test_costs_at_flat_and_per_model_prices(run: Run, tmp_path: Path) -> None:
 
 def test_chunked_queries_add_up_to_the_whole_range(run: Run, reports: dict[str, str]) -> None:
     """Totals asked in 6 s pieces (what --chunk does for long ranges) are close to one query's: each
-    piece's increase() extrapolates to its edges, so a series may differ by about a scrape interval (1 s)
-    per piece. (tests/test_report_backfill.py checks daily pieces over days against the true figures.)"""
+    piece's increase() extrapolates to its edges from the samples nearest them, so a series may differ by
+    about a scrape interval per edge, and the 1 s interval stretches on a loaded machine: 3 s a piece is
+    allowed. (tests/test_report_backfill.py checks daily pieces over days against the true figures.)"""
     done = run.report("--format", "json", "--chunk", "6s", "--progress")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
@@ -331,9 +333,9 @@ def test_chunked_queries_add_up_to_the_whole_range(run: Run, reports: dict[str, 
     assert set(chunked) == set(whole)
     for key, row in whole.items():
         assert chunked[key]["allocated_gpu_hours"] == pytest.approx(row["allocated_gpu_hours"],
-                                                                    abs=pieces * 1.5 / 3600), key
+                                                                    abs=pieces * 3 / 3600), key
     total = json.loads(reports["json"])["total"]["allocated_gpu_hours"]
-    assert document["total"]["allocated_gpu_hours"] == pytest.approx(total, rel=0.15)
+    assert document["total"]["allocated_gpu_hours"] == pytest.approx(total, abs=len(whole) * pieces * 3 / 3600)
     progress = done.stderr.splitlines()
     assert re.match(r"\[1/\d+\] ", progress[0]) and progress[-1].endswith("s") and "queries in" in progress[-1]
 

@@ -253,6 +253,19 @@ def test_a_second_sigterm_forces_the_exit_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_one_sigterm_delivered_twice_at_once_is_one_request(tmp_path: Path) -> None:
+    # GNU timeout signals the child and then its process group: two SIGTERMs within microseconds.
+    listen = f"127.0.0.1:{free_port()}"
+    agent = AgentRunner("agent", {"listen": listen, "backend": "sim", "pod_resources_socket": None,
+                                  "network": False, "journal_path": str(tmp_path / "journal.json")}, tmp_path)
+    agent.wait_ready()
+    os.kill(agent.proc.pid, signal.SIGTERM)
+    os.kill(agent.proc.pid, signal.SIGTERM)
+    assert agent.proc.wait(timeout=60) == 0, agent.log_path.read_text()
+    assert "again during shutdown" not in agent.log_path.read_text()
+
+
+@pytest.mark.integration
 def test_a_blocked_event_loop_is_ended_by_the_backstop_with_every_thread_dumped(tmp_path: Path) -> None:
     code, log = stuck_agent(tmp_path, "/test/block-loop", 2, 2 + BACKSTOP_GRACE_SECONDS + SLACK_SECONDS)
     assert code == 1, log  # faulthandler's exit: the loop never got to run the shutdown

@@ -1008,6 +1008,12 @@ def test_all_errors_are_reported_one_per_line(tmp_path: Path) -> None:
         load_scenario(tmp_path / "missing.yaml")
 
 
+def test_a_numeric_key_is_reported_with_the_other_errors() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario("gpus: [{model: L4, 1: a}]\n2: x\n")
+    assert [path for path, _ in caught.value.errors] == ["2", "gpus[0].1"]
+
+
 def test_schema_is_strict_and_matches_the_catalogue() -> None:
     schema = json.loads(SCHEMA_PATH.read_text())
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"

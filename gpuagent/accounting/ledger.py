@@ -17,6 +17,10 @@ GPU add up to its counter's delta exactly, with each poll weighted by the power 
 went backwards (GPU reset, driver reload), a gap, or an absent counter drops what was pending: nothing
 is split until the next reading after it.
 
+Busy on a GPU whose processes' utilization is read every few seconds (``busy``): each reading's averages
+are applied to the time since the previous reading, when it comes, so no window is counted twice or
+dropped whatever the cadence; its idle-held seconds are judged over the same window.
+
 Series: each owner's increments go to its own series (a pod's container, or a workload off Kubernetes)
 and, for a pod, to the pod's series too. A series not seen for ``retention_seconds`` is dropped.
 """
@@ -27,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gpuagent.accounting.busy import PendingBusy, Settled
 from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate
 
 POD, CONTAINER, WORKLOAD = "pod", "container", "workload"
@@ -119,6 +124,7 @@ class Ledger:
         self._previous: dict[str, GpuRates | None] = {}  # the last poll's GPUs: rates, None if unusable
         self._previous_at: float | None = None
         self._energy: dict[str, _PendingEnergy] = {}
+        self._busy: dict[str, PendingBusy] = {}  # per GPU: busy awaiting the next per-process reading
         # (owner, GPU, MIG instance) -> its series' keys, for the places of the last update and this one
         self._keys: dict[tuple[Owner, str, int | None], tuple[SeriesKey, ...]] = {}
         self._keys_before: dict[tuple[Owner, str, int | None], tuple[SeriesKey, ...]] = {}
@@ -145,6 +151,7 @@ class Ledger:
                     self._integrate(previous, current, dt, totals, pending)
             if current.usable:
                 self._settle_energy(current, totals, pending, now)
+                self._settle_busy(current)
             self._mark_seen(current, now)
         if dt is None or dt > 0:
             self._previous = {uuid: r if r.usable else None for uuid, r in rates.items()}
@@ -162,14 +169,29 @@ class Ledger:
         if estimate is not None:
             pending.unattributed += _split_energy(increments, estimate, dt)
             pending.total += estimate
-        # A pod's series sums its containers' increments. A series with one contributor (the common case:
-        # one container) takes its increment as is, which is what adding it to a zero increment gives.
+        if current.busy_read_at is not None:  # busy waits for the reading that covers this interval
+            waiting = self._busy.setdefault(current.uuid, PendingBusy(read_at=previous.busy_read_at))
+            for place, increment in increments.items():
+                present = ((place in previous.units) + (place in current.units)) / 2 * dt
+                waiting.add(place, present, increment.allocated)
+                increment.busy = None
+        for key, increment in self._by_series(current.uuid, increments).items():
+            if increment.energy is not None:
+                pending.shares[key] = pending.shares.get(key, 0.0) + increment.energy
+            self._add(self._series(key, current), increment)
+
+    def _by_series(
+        self, uuid: str, increments: dict[tuple[Owner, int | None], _Increment]
+    ) -> dict[SeriesKey, _Increment]:
+        """The places' increments by series. A pod's series sums its containers' increments; a series with
+        one contributor (the common case: one container) takes its increment as is, which is what adding it
+        to a zero increment gives."""
         by_series: dict[SeriesKey, _Increment] = {}
         merged: set[SeriesKey] = set()  # series whose increment is a sum of its own (not shared)
         for (owner, instance), increment in increments.items():
             if owner is UNATTRIBUTED:
                 continue
-            for key in self._series_keys(owner, current.uuid, instance):
+            for key in self._series_keys(owner, uuid, instance):
                 total = by_series.get(key)
                 if total is None:
                     by_series[key] = increment
@@ -180,11 +202,25 @@ class Ledger:
                     total.add(first)
                     by_series[key] = total
                 total.add(increment)
-        shares = pending.shares
-        for key, increment in by_series.items():
-            if increment.energy is not None:
-                shares[key] = shares.get(key, 0.0) + increment.energy
-            self._add(self._series(key, current), increment)
+        return by_series
+
+    def _settle_busy(self, current: GpuRates) -> None:
+        """At a new per-process reading, the busy of every place since the last one (``busy``)."""
+        waiting = self._busy.get(current.uuid)
+        if waiting is None:
+            if current.busy_read_at is not None:
+                self._busy[current.uuid] = PendingBusy(read_at=current.busy_read_at)
+            return
+        waiting.note(current.units)
+        if current.busy_read_at == waiting.read_at:
+            return
+        settled: dict[tuple[Owner, int | None], Settled] = waiting.settle(current.busy_read_at)
+        lumps = {place: _Increment(allocated=lump.allocated_seconds, busy=lump.busy)
+                 for place, lump in settled.items()}
+        for key, lump in self._by_series(current.uuid, lumps).items():
+            self._add_busy(self._series(key, current), lump)
+        if current.busy_read_at is None:
+            del self._busy[current.uuid]
 
     def _settle_energy(
         self, current: GpuRates, totals: GpuTotals, pending: _PendingEnergy, now: float
@@ -228,6 +264,15 @@ class Ledger:
             s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + inc.busy
             if inc.allocated > 0 and inc.busy < self.idle_threshold_ratio * inc.allocated:
                 s.idle_allocated_gpu_seconds += inc.allocated
+
+    def _add_busy(self, s: Series, lump: _Increment) -> None:
+        """A reading's busy over its window, and the time held in it judged idle or not (its GPU-seconds
+        were added poll by poll)."""
+        if lump.busy is None:
+            return
+        s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + lump.busy
+        if lump.allocated > 0 and lump.busy < self.idle_threshold_ratio * lump.allocated:
+            s.idle_allocated_gpu_seconds += lump.allocated
 
     def _series_keys(self, owner: Owner, uuid: str, instance: int | None) -> tuple[SeriesKey, ...]:
         place = (owner, uuid, instance)

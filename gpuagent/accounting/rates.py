@@ -78,6 +78,9 @@ class GpuRates:
     energy_joules_total: float | None
     energy_read_at_unix: float | None = None  # when the counter was read (it is read every energy_interval)
     power_watts: float | None = None  # weighs the polls between two counter reads
+    # when the processes' utilization was read (the busy rates are that reading's averages over its window);
+    # None: busy figures are per-poll rates (MIG, from GPM)
+    busy_read_at: float | None = None
     profiles: dict[int, str] = field(default_factory=dict)  # MIG GPU-instance ID -> profile
     units: dict[tuple[Owner, int | None], Rate] = field(default_factory=dict)
 
@@ -133,6 +136,7 @@ def _rates(
             energy_joules_total=gpu.energy_joules_total,
             energy_read_at_unix=gpu.energy_read_at_unix,
             power_watts=gpu.power_watts,
+            busy_read_at=gpu.process_util_read_at_unix,
             profiles={m.gpu_instance_id: m.profile for m in gpu.migs},
         )
         _use(gpu, rates, known)

@@ -18,10 +18,16 @@ class FieldSpec:
     scale: float = 1.0
 
 
-# Every poll.
+# Every poll: the instant power alone (7 us on an H100), which also weighs accounting's energy split.
 FAST_FIELDS: tuple[FieldSpec, ...] = (
-    FieldSpec("NVML_FI_DEV_MEMORY_TEMP", "memory_temperature_celsius"),
     FieldSpec("NVML_FI_DEV_POWER_INSTANT", "power_watts", 1e-3),  # mW
+)
+
+# Every ``detail_interval`` (default 10 s): cumulative counters, which Prometheus turns into rates over its
+# scrape interval anyway, and the memory temperature. With the power they cost about 0.5 ms a batch on an
+# H100, so they are not read every poll (docs/nvml-cost.md).
+DETAIL_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("NVML_FI_DEV_MEMORY_TEMP", "memory_temperature_celsius"),
     FieldSpec("NVML_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_total"),
     FieldSpec("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "pcie_tx_bytes_total"),
     FieldSpec("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", "pcie_rx_bytes_total"),

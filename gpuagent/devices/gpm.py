@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from gpuagent.devices.cadence import Cadence
 from gpuagent.devices.guard import NvmlGuard
 from gpuagent.snapshot import ProfilingSample
 
@@ -60,14 +61,13 @@ class GpmSampler:
         self._handle = handle
         self._scope = scope
         self._gi = gpu_instance_id
-        self._interval = interval
+        self._cadence = Cadence(interval)
         self._clock = clock
         self._sleep = sleep
         self._primed_at: float | None = None  # when the first sample of the first pair was taken
         self._previous: Any = None
         self._spare: Any = None
         self._last: ProfilingSample | None = None
-        self._last_at = 0.0
 
     def prime(self) -> None:
         """Take the first sample of the first pair now (a no-op once there is one); the next :meth:`sample`
@@ -81,7 +81,7 @@ class GpmSampler:
         last metrics (5 % slack for poll jitter), else those metrics again. None after a failure (the next
         poll then samples again), and at the first call of a sampler that was not primed."""
         now = self._clock()
-        if self._last is not None and now - self._last_at < 0.95 * self._interval:
+        if self._last is not None and not self._cadence.due(now):
             return self._last
         if self._primed_at is not None:  # the second sample of the first pair, PAIR_GAP_SECONDS on
             wait = min(max(self._primed_at + PAIR_GAP_SECONDS - now, 0.0), PAIR_GAP_SECONDS)
@@ -90,7 +90,7 @@ class GpmSampler:
                 self._sleep(wait)
                 now = self._clock()
         self._last = self._take()
-        self._last_at = now
+        self._cadence.mark(now)
         return self._last
 
     def _take(self) -> ProfilingSample | None:

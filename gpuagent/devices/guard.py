@@ -26,6 +26,8 @@ from gpuagent.snapshot import NvmlCallStats, NvmlErrorCount
 
 log = logging.getLogger(__name__)
 
+_DEFAULT = object()  # ``empty`` not given: an ``absent_on`` code returns ``default``
+
 
 class GpuLostError(Exception):
     def __init__(self, scope: Hashable, function: str) -> None:
@@ -78,11 +80,13 @@ class NvmlGuard:
         scope: Hashable = None,
         absent_on: tuple[int, ...] = (),
         default: Any = None,
+        empty: Any = _DEFAULT,
     ) -> Any:
         """``nvml.<function>(*args)`` triaged; ``scope`` names the device for memos and messages.
 
         Returns ``default`` whenever the call gave no result (absent or failed); pass a sentinel to tell
-        a failure from a function that returns None on success.
+        a failure from a function that returns None on success. ``empty``, when given, is returned instead
+        for an ``absent_on`` code: an answer that means "nothing to report", told apart from a failure.
         """
         variant = tuple(a for a in args if isinstance(a, (int, str)))
         memo = (scope, function, variant)
@@ -96,7 +100,8 @@ class NvmlGuard:
             result = fn(*args)
         except self.nvml.NVMLError as exc:
             self._account(function, started)
-            self._triage(exc, function, scope, memo, absent_on)
+            if self._triage(exc, function, scope, memo, absent_on) and empty is not _DEFAULT:
+                return empty
             return default
         self._account(function, started)
         if (scope, function) in self._failing:
@@ -105,15 +110,16 @@ class NvmlGuard:
 
     def _triage(
         self, exc: Exception, function: str, scope: Hashable, memo: tuple, absent_on: tuple[int, ...]
-    ) -> None:
+    ) -> bool:
+        """True for an ``absent_on`` code (nothing to report); False for anything else that returns."""
         code = getattr(exc, "value", None)
         if code in self._not_supported:
             self._absent.add(memo)
             if code == self.nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                 log.info("NVML function %s is not in this driver; its fields are absent", function)
-            return None
+            return False
         if code in absent_on:
-            return None
+            return True
         name = error_code_name(code) if isinstance(code, int) else type(exc).__name__
         with self._lock:
             self._errors[(function, name)] = self._errors.get((function, name), 0) + 1
@@ -124,7 +130,7 @@ class NvmlGuard:
         if self._failing.get((scope, function)) != name:
             self._failing[(scope, function)] = name
             log.warning("NVML %s on GPU %s failed: NVML_ERROR_%s (%s)", function, scope, name, exc)
-        return None
+        return False
 
     def _recovered(self, scope: Hashable, function: str) -> None:
         name = self._failing.pop((scope, function), None)

@@ -4,15 +4,20 @@ The module is the real ``pynvml`` or the simulated one (``devices/sim``); this c
 apart. Every call goes through :class:`~gpuagent.devices.guard.NvmlGuard`. Reads are tiered so the
 driver lock is held briefly (DESIGN.md, "Do no harm"):
 
-- every poll: utilization, memory, clocks, temperature, one batched field-value call (power, memory
-  temperature, PCIe, NVLink), clock-event reasons, each process list once, per-process
-  utilization (with its timestamp cursor);
-- every ``energy_interval`` (10 s): the energy counter (about 3 ms a read on an H100);
-- every ``profiling_interval`` (5 s): a GPM sample and the profiling metrics since the last (1.7 ms); a
+- every poll: utilization, memory, the SM clock, temperature, the instant power (one field value),
+  clock-event reasons, each process list once;
+- per-process utilization (with its timestamp cursor, ``procutil``): every poll where the share controller
+  acts on the GPU, every ``process_utilization_interval`` (10 s) elsewhere (about 2 ms a read on an H100);
+- every ``detail_interval`` (10 s, ``details``): the memory and graphics clocks, encoder and decoder
+  utilization, and the batched counters (PCIe, NVLink, replays, memory temperature);
+- every ``energy_interval`` (30 s): the energy counter (about 3 ms a read on an H100);
+- every ``profiling_interval`` (10 s): a GPM sample and the profiling metrics since the last (1.7 ms); a
   new GPU or MIG instance takes its first pair at once (``devices/gpm.py``), so the first poll has them;
 - every slow poll: static info (name, serial, PCI, power limit, MIG mode and layout, NVLink peers, NUMA
   node, compute mode, the MIG profiles and how many more of each can be created), ECC and retired pages
   (batched field values), remapped rows.
+
+Costs, and why each figure sits on its tier: ``docs/nvml-cost.md``.
 
 A :class:`GpuReader` belongs to one GPU and is only ever used from that GPU's worker thread.
 """
@@ -26,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuagent.devices.cadence import Cadence
+from gpuagent.devices.details import MHZ, DetailReader
 from gpuagent.devices.fields import (
     ENERGY_FIELDS,
     FAST_FIELDS,
@@ -36,6 +43,7 @@ from gpuagent.devices.fields import (
 from gpuagent.devices.gpm import GpmSampler
 from gpuagent.devices.guard import GpuLostError, NvmlGuard
 from gpuagent.devices.mps import MPS_LIST, ClientUtilization, is_mps_daemon, process_kind
+from gpuagent.devices.procutil import ProcessUtilization
 from gpuagent.snapshot import (
     MPS_CLIENT,
     EccCounts,
@@ -49,7 +57,6 @@ from gpuagent.snapshot import (
     XidRecord,
 )
 
-MHZ = 1_000_000
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId of a process on a GPU without MIG
 MIB = 1024 * 1024
 _COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
@@ -89,14 +96,16 @@ class GpuReader:
         process_names: ProcessNames,
         clock: Callable[[], float] = time.time,
         sys_root: str = "/sys",
-        energy_interval: float = 10.0,
-        profiling_interval: float = 5.0,
+        energy_interval: float = 30.0,
+        profiling_interval: float = 10.0,
+        process_utilization_interval: float = 10.0,
+        detail_interval: float = 10.0,
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.guard = guard
         self._sleep = sleep  # GPM's first pair waits on this (the reader's own thread)
-        self.energy_interval = energy_interval
         self.profiling_interval = profiling_interval
+        self._energy = Cadence(energy_interval)
         self._energy_joules: float | None = None
         self._energy_read_at: float | None = None  # wall time of the last energy read
         self._sys_root = sys_root
@@ -109,7 +118,9 @@ class GpuReader:
         self._migs: tuple[_MigSlot, ...] = ()
         self._ecc: EccCounts | None = None
         self._remapped: RemappedRows | None = None
-        self._process_cursor = 0
+        self.process_utilization = ProcessUtilization(
+            guard, handle, index, interval=process_utilization_interval, clock=clock)
+        self._details = DetailReader(guard, handle, index, interval=detail_interval, clock=clock)
         self._mps_clients = ClientUtilization()  # whether this driver samples MPS clients (devices/mps.py)
         self._gpm: GpmSampler | None = None
         self._mig_gpm: dict[int, GpmSampler] = {}
@@ -296,8 +307,6 @@ class GpuReader:
         assert info is not None
         g, h, nvml, s = self.guard, self.handle, self.nvml, self.index
         util = g.call("nvmlDeviceGetUtilizationRates", h, scope=s)
-        enc = g.call("nvmlDeviceGetEncoderUtilization", h, scope=s)
-        dec = g.call("nvmlDeviceGetDecoderUtilization", h, scope=s)
         memory = self._memory_info(h)
         fields = decode_field_values(
             nvml, FAST_FIELDS, g.call("nvmlDeviceGetFieldValues", h, self._fast_ids, scope=s)
@@ -308,6 +317,7 @@ class GpuReader:
                 fields["power_watts"] = milliwatts / 1000.0
         processes = self._processes()
         self._read_energy()
+        procutil = self.process_utilization
         return GpuSample(
             info=info,
             sampled_at_unix=self._clock(),
@@ -315,14 +325,10 @@ class GpuReader:
             energy_read_at_unix=self._energy_read_at,
             gpu_util_percent=_float(util.gpu) if util is not None else None,
             memory_copy_util_percent=_float(util.memory) if util is not None else None,
-            encoder_util_percent=_float(enc[0]) if enc is not None else None,
-            decoder_util_percent=_float(dec[0]) if dec is not None else None,
             memory_used_bytes=memory.used if memory is not None else None,
             memory_free_bytes=memory.free if memory is not None else None,
             memory_reserved_bytes=getattr(memory, "reserved", None) if memory is not None else None,
             sm_clock_hz=_hz(g.call("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_SM, scope=s)),
-            memory_clock_hz=_hz(g.call("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_MEM, scope=s)),
-            graphics_clock_hz=_hz(g.call("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_GRAPHICS, scope=s)),
             temperature_celsius=_float(
                 g.call("nvmlDeviceGetTemperature", h, nvml.NVML_TEMPERATURE_GPU, scope=s)
             ),
@@ -333,18 +339,20 @@ class GpuReader:
             profiling=self._gpm.sample() if self._gpm is not None else None,
             processes=processes,
             migs=self._read_migs(processes) if info.mig_enabled else (),
+            process_util_read_at_unix=None if info.mig_enabled else procutil.read_at,
+            process_util_window_seconds=None if info.mig_enabled else procutil.window_seconds,
+            **self._details.read(),
             **fields,
         )
 
     def _read_energy(self) -> None:
         """The energy counter, when ``energy_interval`` has passed since the last read (every poll when that
         is at most the poll interval). In between, samples carry the last reading and its time
-        (``energy_read_at_unix``)."""
+        (``energy_read_at_unix``); a failed read is tried again the next poll."""
         now = self._clock()
-        last = self._energy_read_at
-        # 5 % slack: a 10 s interval at 1 s polls reads every 10th poll, not every 11th after jitter
-        if last is not None and now - last < 0.95 * self.energy_interval:
+        if self._energy_read_at is not None and not self._energy.due(now):
             return
+        self._energy.mark(now)
         values = decode_field_values(
             self.nvml, ENERGY_FIELDS,
             self.guard.call("nvmlDeviceGetFieldValues", self.handle, self._energy_ids, scope=self.index),
@@ -360,9 +368,10 @@ class GpuReader:
         return memory
 
     def _processes(self) -> tuple[ProcessSample, ...]:
-        """Both process lists once each (and the MPS clients' where an MPS server runs), joined with
-        per-process utilization since the last poll."""
-        g, h, nvml, s = self.guard, self.handle, self.nvml, self.index
+        """Both process lists once each (and the MPS clients' where an MPS server runs), joined with the
+        per-process utilization of the last read (``procutil``: every poll where the share controller acts,
+        every ``process_utilization_interval`` elsewhere)."""
+        g, h, s = self.guard, self.handle, self.index
         found: dict[int, tuple[str, Any]] = {}
         for kind, function in (
             ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
@@ -375,34 +384,25 @@ class GpuReader:
         if any(is_mps_daemon(self._names(pid)) for pid in found):
             for proc in g.call(MPS_LIST, h, scope=s) or ():
                 found[proc.pid] = (MPS_CLIENT, proc)
-        sm: dict[int, list[float]] = {}
-        mem: dict[int, list[float]] = {}
-        if not (self.info and self.info.mig_enabled):  # NVML has no per-process utilization on MIG
-            samples = g.call(
-                "nvmlDeviceGetProcessUtilization", h, self._process_cursor, scope=s,
-                absent_on=(nvml.NVML_ERROR_NOT_FOUND,),
-            )
-            for sample in samples or ():
-                sm.setdefault(sample.pid, []).append(float(sample.smUtil))
-                mem.setdefault(sample.pid, []).append(float(sample.memUtil))
-                self._process_cursor = max(self._process_cursor, int(sample.timeStamp))
-        per_process_util = not (self.info and self.info.mig_enabled)
+        per_process_util = not (self.info and self.info.mig_enabled)  # NVML has none on MIG
+        if per_process_util:
+            self.process_utilization.update(found)
         out = []
         for pid, (kind, proc) in sorted(found.items()):
             gi = getattr(proc, "gpuInstanceId", NO_INSTANCE)
+            sm, mem = self.process_utilization.figures(pid) if per_process_util else (None, None)
             out.append(
                 ProcessSample(
                     pid=pid,
                     comm=self._names(pid),
                     kind=process_kind(kind, self._names(pid)),
                     used_memory_bytes=proc.usedGpuMemory,
-                    # A process without a sample since the last poll did not run kernels: 0, not unknown.
-                    sm_util_percent=_mean(sm.get(pid)) if per_process_util else None,
-                    memory_util_percent=_mean(mem.get(pid)) if per_process_util else None,
+                    sm_util_percent=sm,
+                    memory_util_percent=mem,
                     gpu_instance_id=None if gi in (None, NO_INSTANCE) else gi,
                 )
             )
-        return self._mps_clients.settle(tuple(out), sm.keys())
+        return self._mps_clients.settle(tuple(out), self.process_utilization.sampled)
 
     def _read_migs(self, processes: tuple[ProcessSample, ...]) -> tuple[MigSample, ...]:
         out = []
@@ -476,6 +476,3 @@ def _float(value: Any) -> float | None:
 def _hz(mhz: Any) -> float | None:
     return float(mhz) * MHZ if mhz is not None else None
 
-
-def _mean(values: list[float] | None) -> float:
-    return sum(values) / len(values) if values else 0.0

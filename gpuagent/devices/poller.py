@@ -54,8 +54,10 @@ class DevicePoller:
         *,
         timeout: float = 5.0,
         slow_interval: float = 30.0,
-        energy_interval: float = 10.0,
-        profiling_interval: float = 5.0,
+        energy_interval: float = 30.0,
+        profiling_interval: float = 10.0,
+        process_utilization_interval: float = 10.0,
+        detail_interval: float = 10.0,
         xid_window: float = 300.0,
         process_names: ProcessNames | None = None,
         clock: Callable[[], float] = time.time,
@@ -67,6 +69,9 @@ class DevicePoller:
         self.slow_interval = slow_interval
         self.energy_interval = energy_interval
         self.profiling_interval = profiling_interval
+        self.process_utilization_interval = process_utilization_interval
+        self.detail_interval = detail_interval
+        self._every_poll: frozenset[str] = frozenset()  # GPU UUIDs whose per-process use is read every poll
         self.xids = XidBook(xid_window, clock=clock)
         self.names = process_names or ProcessNames()
         self._clock = clock
@@ -126,7 +131,9 @@ class DevicePoller:
             gpus[index] = _Gpu(
                 reader=GpuReader(self.guard, index, handle, process_names=self.names, clock=self._clock,
                                  energy_interval=self.energy_interval,
-                                 profiling_interval=self.profiling_interval),
+                                 profiling_interval=self.profiling_interval,
+                                 process_utilization_interval=self.process_utilization_interval,
+                                 detail_interval=self.detail_interval),
                 worker=worker,
                 last=previous.last if previous else None,
             )
@@ -166,6 +173,11 @@ class DevicePoller:
 
     # -- polling -----------------------------------------------------------------------------------
 
+    def read_process_utilization_every_poll(self, uuids: frozenset[str]) -> None:
+        """The GPUs (by UUID) whose per-process utilization is read every poll from the next poll on: where
+        the share controller acts. The others are read every ``process_utilization_interval``."""
+        self._every_poll = uuids
+
     async def poll(self) -> DeviceReading:
         try:
             await self._ensure_open()
@@ -183,6 +195,8 @@ class DevicePoller:
             if gpu.worker.busy:
                 continue
             xid = self.xids.record_for(index, now)
+            info = gpu.reader.info
+            gpu.reader.process_utilization.every_poll = info is not None and info.uuid in self._every_poll
             job = gpu.worker.submit(lambda r=gpu.reader, x=xid: r.read(slow_due=slow_due, xid=x))
             futures[index] = asyncio.wrap_future(job)
         if futures:

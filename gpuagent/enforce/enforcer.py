@@ -67,6 +67,7 @@ class _Owner:
     util_by_gpu: dict[str, float] = field(default_factory=dict)
     memory_bytes: int = 0
     pids: list[int] = field(default_factory=list)
+    gpus: set[str] = field(default_factory=set)  # UUIDs of the GPUs it has processes on
     targets: set[FreezeTarget] = field(default_factory=set)
     processes: list[ProcessSample] = field(default_factory=list)
 
@@ -102,6 +103,14 @@ class Enforcer:
         # Each workload's limits and problems by what they are worked out from: this poll's and the last's.
         self._limits_now: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
         self._limits_before: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
+        self._contended: frozenset[str] = frozenset()
+
+    @property
+    def contended_gpus(self) -> frozenset[str]:
+        """UUIDs of the GPUs where the share controller acts: two or more non-exempt workloads with processes
+        there at the last update (whether or not their use has been measured yet). The device poller reads
+        per-process utilization every poll on these, and less often elsewhere."""
+        return self._contended
 
     @property
     def cycling(self) -> bool:
@@ -149,6 +158,12 @@ class Enforcer:
 
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
         owners, problems = self._owners(snapshot)
+        tenants: dict[str, int] = defaultdict(int)
+        for owner in owners.values():
+            if not owner.limits.exempt:
+                for uuid in owner.gpus:
+                    tenants[uuid] += 1
+        self._contended = frozenset(uuid for uuid, n in tenants.items() if n >= 2)
         shares = self._shares(snapshot, owners)
         self._memory(owners)
         return EnforcementState(
@@ -184,6 +199,8 @@ class Enforcer:
                     owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + share
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
+                if not gpu.info.mig_enabled:
+                    owner.gpus.add(gpu.info.uuid)
                 owner.processes.append(process)
                 target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
                 if target is not None:

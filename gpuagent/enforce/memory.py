@@ -1,7 +1,7 @@
 """The GPU memory-limit ladder: warn, then SIGTERM (or a Kubernetes Eviction), then SIGKILL.
 
 It only decides. Each ``update`` takes every pod's (or non-Kubernetes workload's) limit, its GPU memory in
-use and its GPU PIDs now, and returns the ``Step`` s to take now; ``enforce/actions.py`` takes them (or, in
+use and its GPU PIDs now, and returns the ``Step`` s to take now; ``enforce/actions/`` takes them (or, in
 audit mode, only counts them). A pod is "over" when it uses more than its limit plus the tolerance.
 
 One episode, from the first update over to the first update back under (or the pod leaving):

@@ -5,8 +5,11 @@ instance it runs in (``GPU_I_PROFILE``/``GPU_I_ID``), ``pid``, ``comm`` (left
 out when the process exited before its name was read) and ``kind``: a process with both a compute and a
 graphics context is listed twice by NVML, and ``kind`` keeps its two series apart; ``kind`` is also
 ``mps_client`` for an MPS client and ``mps_server`` for the MPS server. Utilization ratios exist only where
-NVML reports them (never on MIG; on some drivers not for MPS clients); ``None`` gives no series. An MPS
-client's limits, where its environment sets them, are series of their own.
+NVML reports them (never on MIG; on some drivers not for MPS clients); ``None`` gives no series. They are
+NVML's means over one read's window, which ``gpuagent_gpu_process_utilization_window_seconds`` states per GPU
+(a poll where the share controller acts, ``process_utilization_interval`` elsewhere), read at
+``gpuagent_gpu_process_utilization_timestamp_seconds``. An MPS client's limits, where its environment sets
+them, are series of their own.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ProcessCollector(GpuRenderer):
         places_of_gpus: list[str] = []
         counts: list[int] = []
         processes: list[ProcessSample] = []
+        gpus: list[GpuSample] = []
         for gpu in snapshot.gpus:
             if gpu.health is Health.LOST:
                 continue
@@ -49,16 +53,19 @@ class ProcessCollector(GpuRenderer):
             processes += unique
             places_of_gpus.append(labels.gpu(gpu))
             counts.append(len({p.pid for p in unique}))
+            gpus.append(gpu)
         memory = kept.known(
             "gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.",
             GAUGE, series, [p.used_memory_bytes for p in processes])
         sm = kept.known(
             "gpuagent_process_sm_utilization_ratio",
-            "Share of the last NVML sample period in which the process ran kernels on the SMs (0-1).",
+            "Share of the GPU's last per-process read window in which the process ran kernels on the SMs "
+            "(0-1).",
             GAUGE, series, [_ratio(p.sm_util_percent) for p in processes])
         mem_util = kept.known(
             "gpuagent_process_memory_utilization_ratio",
-            "Share of the last NVML sample period in which the process read or wrote GPU memory (0-1).",
+            "Share of the GPU's last per-process read window in which the process read or wrote GPU memory "
+            "(0-1).",
             GAUGE, series, [_ratio(p.memory_util_percent) for p in processes])
         clients = [(text, p.mps) for text, p in zip(series, processes, strict=True) if p.mps is not None]
         of_clients = [text for text, _ in clients]
@@ -72,7 +79,15 @@ class ProcessCollector(GpuRenderer):
             GAUGE, of_clients, [limits.pinned_memory_limit_bytes for _, limits in clients])
         count = kept.family("gpuagent_gpu_processes", "Number of processes using the GPU.", GAUGE,
                             places_of_gpus, counts)
-        return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count])
+        window = kept.known(
+            "gpuagent_gpu_process_utilization_window_seconds",
+            "Seconds the per-process utilization ratios of the GPU average over (previous read to last).",
+            GAUGE, places_of_gpus, [gpu.process_util_window_seconds for gpu in gpus])
+        read_at = kept.known(
+            "gpuagent_gpu_process_utilization_timestamp_seconds",
+            "Unix time of the last read of the GPU's per-process utilization.",
+            GAUGE, places_of_gpus, [gpu.process_util_read_at_unix for gpu in gpus])
+        return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count, window, read_at])
 
 
 def _unique(gpu: GpuSample) -> list[ProcessSample]:

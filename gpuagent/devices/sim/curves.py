@@ -1,6 +1,6 @@
 """Value curves: what a scenario quantity is at scenario time ``t`` (seconds since the simulator started).
 
-Scenario syntax (see ``scenario.py`` for the validation):
+Scenario syntax (see ``scenario/`` for the validation):
 
 - ``42``                                            a constant
 - ``{sine: {min: 10, max: 90, period: 60, phase: 0}}``  ``phase`` shifts the wave, in seconds

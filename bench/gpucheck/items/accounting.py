@@ -1,0 +1,83 @@
+"""Accounting on the device: the energy shared out against the GPU's own counter, and the tenants' busy
+seconds against the shares their iteration counts measured.
+
+It reads the first shares run (or makes a short one of its own): the agent's counters at the end of the run
+against the energy counter's readings and the tenants' counts over the same run. Bars: the energy accounted
+equals the counter's delta between the first and last readings (within 0.5 %), the tenants' and the
+unattributed energy add up to it (0.5 %), and each tenant's share of the busy seconds is within 5 points of
+its share of the iterations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucheck.agents import value
+from gpucheck.context import Context
+from gpucheck.items.shares import run_share
+from gpucheck.registry import ItemResult
+from gpucheck.tenants import GPU_KINDS, SIM_KINDS
+
+TOLERANCE = 0.005
+
+
+def budget(ctx: Context) -> float:
+    """Seconds: little after a shares run (its figures are read), a short run of its own otherwise."""
+    if ctx.records.get("share_runs") or "shares" in ctx.options.get("planned", ()):
+        return 10.0
+    return 35.0 if ctx.quick else 60.0
+
+
+def run(ctx: Context) -> ItemResult:
+    result = ItemResult()
+    records = ctx.records.get("share_runs")
+    if records:
+        record = records[0]
+        result.figures["run"] = f"the shares item's run {record['label']}"
+    else:
+        seconds = 20.0 if ctx.quick else 40.0
+        kind = (SIM_KINDS if ctx.sim else GPU_KINDS)[0]
+        record = run_share(ctx, kind, (70, 30), "accounting", seconds, seconds * 0.75)
+        result.figures["run"] = f"its own {seconds:g} s run at 70/30"
+    samples = record["end_samples"]
+    energy(result, record, samples)
+    busy(result, record, samples)
+    return result.settle()
+
+
+def energy(result: ItemResult, record: dict[str, Any], samples: Any) -> None:
+    first = (record["ready_state"]["gpus"][0] or {}).get("energy_joules_total")
+    counter_mj = value(samples, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+    accounted = value(samples, "gpuagent_gpu_energy_accounted_joules_total")
+    unattributed = value(samples, "gpuagent_gpu_energy_unattributed_joules_total") or 0.0
+    if first is None or counter_mj is None or accounted is None:
+        result.check("energy counter", None, None, note="the GPU reports no energy counter: nothing to split")
+        return
+    delta = counter_mj / 1000 - first
+    tenants = sum(value(samples, "gpuagent_pod_gpu_energy_joules_total", pod=t["uid"]) or 0.0
+                  for t in record["tenants"])
+    result.figures["energy_joules"] = {"counter_delta": round(delta, 3), "accounted": round(accounted, 3),
+                                       "tenants": round(tenants, 3), "unattributed": round(unattributed, 3)}
+    result.check("energy accounted = the counter's delta over the run", round(accounted, 3),
+                 delta > 0 and abs(accounted - delta) <= TOLERANCE * delta, bar="within 0.5 %",
+                 expected=round(delta, 3))
+    result.check("tenants' + unattributed energy = accounted", round(tenants + unattributed, 3),
+                 accounted > 0 and abs(tenants + unattributed - accounted) <= TOLERANCE * accounted,
+                 bar="within 0.5 %", expected=round(accounted, 3))
+
+
+def busy(result: ItemResult, record: dict[str, Any], samples: Any) -> None:
+    counts = record["counts"]
+    done = [b - a for a, b in zip(counts[0][1], counts[-1][1], strict=True)]
+    busy_seconds = [value(samples, "gpuagent_pod_gpu_busy_seconds_total", pod=t["uid"]) or 0.0
+                    for t in record["tenants"]]
+    if not sum(done) or not sum(busy_seconds):
+        result.check("busy seconds", busy_seconds, False, note="no busy seconds or no iterations counted")
+        return
+    by_busy = [b / sum(busy_seconds) for b in busy_seconds]
+    by_iterations = [d / sum(done) for d in done]
+    error = max(abs(a - b) for a, b in zip(by_busy, by_iterations, strict=True))
+    result.figures["busy_seconds"] = [round(b, 2) for b in busy_seconds]
+    result.figures["run_seconds"] = round(counts[-1][0], 1)
+    result.check("tenants' shares of busy seconds vs of iterations", [round(x, 3) for x in by_busy],
+                 error <= 0.05, bar="each within 5 points", expected=[round(x, 3) for x in by_iterations])

@@ -1,0 +1,135 @@
+"""SIGTERM and SIGKILL to a workload's GPU processes, through pidfds, never to the wrong process.
+
+A PID is a number the kernel reuses: between deciding and acting, the process may exit and another take
+its PID. So a signal goes through a pidfd (``pidfd_open``, ``pidfd_send_signal``), which pins the process:
+if it is still alive after its ``/proc/PID/cgroup`` was read, that cgroup was its own, and the signal
+reaches it or no one. The rules, checked in every mode (each refusal an
+:class:`~gpuagent.enforce.actions.rules.ActionRefused` naming its rule): never PID 1 (``pid-1``), the
+agent's own PID (``own-pid``) or an ancestor of it (``ancestor-pid``), a PID in ``protected_pids``
+(``protected-pid``), a process in the agent's own cgroup (``own-cgroup``), or one whose cgroup is neither
+in a kubepods pod nor allowed by ``allowed_outside_kubepods`` (``outside-kubepods``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from gpuagent.enforce.actions.outcomes import Outcomes
+from gpuagent.enforce.actions.rules import ActionRefused, WorkloadRules, parse_cgroups
+
+_SIGNAL_ACTIONS = {signal.SIGTERM: "signal_term", signal.SIGKILL: "signal_kill"}
+
+
+class Signaller:
+    """Sends SIGTERM or SIGKILL to processes ``workloads`` allows; ``protected_pids`` are never signalled.
+    Holds no state of its own between calls: thread-safe."""
+
+    def __init__(self, *, mode: str, workloads: WorkloadRules, outcomes: Outcomes,
+                 protected_pids: Iterable[int] = (), proc_root: str | Path = "/proc") -> None:
+        self.mode = mode
+        self.protected_pids = frozenset(protected_pids)
+        self._workloads = workloads
+        self._outcomes = outcomes
+        self._proc = Path(proc_root)
+
+    def signal(self, pid: int, sig: int, *, reason: str) -> bool:
+        """Send SIGTERM or SIGKILL to ``pid`` through a pidfd (a reused PID is never hit); True if sent.
+        A PID that exited is outcome "gone"."""
+        action = _SIGNAL_ACTIONS.get(sig)
+        if action is None:
+            raise ValueError(f"only SIGTERM and SIGKILL are sent, not {sig!r}")
+        what = f"PID {pid}"
+        note = self._outcomes.note
+        if self.mode == "off":
+            self._outcomes.say_off(action, what)
+            return False
+        try:
+            self.check_pid(pid)
+        except ActionRefused as refused:
+            note(action, "refused", what, str(refused))
+            return False
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            note(action, "gone", what, f"{what} has exited")
+            return False
+        except OSError as exc:
+            note(action, "failed", what, f"cannot open a pidfd for {what}: {exc}")
+            return False
+        try:
+            # The pidfd pins the process: if it is still alive after its cgroup was read, the PID was not
+            # reused in between, so what was read is its own.
+            cgroups = self.cgroups_of(pid)
+            signal.pidfd_send_signal(pidfd, 0)
+            self.check_cgroups(pid, cgroups)
+            if self.mode == "audit":
+                note(action, "audit", what,
+                     f"audit: would send {signal.Signals(sig).name} to {what} ({reason})")
+                return False
+            signal.pidfd_send_signal(pidfd, sig)
+        except ActionRefused as refused:
+            note(action, "refused", what, str(refused))
+            return False
+        except (ProcessLookupError, FileNotFoundError):
+            note(action, "gone", what, f"{what} has exited")
+            return False
+        except OSError as exc:
+            note(action, "failed", what, f"cannot signal {what}: {exc}")
+            return False
+        finally:
+            os.close(pidfd)
+        note(action, "done", what, f"sent {signal.Signals(sig).name} to {what} ({reason})")
+        return True
+
+    def check_pid(self, pid: int) -> None:
+        """The rules on the number alone: raise :class:`ActionRefused` for PID 1, the agent, its
+        ancestors and ``protected_pids``."""
+        what = f"PID {pid}"
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ActionRefused("pid", what, "not a PID")
+        if pid == 1:
+            raise ActionRefused("pid-1", what, "init")
+        if pid == os.getpid():
+            raise ActionRefused("own-pid", what, "the agent itself")
+        if pid in self.protected_pids:
+            raise ActionRefused("protected-pid", what)
+        if pid in self._ancestors():
+            raise ActionRefused("ancestor-pid", what, "an ancestor of the agent")
+
+    def cgroups_of(self, pid: int) -> dict[str, str]:
+        """/proc/PID/cgroup as {"v2" or the v1 controllers field: path}."""
+        text = (self._proc / str(pid) / "cgroup").read_bytes().decode("utf-8", "surrogateescape")
+        return parse_cgroups(text)
+
+    def check_cgroups(self, pid: int, cgroups: Mapping[str, str]) -> None:
+        """The rules on where the process is: raise :class:`ActionRefused` for one in the agent's own
+        cgroup, or in no kubepods pod and allowed by no glob."""
+        what = f"PID {pid}"
+        own_cgroups = self._workloads.own
+        for key, path in cgroups.items():
+            hierarchy = "v2" if key == "v2" else "v1" if "freezer" in key.split(",") else None
+            own = own_cgroups.get(hierarchy) if hierarchy else None
+            if own is not None and own != "/" and path == own:
+                raise ActionRefused("own-cgroup", what, f"in the agent's own cgroup {path}")
+        if not any(self._workloads.allows(path) for path in cgroups.values()):
+            shown = cgroups.get("v2") or next(iter(cgroups.values()), "no cgroup")
+            raise ActionRefused("outside-kubepods", what, f"its cgroup {shown} is in no kubepods pod and "
+                                "allowed by no allowed_outside_kubepods glob")
+
+    def _ancestors(self) -> set[int]:
+        found: set[int] = set()
+        pid = os.getpid()
+        while pid > 1 and pid not in found:
+            try:
+                status = (self._proc / str(pid) / "status").read_text()
+            except OSError:
+                break
+            ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0)
+            if ppid <= 0:
+                break
+            found.add(ppid)
+            pid = ppid
+        return found
