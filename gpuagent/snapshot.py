@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -636,7 +637,12 @@ class AccountingState:
     day_started_at_unix: float | None = None  # what "today" counts from: 00:00 UTC, or the agent's first poll
 
 
-@dataclass(frozen=True, slots=True)
+# A weak reference slot (Python 3.11+): the exporter remembers the snapshot it last rendered without keeping
+# it alive past the next poll.
+_WEAKREF_SLOT: dict[str, Any] = {"weakref_slot": True} if sys.version_info >= (3, 11) else {}
+
+
+@dataclass(frozen=True, slots=True, **_WEAKREF_SLOT)
 class NodeSnapshot:
     """Everything the agent knows about its node at one instant."""
 
