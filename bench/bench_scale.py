@@ -1,7 +1,7 @@
 """Scale on one pod-dense node: the cost of a poll, of a scrape and of accounting against the number of pods.
 
     .venv/bin/python bench/bench_scale.py [--sizes 8 32 110 250] [--polls 200] [--scrapes 40]
-        [--mode audit] [--gc agent] [--profile DIR] [--plot FILE] [--out DIR]
+        [--scrape-every 15] [--mode audit] [--gc agent] [--profile DIR] [--plot FILE] [--out DIR]
 
 Time-slicing replicas make the 8 GPUs of a node into 80-110 pods (the kubelet's default cap is 110). For each
 size the simulated 8xH100 node runs that many pods, one GPU process each, spread round-robin over the GPUs,
@@ -19,9 +19,13 @@ A poll's own work is the process's CPU time over ``poll_once`` minus the CPU tim
 inside the "NVML" calls (``measure.SimulatorTime``; a real driver's calls cost the agent no such CPU), in
 parts: the device reads (the agent's side), attribution (cgroups, the kubelet's allocations, names),
 enforcement, accounting, hints, and "other" (the snapshot's assembly); the garbage collector's share is
-counted apart too. Then ``--scrapes`` more polls are each followed by ``/metrics`` of the new snapshot
-(``export.scrape``, text 0.0.4) and by prometheus-client rendering the same series
-(``measure.PrometheusClientRender``: a custom collector's fresh families, ``generate_latest``).
+counted apart too. Then ``--scrapes`` times ``/metrics`` of a new snapshot (``export.scrape``, text 0.0.4)
+``--scrape-every`` polls after the last one (15: Prometheus scraping every 15 s, as ``deploy/`` has it, an
+agent polling every second; 1 makes the scrapes follow each other poll by poll, which flatters the
+families kept from the last scrape), and as many times prometheus-client rendering the same series
+(``measure.PrometheusClientRender``: a custom collector's fresh typed families filled with ``add_metric``,
+``generate_latest``; and its cheaper ``add_sample`` variant, for comparison), in alternating blocks, each
+side's timing after as many polls and never after the other side's work.
 
 Bars, as ratios within one run: a poll's own work at 110 pods <= 3x the 8-pod one, and <= 2.3x from 110 to
 250 pods; the scrape of a new snapshot >= 10x faster than prometheus-client at every size. Prints a table,
@@ -49,7 +53,14 @@ from pathlib import Path
 from typing import Any
 
 from kubenode import ROOT, VirtualClock, gpus, kubelet_node, one_pod_per_process, running_agent
-from measure import PrometheusClientRender, SimulatorTime, median_ms, quantiles, series_count
+from measure import (
+    PrometheusClientRender,
+    SimulatorTime,
+    median_ms,
+    name_dataclass_constructors,
+    quantiles,
+    series_count,
+)
 
 GPUS = 8
 POLL_INTERVAL = 1.0  # virtual seconds between polls: the agent's default cadence
@@ -58,6 +69,7 @@ BASE, DENSE, OVER = 8, 110, 250  # the sizes the bars compare
 BAR_DENSE_OVER_BASE = 3.0
 BAR_OVER_OVER_DENSE = 2.3
 BAR_SCRAPE_SPEEDUP = 10.0
+SCRAPE_BLOCK = 5  # scrapes timed in a row on one side before the other side's (see measure_scrapes)
 PHASES = ("devices", "attribution", "enforcement", "accounting", "hints", "other")
 
 
@@ -184,7 +196,7 @@ async def measure(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 for node in nodes:
                     await profile_polls(node, scrape, args.polls, args.profile / f"scale-{node.pods}")
             polls = await measure_polls(nodes, args.polls)
-            scrapes = [await measure_scrapes(node, scrape, args.scrapes) for node in nodes]
+            scrapes = [await measure_scrapes(node, scrape, args.scrapes, args.scrape_every) for node in nodes]
         finally:
             gc.unfreeze()
             gc.set_threshold(*thresholds)
@@ -262,24 +274,47 @@ class _PollFigures:
         }
 
 
-async def measure_scrapes(node: ScaleNode, scrape: Callable[..., Any], count: int) -> dict[str, Any]:
-    """Each after a poll of its own (a new snapshot, nothing of it rendered yet): ours, then
-    prometheus-client's of the same series, alternately."""
-    ours, stock = [], []
-    for _ in range(count):
+async def measure_scrapes(
+    node: ScaleNode, scrape: Callable[..., Any], count: int, every: int = 1
+) -> dict[str, Any]:
+    """Our scrape of a new snapshot ``every`` polls after the last scrape, and prometheus-client rendering
+    the same series, each timed right after ``every`` polls, in alternating blocks of ``SCRAPE_BLOCK``: a
+    change of the machine's load meets both sides alike, and neither side's timing follows the other's work.
+    (prometheus-client's parse and render leave some 100,000 freed objects behind; a scrape timed right
+    after them allocates into that cold memory and took 1.3-1.5 times as long as after a poll alone.) The
+    first scrape of each of our blocks, after the other side's, is not timed."""
+    ours: list[float] = []
+    stock: list[float] = []
+    cheaper: list[float] = []
+
+    async def poll() -> None:
         node.clock.advance(POLL_INTERVAL)
         await node.agent.poll_once()
-        started = time.process_time()
-        body = scrape(node.agent.registry, None, None).body
-        ours.append(time.process_time() - started)
-        baseline = PrometheusClientRender(body.decode())
-        started = time.process_time()
-        baseline.render()
-        stock.append(time.process_time() - started)
+
+    while len(ours) < count:
+        await poll()
+        scrape(node.agent.registry, None, None)
+        bodies = []
+        for _ in range(min(SCRAPE_BLOCK, count - len(ours))):
+            for _ in range(every):
+                await poll()
+            started = time.process_time()
+            bodies.append(scrape(node.agent.registry, None, None).body)
+            ours.append(time.process_time() - started)
+        for body in bodies:
+            for times, add_sample in ((stock, False), (cheaper, True)):
+                baseline = PrometheusClientRender(body.decode(), add_sample=add_sample)
+                for _ in range(every):  # as many polls as before ours: as much else in the caches
+                    await poll()
+                started = time.process_time()
+                baseline.render()
+                times.append(time.process_time() - started)
     return {
         "scrape_new_snapshot": quantiles(ours),
         "prometheus_client_render": quantiles(stock),
         "scrape_speedup": round(median_ms(stock) / max(median_ms(ours), 1e-6), 1),
+        "prometheus_client_add_sample": quantiles(cheaper),
+        "scrape_speedup_add_sample": round(median_ms(cheaper) / max(median_ms(ours), 1e-6), 1),
     }
 
 
@@ -291,6 +326,7 @@ async def profile_polls(node: ScaleNode, scrape: Callable[..., Any], count: int,
     import pstats
 
     stem.parent.mkdir(parents=True, exist_ok=True)
+    name_dataclass_constructors()
     polling, scraping = cProfile.Profile(), cProfile.Profile()
     for _ in range(count):
         node.clock.advance(POLL_INTERVAL)
@@ -323,7 +359,8 @@ def verdict(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("pods", "series", "poll wall", "in sim", "own", *PHASES, "gc", "scrape", "prom-client", "x")
+    head = ("pods", "series", "poll wall", "in sim", "own", *PHASES, "gc", "scrape", "prom-client", "x",
+            "x add_sample")
     rows = [head]
     for r in results:
         rows.append((
@@ -333,12 +370,15 @@ def table(results: list[dict[str, Any]]) -> str:
             f'{r["poll_garbage_collection"]["mean_ms"]:.2f}',
             f'{r["scrape_new_snapshot"]["median_ms"]:.2f}',
             f'{r["prometheus_client_render"]["median_ms"]:.2f}', f'{r["scrape_speedup"]:.1f}',
+            f'{r["scrape_speedup_add_sample"]:.1f}',
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines) + (
         "\n(ms of CPU time, medians; gc: the garbage collector's mean per poll; "
-        "in sim: the simulator inside NVML calls, not the agent's)"
+        "in sim: the simulator inside NVML calls, not the agent's;\n"
+        "prom-client: typed families filled with add_metric; x add_sample: against Metric.add_sample "
+        "with prebuilt label dicts)"
     )
 
 
@@ -386,7 +426,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 110, 250], help="pods on the node")
     parser.add_argument("--polls", type=int, default=200, help="polls measured per size")
-    parser.add_argument("--scrapes", type=int, default=40, help="scrapes measured per size (a poll each)")
+    parser.add_argument("--scrapes", type=int, default=40, help="scrapes measured per size")
+    parser.add_argument("--scrape-every", type=int, default=15,
+                        help="polls between two scrapes (15: every 15 s at the default 1 s poll interval)")
     parser.add_argument("--mode", choices=("off", "audit", "enforce"), default="audit")
     parser.add_argument("--gc", choices=("agent", "default"), default="agent",
                         help="the garbage collector as gpuagent run tunes it, or CPython's defaults")
@@ -395,8 +437,8 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, default=None, help="PNG file (default: under --out)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    if any(n < 1 for n in args.sizes) or args.polls < 1 or args.scrapes < 1:
-        parser.error("--sizes, --polls and --scrapes must be at least 1")
+    if any(n < 1 for n in args.sizes) or min(args.polls, args.scrapes, args.scrape_every) < 1:
+        parser.error("--sizes, --polls, --scrapes and --scrape-every must be at least 1")
     logging_off()
     results = asyncio.run(run(args))
     machine = machine_name()
@@ -404,7 +446,8 @@ def main() -> int:
     plot_path = args.plot or args.out / f"scale_{stamp}.png"
     plot(results, plot_path, machine)
     figures = {"machine": machine, "mode": args.mode, "gc": args.gc, "polls": args.polls,
-               "scrapes": args.scrapes, "sizes": results, "bars": verdict(results), "plot": str(plot_path)}
+               "scrapes": args.scrapes, "scrape_every": args.scrape_every, "sizes": results,
+               "bars": verdict(results), "plot": str(plot_path)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"scale_{stamp}.json").write_text(json.dumps(figures, indent=1))
     print(table(results))

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpuagent.frozen import faster_inits
 
 
 class Health(str, enum.Enum):
@@ -634,7 +637,12 @@ class AccountingState:
     day_started_at_unix: float | None = None  # what "today" counts from: 00:00 UTC, or the agent's first poll
 
 
-@dataclass(frozen=True, slots=True)
+# A weak reference slot (Python 3.11+): the exporter remembers the snapshot it last rendered without keeping
+# it alive past the next poll.
+_WEAKREF_SLOT: dict[str, Any] = {"weakref_slot": True} if sys.version_info >= (3, 11) else {}
+
+
+@dataclass(frozen=True, slots=True, **_WEAKREF_SLOT)
 class NodeSnapshot:
     """Everything the agent knows about its node at one instant."""
 
@@ -764,3 +772,8 @@ def _claims_of(devices: tuple[DraDevice, ...], namespace: str | None, pod: str) 
                 entry["problem"] = d.problem
             claims.setdefault(d.claim, []).append(entry)
     return claims
+
+
+# Every frozen dataclass above builds through its slots directly: the same objects, ~45 % faster to make
+# (gpuagent/frozen.py), and a poll of a pod-dense node makes several per pod.
+faster_inits(globals(), __name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pstats
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,20 @@ def test_bench_scale_prints_a_table_a_plot_and_one_json_line(tmp_path: Path) -> 
     assert len(list(tmp_path.glob("scale_*.json"))) == 1
     assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == [
         "scale-2-poll.pstats", "scale-2-scrape.pstats", "scale-9-poll.pstats", "scale-9-scrape.pstats"]
+    # each dataclass's constructor has a line of its own (cProfile merged them all into one, then kept one)
+    profiled = pstats.Stats(str(tmp_path / "profiles" / "scale-9-poll.pstats")).stats
+    assert ("<dataclass>", 0, "ProcessSample.__init__") in profiled
+
+
+def test_bench_parts_replays_each_part_of_a_poll() -> None:
+    done = run_bench("bench/bench_parts.py", "--sizes", "2", "5", "--polls", "12", "--repeat", "2")
+    lines = done.stdout.strip().splitlines()
+    figures = json.loads(lines[-1])
+    assert lines[0].split() == ["pods", "attribution", "enforcement", "accounting", "hints", "sum"]
+    assert [size["pods"] for size in figures["sizes"]] == [2, 5]
+    for size in figures["sizes"]:
+        assert set(size["us_per_poll"]) == {"attribution", "enforcement", "accounting", "hints"}
+        assert all(v > 0 for v in size["us_per_poll"].values())
 
 
 def test_bench_poll_scrape_measures_against_prometheus_client(tmp_path: Path) -> None:

@@ -11,20 +11,36 @@ import math
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from snapshots import two_gpu_node
+from test_poll_caches import Alloc
 from test_timeslice import Plant
 
 from gpuagent import quantities
+from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Rate, _use, owner_of
 from gpuagent.agent import build_enforcer
 from gpuagent.config import load_config
 from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
-from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers
+from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers, _TenantState
+from gpuagent.pods.attribution import Attributor, PodName, _index_allocations, _index_names
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
-from gpuagent.snapshot import ContainerUse, NodeSnapshot, PodUse, ProcessSample, Workload
+from gpuagent.snapshot import (
+    MPS_CLIENT,
+    MPS_SERVER,
+    ContainerUse,
+    GpuSample,
+    MpsLimits,
+    NodeSnapshot,
+    PodUse,
+    ProcessSample,
+    Workload,
+    combined_mps_limits,
+    sm_share_ratio,
+)
 
 # -- the share controller -------------------------------------------------------------------------------------
 
@@ -123,6 +139,17 @@ def test_sums_of_the_others_are_what_fsum_gives(values: list[float]) -> None:
         assert math.copysign(1.0, sums.without(index)) == math.copysign(1.0, expected) or expected == 0.0
 
 
+@given(st.lists(st.floats(min_value=0.0, max_value=100.0, allow_subnormal=True), min_size=3, max_size=20),
+       st.floats(min_value=0.0, max_value=0.9))
+def test_the_noise_without_sorting_is_the_sorted_window_s(diffs: list[float], fraction: float) -> None:
+    """A tenant's noise: fsum of the window with its largest difference taken back out, as the sum of the
+    sorted window less its last (squared differences of uses of at most 1/(1 - 0.9): up to 100)."""
+    state = _TenantState(fraction=fraction)
+    state.diffs.extend(diffs)
+    squares = sorted(state.diffs)[:-1]
+    assert state.noise() == math.sqrt(math.fsum(squares) / len(squares) / 2.0) * (1.0 - fraction)
+
+
 def test_sums_of_the_others_fall_back_to_fsum_for_infinities_and_nan() -> None:
     sums = _SumsOfOthers([1.0, math.inf, 2.0])
     assert sums.without(1) == 3.0 and sums.without(0) == math.inf
@@ -163,14 +190,20 @@ def test_only_short_texts_that_parse_are_remembered() -> None:
 # -- the enforcer's remembered limits -------------------------------------------------------------------------
 
 
-def pod_node(t: float, annotations: dict[str, dict[str, str]]) -> NodeSnapshot:
-    """One GPU whose processes are pods ``ns/<name>`` (one each), with these annotations."""
+def pod_node(t: float, annotations: dict[str, dict[str, str]], objects: dict[object, object] | None = None
+             ) -> NodeSnapshot:
+    """One GPU whose processes are pods ``ns/<name>`` (one each), with these annotations. ``objects``: the
+    same Workload and the same annotations object for equal ones, from poll to poll (as the attribution
+    passes them on)."""
     snapshot = two_gpu_node()
     gpu = snapshot.gpus[0]
     processes, pods = [], []
     for pid, (name, pod_annotations) in enumerate(sorted(annotations.items()), start=7000):
         workload = Workload(kind="pod", name=name, namespace="ns", container="main", pod_uid=f"uid-{name}",
                             names_from="api_server", cgroup=f"/kubepods/pod{pid}")
+        if objects is not None:
+            workload = objects.setdefault(workload, workload)  # type: ignore[assignment]
+            pod_annotations = objects.setdefault((name, *sorted(pod_annotations.items())), pod_annotations)  # type: ignore[assignment]
         processes.append(ProcessSample(pid, "python3", "compute", 2 * 2**30, 40.0, 10.0, workload=workload))
         pods.append(PodUse(name=name, namespace="ns", uid=f"uid-{name}", names_from="api_server",
                            annotations=pod_annotations, containers=(ContainerUse("main", pids=(pid,)),)))
@@ -178,7 +211,8 @@ def pod_node(t: float, annotations: dict[str, dict[str, str]]) -> NodeSnapshot:
                    taken_at_monotonic=t)
 
 
-def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path) -> None:
+@pytest.mark.parametrize("same_objects", [False, True], ids=["new objects", "the same objects"])
+def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path, same_objects: bool) -> None:
     config = load_config(None, env={}, overrides={
         "backend": "sim", "mode": "audit", "journal_path": str(tmp_path / "journal.json"),
         "cgroup_root": str(tmp_path / "cgroup"),
@@ -193,12 +227,14 @@ def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path)
         {"a": {share: "45%", memory: "4Gi"}, "b": {share: "twenty"}},  # a changed, b's is now bad
         {"a": {share: "45%", memory: "4Gi"}, "b": {share: "twenty"}, "c": {}, "d": {}},
         {"a": {memory: "1Gi"}, "c": {"gpuagent.io/priorty": "high"}, "d": {}},  # c's key a typo
+        {"a": {memory: "1Gi"}, "c": {"gpuagent.io/priorty": "high"}, "d": {}},
     ]
+    objects: dict[object, object] | None = {} if same_objects else None
     for step, pods in enumerate(steps):
         if step == 4:
             enforcer.set_rules(parse_rules([{"match_namespace": "ns", "gpu_share": 15}]))
         now[0] = float(step)
-        snapshot = pod_node(now[0], pods)
+        snapshot = pod_node(now[0], pods, objects)
         state = enforcer.update(snapshot)
         expected = {p.name: limits_for_pod(p, NodeDefaults(), enforcer.rules) for p in snapshot.pods}
         assert {s.pod: s.limit_ratio for s in state.shares} == {
@@ -209,3 +245,139 @@ def test_remembered_limits_follow_annotations_and_reloaded_rules(tmp_path: Path)
             (p for _, problems in expected.values() for p in problems), key=str), step
     reloaded = {s.pod: s.limit_ratio for s in state.shares}
     assert reloaded["a"] == reloaded["d"] == pytest.approx(0.15)  # d's annotations did not change: the rule did
+
+
+# -- the attribution's pods from rows of processes ------------------------------------------------------------
+
+
+def pods_before(gpus: list[GpuSample], index: Any, names: Any) -> tuple[PodUse, ...]:
+    """``Attributor._pods`` as it was, summing each pod's processes into objects per pod and container, no
+    cache (the reference the rows-based one must agree with)."""
+    used: dict[tuple[str | None, str], dict[str, Any]] = {}
+    for gpu in gpus:
+        for process in gpu.processes:
+            w = process.workload
+            if w is None or w.kind != "pod" or process.kind == MPS_SERVER:
+                continue
+            totals = used.setdefault((w.namespace, w.name), {"containers": {}, "used_gpus": []})
+            totals["uid"], totals["qos"], totals["names_from"] = w.pod_uid, w.qos, w.names_from
+            container = w.container or (w.container_id or "")[:12] or "unknown"
+            figures = totals["containers"].setdefault(container, {"pids": [], "memory": 0, "sm": None})
+            figures["pids"].append(process.pid)
+            figures["memory"] += process.used_memory_bytes or 0
+            if process.sm_util_percent is not None:
+                figures["sm"] = (figures["sm"] or 0.0) + process.sm_util_percent
+            if gpu.info.uuid not in totals["used_gpus"]:
+                totals["used_gpus"].append(gpu.info.uuid)
+    keys = list(index.allocated)
+    keys.extend(k for k in used if k not in index.allocated)
+    keys.sort(key=lambda k: (k[0] or "", k[1]))
+    out = []
+    for key in keys:
+        allocated, totals, known = index.allocated.get(key), used.get(key), names.known.get(key)
+        devices, allocated_gpus = allocated if allocated is not None else ({}, ())
+        running = totals["containers"] if totals is not None else {}
+        containers = tuple(
+            ContainerUse(name=name, allocated_devices=devices.get(name, ()),
+                         pids=tuple(sorted(running[name]["pids"])) if name in running else (),
+                         gpu_memory_used_bytes=running[name]["memory"] if name in running else 0,
+                         sm_util_percent=running[name]["sm"] if name in running else None)
+            for name in sorted(set(devices) | set(running)))
+        sm_values = [c.sm_util_percent for c in containers if c.sm_util_percent is not None]
+        uid, qos, names_from = None, None, "pod_resources" if allocated is not None else "cgroup"
+        if totals is not None:
+            uid, qos, names_from = totals["uid"], totals["qos"], totals["names_from"]
+        annotations: dict[str, str] = {}
+        owner_kind = owner_name = None
+        if known is not None:
+            uid, name = known
+            qos, names_from, annotations = name.qos or qos, "api_server", dict(name.annotations)
+            owner_kind, owner_name = name.owner_kind, name.owner_name
+        out.append(PodUse(
+            name=key[1], namespace=key[0], uid=uid, qos=qos, names_from=names_from, annotations=annotations,
+            containers=containers, allocated_gpus=allocated_gpus,
+            used_gpus=tuple(totals["used_gpus"]) if totals is not None else (),
+            gpu_memory_used_bytes=sum(c.gpu_memory_used_bytes for c in containers),
+            sm_util_percent=sum(sm_values) if sm_values else None,
+            process_count=sum(len(c.pids) for c in containers), owner_kind=owner_kind, owner_name=owner_name))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_pods_from_rows_are_the_pods_summed_as_before(seed: int) -> None:
+    """Random nodes (pods of one or two containers with processes on several GPUs, unknown figures, MPS
+    servers, workloads off Kubernetes, pods only allocated, names known or not), polled in a row through one
+    Attributor (its remembered pods and order in play), each poll against the reference."""
+    rng = random.Random(seed)
+    uuids = ["GPU-0", "GPU-1", "GPU-2"]
+    pods = [(rng.choice(["ns", "ml", None]), f"p{i}") for i in range(rng.randint(1, 8))]
+    workloads = {
+        pod: [Workload(kind="pod", name=pod[1], namespace=pod[0], pod_uid=f"uid-{pod[1]}",
+                       container=rng.choice(["main", "side", None]), container_id=rng.choice(["c" * 64, None]),
+                       qos=rng.choice(["burstable", None]), names_from=rng.choice(["api_server", "cgroup"]))
+              for _ in range(rng.randint(1, 2))]
+        for pod in pods
+    }
+    others = [Workload(kind="systemd_service", name="train.service"), None]
+    allocations = [Alloc(ns or "default", name, rng.choice(["main", "side"]), f"{rng.choice(uuids)}::{n}")
+                   for n, (ns, name) in enumerate(pods) if rng.random() < 0.7]
+    index = _index_allocations(allocations, {})
+    names = _index_names({f"uid-{name}": PodName(ns or "default", name, {}, {"gpuagent.io/gpu-share": "30%"})
+                          for ns, name in pods if rng.random() < 0.5})
+    attributor = Attributor()
+    for _ in range(5):
+        gpus = []
+        pid = 100
+        for uuid in uuids:
+            processes = []
+            for _ in range(rng.randint(0, 6)):
+                pid += 1
+                pool = [w for ws in workloads.values() for w in ws] + others
+                processes.append(ProcessSample(
+                    pid, "python3", rng.choice(["compute", "compute", MPS_SERVER]),
+                    rng.choice([None, 2**30, 3 * 2**30]), rng.choice([None, 0.0, 12.5, 40.0, 7.25]), None,
+                    workload=rng.choice(pool)))
+            gpus.append(replace(two_gpu_node().gpus[0], info=replace(two_gpu_node().gpus[0].info, uuid=uuid),
+                                processes=tuple(processes), migs=()))
+        assert attributor._pods(gpus, index, names) == pods_before(gpus, index, names)
+
+
+# -- the accounting's rates: one process on a whole GPU -------------------------------------------------------
+
+
+def use_before(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
+    """``rates._use`` as it was, every place through the general sums (the reference)."""
+    by_place: dict[Any, list[ProcessSample]] = {}
+    for process in gpu.processes:
+        if process.kind != MPS_SERVER:
+            by_place.setdefault((owner_of(process), process.gpu_instance_id), []).append(process)
+    for (owner, instance), processes in by_place.items():
+        assert instance is None  # (these nodes have no MIG)
+        rate = Rate(memory_bytes=float(sum([p.used_memory_bytes or 0 for p in processes])))
+        known = [share for share in map(sm_share_ratio, processes) if share is not None]
+        rate.busy = min(1.0, sum(known)) if known else None
+        mps = combined_mps_limits(processes) if owner is not UNATTRIBUTED else None
+        if mps is not None and mps.active_thread_percent is not None:
+            rate.mps_held = 1.0 * mps.active_thread_percent / 100.0
+        if owner is not UNATTRIBUTED and not (pods_by_allocation and owner.kind == "pod"):
+            rate.allocated = 1.0
+        rates.units[(owner, instance)] = rate
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_process_on_a_whole_gpu_is_rated_as_the_sums_rate_it(seed: int) -> None:
+    rng = random.Random(seed)
+    workloads = [Workload(kind="pod", name=f"p{i}", namespace="ns", container="main") for i in range(4)]
+    workloads += [Workload(kind="systemd_service", name="train.service"), None]
+    processes = tuple(
+        ProcessSample(pid, "python3", rng.choice(["compute", MPS_CLIENT, MPS_SERVER]),
+                      rng.choice([None, 0, 2**30]), rng.choice([None, 0.0, 37.5, 100.0, 250.0]), None,
+                      workload=rng.choice(workloads),
+                      mps=rng.choice([None, MpsLimits(), MpsLimits(30.0, 2**30), MpsLimits(None, 2**29)]))
+        for pid in range(rng.randint(0, 8)))
+    gpu = replace(two_gpu_node().gpus[0], processes=processes, migs=())
+    for by_allocation in (False, True):
+        new, old = (GpuRates(gpu.info.uuid, 0, True, None) for _ in range(2))
+        _use(gpu, new, by_allocation)
+        use_before(gpu, old, by_allocation)
+        assert new.units == old.units

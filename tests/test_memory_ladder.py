@@ -262,3 +262,20 @@ def test_the_ladder_never_signals(monkeypatch) -> None:
 def test_settings_are_checked(bad: dict) -> None:
     with pytest.raises(ValueError):
         LadderSettings(**bad)
+
+
+def test_a_state_that_holds_is_the_same_object_from_update_to_update() -> None:
+    """An "ok" pod whose figures did not move keeps last update's MemoryState (consumers key on it); any
+    change gives a new one equal to what a first update would say."""
+    m, _ = ladder()
+    m.update([("train", "ml", LIMIT, UNDER, (1,)), ("infer", "ml", None, OVER, (2,))])
+    first = {s.pod: s for s in m.states()}
+    m.update([("train", "ml", LIMIT, UNDER, (1,)), ("infer", "ml", None, OVER, (2,))])
+    again = {s.pod: s for s in m.states()}
+    assert again["train"] is first["train"] and again["infer"] is first["infer"]
+    for changed in (("train", "ml", LIMIT, UNDER - 1, (1,)), ("train", "ml", 2 * LIMIT, UNDER, (1,)),
+                    ("train", "other", LIMIT, UNDER, (1,))):
+        m.update([changed])
+        fresh, _ = ladder()
+        fresh.update([changed])
+        assert m.states() == fresh.states() and m.states()[0] is not first["train"]

@@ -22,6 +22,7 @@ from gpuagent.snapshot import (
     PodUse,
     ProcessSample,
     SourceStatus,
+    Workload,
 )
 
 
@@ -106,6 +107,23 @@ def test_attributor_reuses_what_did_not_change_and_rebuilds_what_did() -> None:
     assert gpus[0].processes[0].workload.pod_uid == "uid-z"
 
 
+def test_attributor_passes_a_pods_annotations_on_while_its_names_are_the_same() -> None:
+    """A pod rebuilt for new figures keeps the annotations object of its last PodUse (consumers key their
+    limits on it) while the API server's names are the same; new names give a new one."""
+    identities = {10: Ident("uid-a")}
+    allocations = (Alloc("ns", "a", "main", "GPU-0"),)
+    names = {"uid-a": PodName("ns", "a", {}, {"gpuagent.io/gpu-share": "30%"})}
+    cached = Attributor()
+    _, (first,) = cached.attribute([gpu(0, 10, sm=10.0)], identities, allocations, names)
+    _, (second,) = cached.attribute([gpu(0, 10, sm=20.0)], identities, allocations, names)
+    assert second is not first and second.sm_util_percent == 20.0
+    assert second.annotations is first.annotations
+    renamed = {"uid-a": PodName("ns", "a", {}, {"gpuagent.io/gpu-share": "40%"})}
+    _, (third,) = cached.attribute([gpu(0, 10, sm=30.0)], identities, allocations, renamed)
+    assert third.annotations == {"gpuagent.io/gpu-share": "40%"} and third.annotations is not first.annotations
+    assert (third,) == attribute([gpu(0, 10, sm=30.0)], identities, allocations, renamed)[1]
+
+
 def node(t: float, gpus: list[GpuSample], pods: list[PodUse]) -> NodeSnapshot:
     return NodeSnapshot(hostname="n", backend="sim", taken_at_unix=1e9 + t, taken_at_monotonic=t,
                         poll_duration_seconds=0.001, gpus=tuple(gpus), pods=tuple(pods),
@@ -129,6 +147,28 @@ def test_rate_reader_follows_changed_allocations() -> None:
     reader = RateReader()
     for snapshot in snapshots:
         assert reader.read(snapshot) == poll_rates(snapshot), snapshot.taken_at_monotonic
+
+
+def test_rate_reader_follows_each_process_workload_from_poll_to_poll() -> None:
+    """Each process's owner is kept while its Workload is the same object: a new one (renamed, another
+    container, gone) is read afresh, the same one shared by two GPUs is read once."""
+    def named(g: GpuSample, *workloads: Workload | None) -> GpuSample:
+        return replace(g, processes=tuple(replace(p, workload=w)
+                                          for p, w in zip(g.processes, workloads, strict=True)))
+
+    main = Workload(kind="pod", name="a", namespace="ns", container="main")
+    service = Workload(kind="systemd_service", name="train.service")
+    polls = [
+        [named(gpu(0, 10, 11), main, service), named(gpu(1, 12), main)],
+        [named(gpu(0, 10, 11), main, service), named(gpu(1, 12), main)],  # the same objects
+        [named(gpu(0, 10, 11), replace(main, container="side"), service), named(gpu(1, 12), main)],
+        [named(gpu(0, 10, 11), replace(main, name="b"), None), named(gpu(1, 12), None)],
+        [named(gpu(0, 10, 11), main, service), named(gpu(1, 12), main)],  # back: the old objects again
+    ]
+    reader = RateReader()
+    for t, gpus in enumerate(polls):
+        snapshot = replace(node(t, gpus, []), sources=())
+        assert reader.read(snapshot) == poll_rates(snapshot), t
 
 
 def test_ledger_sums_a_pods_containers_without_touching_the_rates() -> None:

@@ -152,6 +152,14 @@ def _churned(snapshot, step: int):
     return dataclasses.replace(snapshot, gpus=tuple(gpus), polls_total=step)
 
 
+def _text_caches(registry) -> list:
+    """Every label-text cache the registry's renderers keep across snapshots."""
+    from gpuagent.export.families import TextCache
+
+    [collector] = list(registry._collector_to_names)
+    return [v for r in collector._renderers for v in vars(r).values() if isinstance(v, TextCache)]
+
+
 def test_caches_are_bounded_by_the_live_series_under_churn():
     from gpuagent.export.exposition import cache_sizes
     from gpuagent.export.families import label_text_cache_size
@@ -159,16 +167,21 @@ def test_caches_are_bounded_by_the_live_series_under_churn():
     base = two_gpu_node()
     holder = {"snapshot": base}
     registry = build_registry(lambda: holder["snapshot"], clock=Clock(), timer=lambda: 0.0)
+    [collector] = list(registry._collector_to_names)
+    caches = _text_caches(registry)
+    assert caches  # the renderers of many rows keep their label texts
     sizes = []
     for step in range(400):  # ~2,400 process label sets and ~2,800 values that live one poll each
         holder["snapshot"] = _churned(base, step)
         body = scrape(registry, None, None).body
-        sizes.append((label_text_cache_size(), cache_sizes()))
+        sizes.append((label_text_cache_size(), cache_sizes(), max(len(c) for c in caches)))
     rows = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
-    texts = max(size for size, _ in sizes[200:])
+    names = sum(1 for line in body.splitlines() if line.startswith(b"# TYPE"))
+    texts = max(size for size, _, _ in sizes[200:])
     assert texts < 3 * max(rows, 256)  # emptied once as many texts are dead as alive
-    assert max(c["values"] for _, c in sizes[200:]) <= 2 * rows  # this snapshot's and the previous one's
-    assert max(c["family_rows"] for _, c in sizes[200:]) <= 2 * rows + 200  # (+ other tests' families)
+    assert max(size for _, _, size in sizes[200:]) < 3 * max(rows, 256)
+    assert max(c["values"] for _, c, _ in sizes[200:]) <= 2 * rows  # this snapshot's and the previous one's
+    assert len(collector._served) <= names  # one family served last per name
 
 
 def test_a_family_unchanged_since_the_last_snapshot_reuses_its_text_and_only_then():
@@ -198,5 +211,6 @@ def test_health_renders_its_snapshot_families_once_and_the_age_on_every_scrape()
     assert first["gpuagent_snapshot_age_seconds"].values == [1.0]
     assert second["gpuagent_snapshot_age_seconds"].values == [6.0]
     third = {m.name: m for m in health.render(_churned(snapshot, 1))}
-    assert third["gpuagent_gpu_health"] is not first["gpuagent_gpu_health"]
+    assert third["gpuagent_gpu_health"] is first["gpuagent_gpu_health"]  # the same rows: served again
+    assert third["gpuagent_polls"] is not first["gpuagent_polls"]
     assert third["gpuagent_polls"].values == [1.0]  # a counter family is named without _total

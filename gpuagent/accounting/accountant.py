@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuagent.accounting.events import IdleEventPoster, IdleNotice
-from gpuagent.accounting.idle import IdleTracker, Observation
+from gpuagent.accounting.idle import IdleTracker
 from gpuagent.accounting.ledger import CONTAINER, POD, Ledger, Series, SeriesKey
 from gpuagent.accounting.rates import RateReader
 from gpuagent.snapshot import AccountingState, GpuAccounting, IdleWorkload, NodeSnapshot, WorkloadGpuUsage
@@ -49,18 +49,29 @@ class Accountant:
         usage: list[WorkloadGpuUsage] = []
         idle: list[IdleWorkload] = []
         uids = {(p.namespace, p.name): p.uid for p in snapshot.pods}
+        observe, end, flagged = self.idle.observe, self.idle.end, self.idle.flagged
+        base = self._today.base
         for key, series in self.ledger:
+            level, kind, namespace, name, container, gpu_uuid, instance = key  # (one unpacking: 7 reads)
             observation = None
-            if key.level != CONTAINER:
+            if level != CONTAINER:
                 if series.running:
-                    observation = self.idle.observe(
-                        key, now, allocated_now=series.allocated_now, busy_now=series.busy_now,
-                        allocated_total=series.allocated_gpu_seconds, busy_total=series.busy_gpu_seconds,
-                    )
+                    observation = observe(key, now, series.allocated_now, series.busy_now,
+                                          series.allocated_gpu_seconds, series.busy_gpu_seconds)
                 else:
-                    self.idle.end(key)
-            usage.append(_usage(key, series, observation, snapshot, self._today.of(key, series)))
-            if observation is not None and self.idle.flagged(observation):
+                    end(key)
+            # positional, in WorkloadGpuUsage's field order: one of these per series per poll
+            usage.append(WorkloadGpuUsage(
+                level, kind, name, namespace, container, gpu_uuid, series.gpu_index,
+                instance, series.mig_profile, series.allocated_gpu_seconds,
+                series.busy_gpu_seconds, series.memory_byte_seconds, series.energy_joules,
+                series.idle_allocated_gpu_seconds, series.allocated_now,
+                observation.efficiency_ratio if observation is not None else None,
+                observation.idle_seconds if observation is not None else 0.0,
+                None if series.running else snapshot.taken_at_unix - (now - series.last_seen),
+                series.allocated_gpu_seconds - base.get(key, 0.0),
+            ))
+            if observation is not None and flagged(observation):
                 assert observation.idle_since is not None
                 idle.append(IdleWorkload(
                     kind=key.kind, name=key.name, namespace=key.namespace,
@@ -129,7 +140,7 @@ class _Today:
     def __init__(self) -> None:
         self.day: int | None = None
         self.started_at_unix: float | None = None
-        self._base: dict[SeriesKey, float] = {}
+        self.base: dict[SeriesKey, float] = {}  # each series' allocated GPU-seconds at the day's start
 
     def roll(self, now_unix: float, ledger: Ledger) -> None:
         day = int(now_unix // _DAY_SECONDS)
@@ -138,34 +149,10 @@ class _Today:
         first = self.day is None
         self.day = day
         self.started_at_unix = now_unix if first else float(day * _DAY_SECONDS)
-        self._base = {key: s.allocated_gpu_seconds for key, s in ledger}
-
-    def of(self, key: SeriesKey, series: Series) -> float:
-        return series.allocated_gpu_seconds - self._base.get(key, 0.0)
+        self.base = {key: s.allocated_gpu_seconds for key, s in ledger}
 
     def forget(self, key: SeriesKey) -> None:
-        self._base.pop(key, None)
+        self.base.pop(key, None)
 
 
 _DAY_SECONDS = 86400
-
-
-def _usage(
-    key: SeriesKey, s: Series, observation: Observation | None, snapshot: NodeSnapshot, today: float
-) -> WorkloadGpuUsage:
-    ended = None if s.running else snapshot.taken_at_unix - (snapshot.taken_at_monotonic - s.last_seen)
-    return WorkloadGpuUsage(
-        level=key.level, kind=key.kind, name=key.name, namespace=key.namespace, container=key.container,
-        gpu_uuid=key.gpu_uuid, gpu_index=s.gpu_index, gpu_instance_id=key.gpu_instance_id,
-        mig_profile=s.mig_profile,
-        allocated_gpu_seconds_total=s.allocated_gpu_seconds,
-        busy_gpu_seconds_total=s.busy_gpu_seconds,
-        memory_byte_seconds_total=s.memory_byte_seconds,
-        energy_joules_total=s.energy_joules,
-        idle_allocated_gpu_seconds_total=s.idle_allocated_gpu_seconds,
-        allocated_gpus=s.allocated_now,
-        efficiency_ratio=observation.efficiency_ratio if observation is not None else None,
-        idle_seconds=observation.idle_seconds if observation is not None else 0.0,
-        ended_at_unix=ended,
-        allocated_gpu_seconds_today=today,
-    )

@@ -30,8 +30,14 @@ class _Pending:
 class Settled:
     """A place's busy GPU-seconds over a reading's window (None: unknown), and what it held then."""
 
-    busy: float | None
-    allocated_seconds: float
+    busy: float | None = None
+    allocated_seconds: float = 0.0
+
+    def add(self, other: Settled) -> None:
+        """Sum another place's lump into this one (a series several places contribute to)."""
+        self.allocated_seconds += other.allocated_seconds
+        if other.busy is not None:
+            self.busy = (self.busy or 0.0) + other.busy
 
 
 @dataclass(slots=True)

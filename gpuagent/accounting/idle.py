@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from gpuagent.frozen import faster_init
+
 CHECKPOINTS = 60
 
 K = TypeVar("K")
@@ -28,6 +30,7 @@ class _State:
     checkpoints: deque[tuple[float, float, float]] = field(default_factory=deque)  # (t, allocated, busy)
 
 
+@faster_init  # one per tenant per poll (gpuagent/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Observation:
     idle_since: float | None  # monotonic start of the current idle episode
@@ -51,7 +54,6 @@ class IdleTracker(Generic[K]):
         self,
         key: K,
         now: float,
-        *,
         allocated_now: float,
         busy_now: float | None,
         allocated_total: float,
@@ -65,10 +67,10 @@ class IdleTracker(Generic[K]):
             state.idle_since = None
         elif state.idle_since is None:
             state.idle_since = now
-        return Observation(
-            idle_since=state.idle_since,
-            idle_seconds=0.0 if state.idle_since is None else now - state.idle_since,
-            efficiency_ratio=self._efficiency(state, now, allocated_total, busy_total),
+        return Observation(  # positional, in its field order: one per pod and GPU per poll
+            state.idle_since,
+            0.0 if state.idle_since is None else now - state.idle_since,
+            self._efficiency(state, now, allocated_total, busy_total),
         )
 
     def flagged(self, observation: Observation) -> bool:

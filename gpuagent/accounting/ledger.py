@@ -27,14 +27,15 @@ and, for a pod, to the pod's series too. A series not seen for ``retention_secon
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from gpuagent.accounting.busy import PendingBusy, Settled
 from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate
 
 POD, CONTAINER, WORKLOAD = "pod", "container", "workload"
+_Summed = TypeVar("_Summed", "_Increment", Settled)  # what _by_series sums by series
 
 
 class SeriesKey(NamedTuple):
@@ -163,8 +164,16 @@ class Ledger:
         self, previous: GpuRates, current: GpuRates, dt: float, totals: GpuTotals, pending: _PendingEnergy
     ) -> None:
         increments: dict[tuple[Owner, int | None], _Increment] = {}
-        for place in previous.units.keys() | current.units.keys():
-            increments[place] = _trapezoid(previous.units.get(place), current.units.get(place), dt)
+        before_units, after_units = previous.units, current.units
+        for place in before_units.keys() | after_units.keys():
+            a, b = before_units.get(place), after_units.get(place)
+            if a is not None and b is not None and a.busy is not None and b.busy is not None:
+                # both ends there and known (nearly every place): _trapezoid's arithmetic, inline
+                increments[place] = _Increment(
+                    (a.allocated + b.allocated) / 2 * dt, (a.busy + b.busy) / 2 * dt,
+                    (a.memory_bytes + b.memory_bytes) / 2 * dt)
+            else:
+                increments[place] = _trapezoid(a, b, dt)
         estimate = _energy_estimate(previous, current, dt) if pending.anchor is not None else None
         if estimate is not None:
             pending.unattributed += _split_energy(increments, estimate, dt)
@@ -175,18 +184,19 @@ class Ledger:
                 present = ((place in previous.units) + (place in current.units)) / 2 * dt
                 waiting.add(place, present, increment.allocated)
                 increment.busy = None
-        for key, increment in self._by_series(current.uuid, increments).items():
+        shares, series = pending.shares, self.series
+        for key, increment in self._by_series(current.uuid, increments, _Increment).items():
             if increment.energy is not None:
-                pending.shares[key] = pending.shares.get(key, 0.0) + increment.energy
-            self._add(self._series(key, current), increment)
+                shares[key] = shares.get(key, 0.0) + increment.energy
+            self._add(series.get(key) or self._series(key, current), increment)
 
     def _by_series(
-        self, uuid: str, increments: dict[tuple[Owner, int | None], _Increment]
-    ) -> dict[SeriesKey, _Increment]:
-        """The places' increments by series. A pod's series sums its containers' increments; a series with
-        one contributor (the common case: one container) takes its increment as is, which is what adding it
-        to a zero increment gives."""
-        by_series: dict[SeriesKey, _Increment] = {}
+        self, uuid: str, increments: dict[tuple[Owner, int | None], _Summed], zero: Callable[[], _Summed]
+    ) -> dict[SeriesKey, _Summed]:
+        """The places' increments (or a reading's lumps) by series. A pod's series sums its containers'; a
+        series with one contributor (the common case: one container) takes its increment as is, which is
+        what adding it to a ``zero()`` one gives."""
+        by_series: dict[SeriesKey, _Summed] = {}
         merged: set[SeriesKey] = set()  # series whose increment is a sum of its own (not shared)
         for (owner, instance), increment in increments.items():
             if owner is UNATTRIBUTED:
@@ -198,7 +208,7 @@ class Ledger:
                     continue
                 if key not in merged:  # a second contributor: sum into an increment of the series' own
                     merged.add(key)
-                    first, total = total, _Increment()
+                    first, total = total, zero()
                     total.add(first)
                     by_series[key] = total
                 total.add(increment)
@@ -215,10 +225,10 @@ class Ledger:
         if current.busy_read_at == waiting.read_at:
             return
         settled: dict[tuple[Owner, int | None], Settled] = waiting.settle(current.busy_read_at)
-        lumps = {place: _Increment(allocated=lump.allocated_seconds, busy=lump.busy)
-                 for place, lump in settled.items()}
-        for key, lump in self._by_series(current.uuid, lumps).items():
-            self._add_busy(self._series(key, current), lump)
+        by_series = self._by_series(current.uuid, settled, Settled)
+        series = self.series
+        for key, lump in by_series.items():
+            self._add_busy(series.get(key) or self._series(key, current), lump)
         if current.busy_read_at is None:
             del self._busy[current.uuid]
 
@@ -265,14 +275,14 @@ class Ledger:
             if inc.allocated > 0 and inc.busy < self.idle_threshold_ratio * inc.allocated:
                 s.idle_allocated_gpu_seconds += inc.allocated
 
-    def _add_busy(self, s: Series, lump: _Increment) -> None:
+    def _add_busy(self, s: Series, lump: Settled) -> None:
         """A reading's busy over its window, and the time held in it judged idle or not (its GPU-seconds
         were added poll by poll)."""
         if lump.busy is None:
             return
         s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + lump.busy
-        if lump.allocated > 0 and lump.busy < self.idle_threshold_ratio * lump.allocated:
-            s.idle_allocated_gpu_seconds += lump.allocated
+        if lump.allocated_seconds > 0 and lump.busy < self.idle_threshold_ratio * lump.allocated_seconds:
+            s.idle_allocated_gpu_seconds += lump.allocated_seconds
 
     def _series_keys(self, owner: Owner, uuid: str, instance: int | None) -> tuple[SeriesKey, ...]:
         place = (owner, uuid, instance)
@@ -301,8 +311,9 @@ class Ledger:
                 total.allocated += rate.allocated
                 if rate.busy is not None:
                     total.busy = (total.busy or 0.0) + rate.busy
+        series = self.series
         for key, rate in now_by_key.items():
-            s = self._series(key, current)
+            s = series.get(key) or self._series(key, current)  # (a Series is never false)
             s.last_seen, s.running = now, True
             s.allocated_now, s.busy_now = rate.allocated, rate.busy
             # a figure known from the first sight starts its counter at 0 (so increase() sees all of it)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpuagent.snapshot import (
+    MPS_CLIENT,
     MPS_SERVER,
     GpuSample,
     Health,
@@ -217,6 +218,18 @@ def _use(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
         for _, instance in by_place:
             sharing[instance] = sharing.get(instance, 0) + 1
     for (owner, instance), processes in by_place.items():
+        holds = owner is not UNATTRIBUTED and not (pods_by_allocation and owner.kind == "pod")
+        if instance is None and len(processes) == 1:  # the common case: one process on a whole GPU
+            process = processes[0]  # (the general case's sums, of one value: 0 + it)
+            share = sm_share_ratio(process)
+            rate = Rate(1.0 if holds else 0.0, None if share is None else min(1.0, 0.0 + share),
+                        float(process.used_memory_bytes or 0))
+            if process.kind == MPS_CLIENT and owner is not UNATTRIBUTED:  # else no MPS limits to combine
+                mps = combined_mps_limits(processes)
+                if mps is not None and mps.active_thread_percent is not None:
+                    rate.mps_held = 1.0 * mps.active_thread_percent / 100.0
+            rates.units[(owner, instance)] = rate
+            continue
         rate = Rate(memory_bytes=float(sum([p.used_memory_bytes or 0 for p in processes])))
         mig = migs.get(instance) if instance is not None else None
         if instance is None:
@@ -232,7 +245,7 @@ def _use(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
         mps = combined_mps_limits(processes) if owner is not UNATTRIBUTED else None
         if mps is not None and mps.active_thread_percent is not None:
             rate.mps_held = place_fraction * mps.active_thread_percent / 100.0
-        if owner is not UNATTRIBUTED and not (pods_by_allocation and owner.kind == "pod"):
+        if holds:
             rate.allocated = place_fraction
         rates.units[(owner, instance)] = rate
 

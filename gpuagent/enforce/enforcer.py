@@ -35,6 +35,7 @@ from gpuagent.enforce.memory import MemoryLadder, pod_key
 from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
 from gpuagent.enforce.timeslice import DutyCycler, ShareController, Tenant
 from gpuagent.snapshot import (
+    MPS_CLIENT,
     MPS_SERVER,
     EnforcementState,
     NodeSnapshot,
@@ -48,6 +49,8 @@ from gpuagent.snapshot import (
 )
 
 log = logging.getLogger(__name__)
+
+_Answer = tuple[Limits, tuple[PolicyProblem, ...]]  # a workload's limits and its annotations' problems
 
 
 def owner_key(workload: Workload) -> str:
@@ -70,6 +73,7 @@ class _Owner:
     gpus: set[str] = field(default_factory=set)  # UUIDs of the GPUs it has processes on
     targets: set[FreezeTarget] = field(default_factory=set)
     processes: list[ProcessSample] = field(default_factory=list)
+    mps_client: bool = False  # one of its processes is an MPS client
 
 
 class Enforcer:
@@ -103,6 +107,10 @@ class Enforcer:
         # Each workload's limits and problems by what they are worked out from: this poll's and the last's.
         self._limits_now: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
         self._limits_before: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
+        # The same by the identity of what they come from: id(workload) -> (workload, its pod's annotations
+        # object, the key above, the answer).
+        self._by_workload_now: dict[int, tuple[Workload, object, tuple[object, ...], _Answer]] = {}
+        self._by_workload_before: dict[int, tuple[Workload, object, tuple[object, ...], _Answer]] = {}
         self._contended: frozenset[str] = frozenset()
 
     @property
@@ -155,6 +163,7 @@ class Enforcer:
         """New config policies (an admin reload), used from the next poll on."""
         self._rules = tuple(rules)
         self._limits_now, self._limits_before = {}, {}
+        self._by_workload_now, self._by_workload_before = {}, {}
 
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
         owners, problems = self._owners(snapshot)
@@ -180,9 +189,12 @@ class Enforcer:
     def _owners(self, snapshot: NodeSnapshot) -> tuple[dict[str, _Owner], tuple[PolicyProblem, ...]]:
         pods = {(p.namespace, p.name): p for p in snapshot.pods}
         self._limits_before, self._limits_now = self._limits_now, {}  # kept: what this poll asks for
+        self._by_workload_before, self._by_workload_now = self._by_workload_now, {}
         owners: dict[str, _Owner] = {}
         problems: list[PolicyProblem] = []
+        target_for = self.actions.target_for
         for gpu in snapshot.gpus:
+            uuid, shared = gpu.info.uuid, not gpu.info.mig_enabled  # MIG: hard isolation, no shares
             for process in gpu.processes:
                 w = process.workload
                 if w is None or process.kind == MPS_SERVER:
@@ -193,16 +205,17 @@ class Enforcer:
                     limits, found = self._limits(w, pods.get((w.namespace, w.name)))
                     problems.extend(found)
                     owner = owners[key] = _Owner(w.namespace, w.name, limits)
-                share = sm_share_ratio(process)
-                if share is not None and not gpu.info.mig_enabled:
-                    uuid = gpu.info.uuid
-                    owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + share
+                if shared:
+                    share = sm_share_ratio(process)
+                    if share is not None:
+                        owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + share
+                    owner.gpus.add(uuid)
                 owner.memory_bytes += process.used_memory_bytes or 0
                 owner.pids.append(process.pid)
-                if not gpu.info.mig_enabled:
-                    owner.gpus.add(gpu.info.uuid)
                 owner.processes.append(process)
-                target = self.actions.target_for(w.cgroup_v2, w.cgroup_freezer)
+                if process.kind == MPS_CLIENT:
+                    owner.mps_client = True
+                target = target_for(w.cgroup_v2, w.cgroup_freezer)
                 if target is not None:
                     owner.targets.add(target)
         return owners, tuple(problems)
@@ -211,16 +224,24 @@ class Enforcer:
         """A workload's limits and its annotations' problems; the last poll's answer while everything they
         are worked out from is the same (limits change only with annotations or rules, and every pod's
         are asked for on every poll)."""
+        annotations = pod.annotations if pod is not None else None
+        # First by identity: the same Workload object (the attribution passes an unchanged one on) with
+        # the same annotations object (likewise, while the pod's names are the same) asks the same.
+        same = self._by_workload_now.get(id(workload)) or self._by_workload_before.get(id(workload))
+        if same is not None and same[0] is workload and same[1] is annotations:
+            self._by_workload_now[id(workload)] = same
+            self._limits_now[same[2]] = same[3]
+            return same[3]
         if workload.kind != "pod":
             key: tuple[object, ...] = (workload.kind, workload.name, workload.namespace, workload.cgroup,
                                        workload.cgroup_v2, workload.cgroup_freezer)
         else:
-            annotations = pod.annotations if pod is not None else {}
-            key = ("pod", workload.name, workload.namespace, tuple(annotations.items()))
+            key = ("pod", workload.name, workload.namespace, tuple((annotations or {}).items()))
         known = self._limits_now.get(key) or self._limits_before.get(key)
         if known is None:
             known = self._work_out_limits(workload, pod)
         self._limits_now[key] = known
+        self._by_workload_now[id(workload)] = (workload, annotations, key, known)
         return known
 
     def _work_out_limits(self, workload: Workload, pod: PodUse | None
@@ -244,14 +265,19 @@ class Enforcer:
         now = self._clock()
         fractions: dict[str, float] = defaultdict(float)
         paused = now < self._paused_until  # an operator's manual thaw (``pause``)
-        decided: list[tuple[str, str, int, float]] = []
+        decided: list[tuple[str, str, int, float, ShareController]] = []
         tenants_by_gpu: dict[str, list[Tenant]] = {}  # in the owners' order, as the controllers saw them
         for key, o in owners.items():
-            if o.limits.exempt:
+            limits = o.limits
+            if limits.exempt:
                 continue
             for uuid, util in o.util_by_gpu.items():
-                tenants_by_gpu.setdefault(uuid, []).append(Tenant(
-                    key=key, util_ratio=util, share_ratio=o.limits.share_ratio, priority=o.limits.priority))
+                tenant = Tenant(key, util, limits.share_ratio, limits.priority)
+                on_gpu = tenants_by_gpu.get(uuid)
+                if on_gpu is None:
+                    tenants_by_gpu[uuid] = [tenant]
+                else:
+                    on_gpu.append(tenant)
         for gpu in snapshot.gpus:
             uuid = gpu.info.uuid
             tenants = tenants_by_gpu.get(uuid, [])
@@ -263,10 +289,13 @@ class Enforcer:
             if controller is None:
                 controller = self._controllers[uuid] = self._new_controller()
             result = controller.update(now, tenants)
+            index = gpu.info.index
             for tenant in tenants:
-                fraction = 0.0 if paused else result.get(tenant.key, 0.0)  # paused: release all
-                fractions[tenant.key] = max(fractions[tenant.key], fraction)
-                decided.append((tenant.key, uuid, gpu.info.index, fraction))
+                key = tenant.key
+                fraction = 0.0 if paused else result.get(key, 0.0)  # paused: release all
+                if fraction > fractions[key]:  # (a defaultdict: the key is there either way)
+                    fractions[key] = fraction
+                decided.append((key, uuid, index, fraction, controller))
         if self._cycler is not None:
             for key in self._throttling - {k for k, f in fractions.items() if f > 0}:
                 self._release(key)
@@ -281,17 +310,16 @@ class Enforcer:
             for key in self._seen - owners.keys():  # workloads that left: drop their counters too
                 self._cycler.forget(key)
         self._seen = set(owners)
+        cycled = self._cycler is not None and self.mode == "enforce"  # audit: no time frozen to report
+        throttled = self._cycler.throttled_seconds if cycled and self._cycler is not None else None
         states = []
-        for key, uuid, index, fraction in decided:
+        for key, uuid, index, fraction, controller in decided:
             owner = owners[key]
+            limits = owner.limits
+            # positional, in ShareState's field order: one of these per tenant per poll
             states.append(ShareState(
-                pod=owner.name, namespace=owner.namespace, gpu_uuid=uuid, gpu_index=index,
-                limit_ratio=owner.limits.share_ratio,
-                achieved_ratio=self._controllers[uuid].achieved(key),
-                frozen_ratio=fraction,
-                throttled_seconds_total=(self._cycler.throttled_seconds(key)
-                                         if self._cycler is not None and self.mode == "enforce" else 0.0),
-                priority=owner.limits.priority,
+                owner.name, owner.namespace, uuid, index, limits.share_ratio, controller.achieved(key),
+                fraction, throttled(key) if throttled is not None else 0.0, limits.priority,
             ))
         return tuple(states)
 
@@ -335,6 +363,8 @@ def _ladder_limit(owner: _Owner) -> int | None:
     limit = None if owner.limits.exempt else owner.limits.memory_bytes
     if limit is None:
         return None
+    if not owner.mps_client:
+        return limit  # no MPS client: MPS holds it to nothing (combined_mps_limits: None)
     mps = combined_mps_limits(owner.processes)
     held = mps.pinned_memory_limit_bytes if mps is not None else None
     return None if held is not None and held <= limit else limit

@@ -92,6 +92,7 @@ class MemoryLadder:
         self._clock = clock
         self._episodes: dict[str, _Episode] = {}
         self._states: tuple[MemoryState, ...] = ()
+        self._ok: dict[str, MemoryState] = {}  # the last update's "ok" states, passed on while they hold
 
     @property
     def settings(self) -> LadderSettings:
@@ -107,14 +108,21 @@ class MemoryLadder:
         episodes: dict[str, _Episode] = {}
         states: list[MemoryState] = []
         seen: set[str] = set()
+        ok_before, ok = self._ok, {}
+        tolerance = self._settings.tolerance_bytes
         for name, namespace, limit, used, pids in pods:
             key = pod_key(name, namespace)
             if key in seen:
                 raise ValueError(f"pod {key!r} twice in one update")
             seen.add(key)
-            if limit is None or used <= limit + self._settings.tolerance_bytes:
-                states.append(MemoryState(pod=name, namespace=namespace, limit_bytes=limit, used_bytes=used,
-                                          stage="ok"))
+            if limit is None or used <= limit + tolerance:
+                # the last update's state when it says the same (a pod's memory rarely moves): one object
+                state = ok_before.get(key)
+                if state is None or state.limit_bytes != limit or state.used_bytes != used or (
+                        state.pod != name or state.namespace != namespace):
+                    state = MemoryState(name, namespace, limit, used, "ok")
+                states.append(state)
+                ok[key] = state
                 continue
             episode = self._episodes.get(key)
             over = f"GPU memory {_size(used)} over its limit {_size(limit)}"
@@ -126,7 +134,7 @@ class MemoryLadder:
             states.append(MemoryState(pod=name, namespace=namespace, limit_bytes=limit, used_bytes=used,
                                       stage=episode.stage, over_since_unix=episode.over_since))
         self._episodes = episodes  # pods back under, without a limit, or gone: forgotten
-        self._states = tuple(states)
+        self._states, self._ok = tuple(states), ok
         return steps
 
     def _escalate(

@@ -14,8 +14,19 @@ from typing import NamedTuple
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, counter, gauge, join, label_text, non_empty, with_label
-from gpuagent.export.labels import GpuLabels, GpuRenderer, find_mig, pod_labels
+from gpuagent.export.families import (
+    COUNTER,
+    GAUGE,
+    Kept,
+    TextCache,
+    add,
+    counter,
+    join,
+    label_text,
+    non_empty,
+    with_label,
+)
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, find_mig, pod_labels
 from gpuagent.snapshot import GpuSample, NodeSnapshot, WorkloadGpuUsage
 
 _DOC = {
@@ -72,76 +83,100 @@ _FAMILIES = {
 class AccountingCollector(GpuRenderer):
     name = "accounting"
 
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        super().__init__(hostname_label=hostname_label)
+        # (level, namespace, name, container, kind, the GPU's join keys) -> the series' label text
+        self._series = TextCache(_series_text)
+        self._kept = Kept()
+
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         state = snapshot.accounting
         if state is None:
             return []
+        self._series.rotate()
         by_uuid = {g.info.uuid: g for g in snapshot.gpus}
+        places = labels.places(snapshot)
         host = labels.host
+        levels: dict[str, list[WorkloadGpuUsage]] = {level: [] for level in _FAMILIES}
+        for usage in state.usage:
+            if usage.level in levels:
+                levels[usage.level].append(usage)
         out: list[Metric] = []
-        for level, ident in (("pod", _pod), ("container", _container), ("workload", _workload)):
+        cache, kept = self._series, self._kept
+        for level, usages in levels.items():
             names = _FAMILIES[level]
-            allocated = counter(names.allocated, _DOC["allocated"])
-            busy = counter(names.busy, _DOC["busy"])
-            memory = counter(names.memory, _DOC["memory"])
-            energy = counter(names.energy, _DOC["energy"])
-            idle_allocated = efficiency = idle = None
+            texts = [
+                cache[(level, u.namespace, u.name, u.container, u.kind,
+                       places.get((u.gpu_uuid, u.gpu_instance_id))
+                       or _gpu_labels(u, by_uuid.get(u.gpu_uuid), labels, host))]
+                for u in usages
+            ]
+            allocated = [u.allocated_gpu_seconds_total for u in usages]
+            busy = [u.busy_gpu_seconds_total for u in usages]
+            memory = [u.memory_byte_seconds_total for u in usages]
+            shares = [u.energy_joules_total for u in usages]
+            out += [
+                kept.family(names.allocated, _DOC["allocated"], COUNTER, texts, allocated),
+                kept.known(names.busy, _DOC["busy"], COUNTER, texts, busy),
+                kept.family(names.memory, _DOC["memory"], COUNTER, texts, memory),
+                kept.known(names.energy, _DOC["energy"], COUNTER, texts, shares),
+            ]
             if names.idle_allocated and names.efficiency and names.idle:  # pods and workloads
-                idle_allocated = counter(names.idle_allocated, _DOC["idle_allocated"])
-                efficiency = gauge(names.efficiency, _DOC["efficiency"])
-                idle = gauge(names.idle, _DOC["idle"])
-            for usage in state.usage:
-                if usage.level != level:
-                    continue
-                series = join(ident(usage), _gpu_labels(usage, by_uuid.get(usage.gpu_uuid), labels, host))
-                add(allocated, series, usage.allocated_gpu_seconds_total)
-                add_known(busy, series, usage.busy_gpu_seconds_total)
-                add(memory, series, usage.memory_byte_seconds_total)
-                add_known(energy, series, usage.energy_joules_total)
-                if idle_allocated is None or efficiency is None or idle is None:
-                    continue
-                add(idle_allocated, series, usage.idle_allocated_gpu_seconds_total)
-                if usage.ended_at_unix is None:  # gauges only while it runs
-                    add_known(efficiency, series, usage.efficiency_ratio)
-                    add(idle, series, usage.idle_seconds)
-            out += [allocated, busy, memory, energy]
-            out += [m for m in (idle_allocated, efficiency, idle) if m is not None]
-        gap = counter("gpuagent_accounting_gap_seconds_total",
-                      "Time not accounted on the GPU: polls too far apart, or the GPU stale or unhealthy.")
-        energy = counter("gpuagent_gpu_energy_accounted_joules_total",
-                         "The GPU's energy over the intervals accounted (its tenants' shares add up to it).")
-        unattributed = counter("gpuagent_gpu_energy_unattributed_joules_total",
-                               "Energy accounted to no workload (nobody there, or unnamed processes).")
-        for totals in state.gpus:
-            gpu = by_uuid.get(totals.gpu_uuid)
-            series = labels.gpu(gpu) if gpu is not None else join(
-                label_text({"gpu": str(totals.gpu_index), "UUID": totals.gpu_uuid}), host)
-            add(gap, series, totals.gap_seconds_total)
-            add_known(energy, series, totals.energy_joules_total)
-            add_known(unattributed, series, totals.energy_unattributed_joules_total)
+                held = [u.idle_allocated_gpu_seconds_total for u in usages]
+                out.append(kept.family(names.idle_allocated, _DOC["idle_allocated"], COUNTER, texts, held))
+                # The gauges only while it runs.
+                running = [i for i, u in enumerate(usages) if u.ended_at_unix is None]
+                if len(running) < len(usages):
+                    texts = [texts[i] for i in running]
+                    usages = [usages[i] for i in running]
+                efficiency = [u.efficiency_ratio for u in usages]
+                idle = [u.idle_seconds for u in usages]
+                out += [
+                    kept.known(names.efficiency, _DOC["efficiency"], GAUGE, texts, efficiency),
+                    kept.family(names.idle, _DOC["idle"], GAUGE, texts, idle),
+                ]
+        totals = state.gpus
+        at = [places.get((t.gpu_uuid, None)) or cache[("gpu", t.gpu_index, t.gpu_uuid, host)] for t in totals]
+        gap = kept.family(
+            "gpuagent_accounting_gap_seconds_total",
+            "Time not accounted on the GPU: polls too far apart, or the GPU stale or unhealthy.",
+            COUNTER, at, [t.gap_seconds_total for t in totals])
+        energy = kept.known(
+            "gpuagent_gpu_energy_accounted_joules_total",
+            "The GPU's energy over the intervals accounted (its tenants' shares add up to it).",
+            COUNTER, at, [t.energy_joules_total for t in totals])
+        unattributed = kept.known(
+            "gpuagent_gpu_energy_unattributed_joules_total",
+            "Energy accounted to no workload (nobody there, or unnamed processes).",
+            COUNTER, at, [t.energy_unattributed_joules_total for t in totals])
         events = counter("gpuagent_accounting_events_total", "Idle-GPU Kubernetes Events, by outcome.")
         for outcome, count in sorted(state.events_total.items()):
             add(events, {"outcome": outcome}, count)
-        tracked = gauge("gpuagent_accounting_series", "Workload x GPU series held (ended ones too).")
-        add(tracked, {}, len(state.usage))
-        window = gauge("gpuagent_accounting_idle_window_seconds", "Idle this long and a workload is flagged.")
-        add(window, {}, state.idle_window_seconds)
-        threshold = gauge("gpuagent_accounting_idle_threshold_ratio",
-                          "SM use of what a workload holds under which it counts as idle (0-1).")
-        add(threshold, {}, state.idle_threshold_ratio)
+        tracked = kept.family("gpuagent_accounting_series", "Workload x GPU series held (ended ones too).",
+                              GAUGE, [""], [len(state.usage)])
+        window = kept.family(
+            "gpuagent_accounting_idle_window_seconds", "Idle this long and a workload is flagged.",
+            GAUGE, [""], [state.idle_window_seconds])
+        threshold = kept.family("gpuagent_accounting_idle_threshold_ratio",
+                                "SM use of what a workload holds under which it counts as idle (0-1).",
+                                GAUGE, [""], [state.idle_threshold_ratio])
         return non_empty([*out, gap, energy, unattributed, events, tracked, window, threshold])
 
 
-def _pod(usage: WorkloadGpuUsage) -> str:
-    return pod_labels(usage.namespace, usage.name)
-
-
-def _container(usage: WorkloadGpuUsage) -> str:
-    return with_label(pod_labels(usage.namespace, usage.name), "container", usage.container or "")
-
-
-def _workload(usage: WorkloadGpuUsage) -> str:
-    return label_text({"workload_kind": usage.kind, "workload": usage.name})
+def _series_text(key: tuple) -> str:
+    """The label text of a workload's series on a GPU: who (by level), then the GPU's join keys; or the
+    join keys of a GPU the snapshot does not list (``gpu``: its index, UUID and the host label)."""
+    if key[0] == "gpu":
+        _, index, uuid, host = key
+        return join(label_text({"gpu": str(index), "UUID": uuid}), host)
+    level, namespace, name, container, kind, gpu = key
+    if level == "pod":
+        who = pod_labels(namespace, name)
+    elif level == "container":
+        who = with_label(pod_labels(namespace, name), "container", container or "")
+    else:
+        who = label_text({"workload_kind": kind, "workload": name})
+    return join(who, gpu)
 
 
 def _gpu_labels(

@@ -21,14 +21,25 @@ temperatures, power, energy, ECC, XIDs) stay on the GPU series. A GPU whose heal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 
 from prometheus_client.metrics_core import Metric
 
 from gpuagent.export import xid
-from gpuagent.export.families import add, add_known, add_rows, extend, family, flag, non_empty, with_label
+from gpuagent.export.families import (
+    Kept,
+    TextCache,
+    add_known,
+    extend,
+    family,
+    flag,
+    non_empty,
+    put_known,
+    with_label,
+)
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProfilingSample
 
@@ -181,7 +192,11 @@ _XID_POSITION = next(i for i, f in enumerate(FIELDS) if f.name == "DCGM_FI_DEV_D
 
 
 def _dcgm_family(name: str, csv_type: str, documentation: str) -> Metric:
-    return family(name, documentation, "unknown" if csv_type == COUNTER else csv_type)
+    return family(name, documentation, _type(csv_type))
+
+
+def _type(csv_type: str) -> str:
+    return "unknown" if csv_type == COUNTER else csv_type
 
 
 class DcgmCollector(GpuRenderer):
@@ -195,23 +210,56 @@ class DcgmCollector(GpuRenderer):
         super().__init__(hostname_label=hostname_label)
         # dcgm's window_size_in_ms label; the snapshot's XidRecord.recent is counted over the same window.
         self._window_ms = str(round(xid_window_seconds * 1000))
+        self._kept = Kept()
+        self._texts = TextCache(_xid_text)  # the XID families' label texts
+        # The label texts and source columns the fields were last made from (None: make them all anew).
+        self._made_from: tuple[list[str], dict[str, tuple]] | None = None
 
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         gpus = [g for g in snapshot.gpus if g.health is not Health.LOST]
-        series = [(gpu, labels.dcgm(gpu)) for gpu in gpus]
-        metrics = [self._field(f, series, labels) for f in FIELDS]
-        metrics.insert(_XID_POSITION, self._xid_last(gpus, labels))
-        metrics.append(self._xid_count(gpus, labels))
+        texts = [labels.dcgm(gpu) for gpu in gpus]
+        made_from, self._made_from = self._made_from, None  # kept only once every field is made
+        if not any(gpu.migs for gpu in gpus):  # one row per GPU and field (the common case)
+            metrics = self._fields(gpus, texts, made_from)
+        else:
+            metrics = [self._field(f, gpus, texts, labels) for f in FIELDS]
+        self._texts.rotate()
+        metrics.insert(_XID_POSITION, self._xid_last(gpus, texts))
+        metrics.append(self._xid_count(gpus, texts))
         return non_empty(metrics)
 
+    def _fields(
+        self, gpus: list[GpuSample], texts: list[str], made_from: tuple[list[str], dict[str, tuple]] | None
+    ) -> list[Metric]:
+        """Each field as one row per GPU. The GpuSample attributes every field reads (``_SOURCES``) are read
+        for all GPUs at once; a field none of whose attributes changed since the last snapshot (nor the
+        label texts) is the family made then, without calling its value function for each GPU."""
+        columns: dict[str, tuple] = dict.fromkeys(_SOURCE_NAMES, ())
+        if gpus:
+            columns = dict(zip(_SOURCE_NAMES, zip(*map(_READ_SOURCES, gpus), strict=True), strict=True))
+        changed: set[str] | None = None  # None: everything
+        if made_from is not None and made_from[0] == texts:
+            changed = {name for name in _SOURCE_NAMES if columns[name] != made_from[1][name]}
+        kept = self._kept
+        profiling = columns["profiling"]
+        metrics = []
+        for field, sources in zip(FIELDS, _SOURCES, strict=True):
+            same = changed is not None and sources and changed.isdisjoint(sources)
+            last = kept.last(field.name) if same else None
+            if last is None:
+                last = kept.known(field.name, field.help, _type(field.csv_type), texts,
+                                  _column(field, gpus, profiling))
+            metrics.append(last)
+        self._made_from = (texts, columns)
+        return metrics
+
     @staticmethod
-    def _field(field: Field, gpus: list[tuple[GpuSample, str]], labels: GpuLabels) -> Metric:
+    def _field(field: Field, gpus: list[GpuSample], texts: list[str], labels: GpuLabels) -> Metric:
         metric = _dcgm_family(field.name, field.csv_type, field.help)
         if field.scope is Scope.GPU:
-            value = field.value
-            add_rows(metric, [(text, value(gpu)) for gpu, text in gpus])
+            put_known(metric, texts, _column(field, gpus, []))
             return metric
-        for gpu, text in gpus:
+        for gpu, text in zip(gpus, texts, strict=True):
             per_instance = [(mig, _read(field, mig)) for mig in gpu.migs]
             if any(value is not None for _, value in per_instance):
                 for mig, value in per_instance:
@@ -220,26 +268,73 @@ class DcgmCollector(GpuRenderer):
                 add_known(metric, text, _read(field, gpu))
         return metric
 
-    @staticmethod
-    def _xid_last(gpus: Iterable[GpuSample], labels: GpuLabels) -> Metric:
+    def _xid_last(self, gpus: list[GpuSample], texts: list[str]) -> Metric:
         # Unlike dcgm's sticky gauge, the last XID clears once it leaves the snapshot's recent window.
-        metric = family(XID_ERRORS, XID_ERRORS_HELP, "gauge")
-        for gpu in gpus:
-            code = gpu.xid.last_code or 0
-            error = (("err_code", str(code)), ("err_msg", xid.message(code)))
-            add(metric, extend(labels.dcgm(gpu), error), code)
-        return metric
+        codes = [gpu.xid.last_code or 0 for gpu in gpus]
+        rows = [self._texts[("last", text, code)] for text, code in zip(texts, codes, strict=True)]
+        return self._kept.family(XID_ERRORS, XID_ERRORS_HELP, GAUGE, rows, codes)
 
-    def _xid_count(self, gpus: Iterable[GpuSample], labels: GpuLabels) -> Metric:
-        metric = _dcgm_family(XID_COUNT, COUNTER, XID_COUNT_HELP)
-        for gpu in gpus:
-            base = with_label(labels.dcgm(gpu), "window_size_in_ms", self._window_ms)
+    def _xid_count(self, gpus: list[GpuSample], texts: list[str]) -> Metric:
+        rows: list[str] = []
+        counts: list[int] = []
+        for gpu, text in zip(gpus, texts, strict=True):
             recent = {code: n for code, n in gpu.xid.recent.items() if n}
             if not recent:
-                add(metric, base, 0)
+                rows.append(self._texts[("window", text, self._window_ms)])
+                counts.append(0)
             for code, count in sorted(recent.items()):
-                add(metric, with_label(base, "xid", str(code)), count)
-        return metric
+                rows.append(self._texts[("xid", text, self._window_ms, code)])
+                counts.append(count)
+        return self._kept.family(XID_COUNT, XID_COUNT_HELP, _type(COUNTER), rows, counts)
+
+
+def _xid_text(key: tuple) -> str:
+    """The label text of an XID row: a GPU's dcgm labels and its last XID (``last``), or the window's
+    (``window``), or the window's and one XID's (``xid``)."""
+    kind, text = key[:2]
+    if kind == "last":
+        code = key[2]
+        return extend(text, (("err_code", str(code)), ("err_msg", xid.message(code))))
+    window = with_label(text, "window_size_in_ms", key[2])
+    return window if kind == "window" else with_label(window, "xid", str(key[3]))
+
+
+class _Reads:
+    """Stands for a GpuSample and records the attributes read from it (each reads None: absent)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def __getattr__(self, name: str) -> None:
+        self.names.append(name)
+
+
+def _sources(field: Field) -> tuple[str, ...]:
+    """The GpuSample attributes a field's value is made from (found by reading a ``_Reads``), or () when
+    that cannot be told: the field is then made anew for every snapshot."""
+    if field.scope is Scope.PROFILING:
+        return ("profiling",)
+    reads = _Reads()
+    try:
+        field.value(reads)
+    except Exception:
+        return ()
+    return tuple(dict.fromkeys(reads.names))
+
+
+_SOURCES = tuple(_sources(field) for field in FIELDS)
+_SOURCE_NAMES = tuple(sorted({"profiling", *(name for names in _SOURCES for name in names)}))
+_READ_SOURCES = attrgetter(*_SOURCE_NAMES)  # a tuple of those attributes of a GpuSample
+
+
+def _column(field: Field, gpus: list[GpuSample], profiling: Sequence[ProfilingSample | None]) -> list[Value]:
+    """A field of every GPU (``profiling``: their ``ProfilingSample``, for a PROFILING field)."""
+    if field.scope is Scope.PROFILING:
+        read = field.value
+        return [None if p is None else read(p) for p in profiling]
+    return list(map(field.value, gpus))
 
 
 def _read(field: Field, sample: GpuSample | MigSample) -> Value:

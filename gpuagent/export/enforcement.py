@@ -6,10 +6,23 @@ under ``outcome="audit"``. Nothing is rendered while enforcement is off.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, counter, gauge, join, non_empty, with_label
-from gpuagent.export.labels import GpuLabels, GpuRenderer, pod_labels
+from gpuagent.export.families import (
+    COUNTER,
+    GAUGE,
+    Kept,
+    TextCache,
+    add,
+    gauge,
+    join,
+    label_pairs,
+    non_empty,
+    with_label,
+)
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, pod_labels
 from gpuagent.snapshot import NodeSnapshot
 
 MODES = ("off", "audit", "enforce")
@@ -38,42 +51,51 @@ KNOWN_ACTIONS: dict[str, frozenset[tuple[str, str]]] = {
 class EnforcementCollector(GpuRenderer):
     name = "enforcement"
 
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        super().__init__(hostname_label=hostname_label)
+        self._texts = TextCache(_label_text)  # a pod's series' label texts, by what they are made of
+        self._kept = Kept()
+
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         state = snapshot.enforcement
         if state is None:
             return []
-        mode = gauge("gpuagent_enforcement_mode", "1 for the node's enforcement mode.")
-        for value in MODES:
-            add(mode, {"mode": value}, 1.0 if state.mode == value else 0.0)
-        frozen = gauge("gpuagent_enforcement_frozen_cgroups", "Cgroups held in a freeze duty cycle.")
-        add(frozen, {}, state.frozen_cgroups)
-        actions = counter("gpuagent_enforcement_actions_total",
-                          "Enforcement actions by outcome (audit: decided, not carried out).")
-        counts = dict.fromkeys(KNOWN_ACTIONS.get(state.mode, ()), 0) | dict(state.actions_total)
-        for (action, outcome), count in sorted(counts.items()):
-            add(actions, {"action": action, "outcome": outcome}, count)
-        limit = gauge("gpuagent_pod_gpu_share_limit_ratio", "The pod's share of the GPU's SM time (0-1).")
-        achieved = gauge("gpuagent_pod_gpu_share_achieved_ratio",
-                         "The pod's measured share of the GPU's SM time over the controller's window (0-1).")
-        duty = gauge("gpuagent_pod_gpu_frozen_ratio", "Part of each period the pod is frozen (0-1).")
-        throttled = counter("gpuagent_pod_gpu_throttled_seconds_total", "Time the pod spent frozen.")
-        by_uuid = {g.info.uuid: g for g in snapshot.gpus}
-        for share in state.shares:
-            gpu = by_uuid.get(share.gpu_uuid)
-            if gpu is None:
-                continue
-            series = join(pod_labels(share.namespace, share.pod), labels.gpu(gpu))
-            add_known(limit, series, share.limit_ratio)
-            add(achieved, series, share.achieved_ratio)
-            add(duty, series, share.frozen_ratio)
-            add(throttled, series, share.throttled_seconds_total)
-        memory_limit = gauge("gpuagent_pod_gpu_memory_limit_bytes", "The pod's GPU memory limit.")
-        stage = gauge("gpuagent_pod_gpu_memory_limit_stage", "1 for the pod's stage on the memory ladder.")
-        for memory in state.memory:
-            ident = pod_labels(memory.namespace, memory.pod)
-            add_known(memory_limit, ident, memory.limit_bytes)
-            for value in STAGES:
-                add(stage, with_label(ident, "stage", value), 1.0 if memory.stage == value else 0.0)
+        texts, kept = self._texts, self._kept
+        texts.rotate()
+        mode = kept.family("gpuagent_enforcement_mode", "1 for the node's enforcement mode.", GAUGE,
+                           [texts[("mode", value)] for value in MODES],
+                           [1.0 if state.mode == value else 0.0 for value in MODES])
+        frozen = kept.family("gpuagent_enforcement_frozen_cgroups", "Cgroups held in a freeze duty cycle.",
+                             GAUGE, [""], [state.frozen_cgroups])
+        known = dict.fromkeys(KNOWN_ACTIONS.get(state.mode, ()), 0)
+        counts = sorted((known | dict(state.actions_total)).items())
+        actions = kept.family("gpuagent_enforcement_actions_total",
+                              "Enforcement actions by outcome (audit: decided, not carried out).", COUNTER,
+                              [texts[("action", *key)] for key, _ in counts], [count for _, count in counts])
+        places = labels.places(snapshot)
+        shares = [share for share in state.shares if (share.gpu_uuid, None) in places]
+        series = [texts[("share", s.namespace, s.pod, places[(s.gpu_uuid, None)])] for s in shares]
+        limit = kept.known(
+            "gpuagent_pod_gpu_share_limit_ratio", "The pod's share of the GPU's SM time (0-1).",
+            GAUGE, series, [s.limit_ratio for s in shares])
+        achieved = kept.family(
+            "gpuagent_pod_gpu_share_achieved_ratio",
+            "The pod's measured share of the GPU's SM time over the controller's window (0-1).",
+            GAUGE, series, [s.achieved_ratio for s in shares])
+        duty = kept.family("gpuagent_pod_gpu_frozen_ratio", "Part of each period the pod is frozen (0-1).",
+                           GAUGE, series, [s.frozen_ratio for s in shares])
+        throttled = kept.family("gpuagent_pod_gpu_throttled_seconds_total", "Time the pod spent frozen.",
+                                COUNTER, series, [s.throttled_seconds_total for s in shares])
+        memory = state.memory
+        memory_limit = kept.known("gpuagent_pod_gpu_memory_limit_bytes", "The pod's GPU memory limit.", GAUGE,
+                                  [texts[("pod", m.namespace, m.pod)] for m in memory],
+                                  [m.limit_bytes for m in memory])
+        stages: list[str] = []
+        for m in memory:
+            stages += texts[("stages", m.namespace, m.pod)]
+        stage = kept.family(
+            "gpuagent_pod_gpu_memory_limit_stage", "1 for the pod's stage on the memory ladder.",
+            GAUGE, stages, [1.0 if m.stage == value else 0.0 for m in memory for value in STAGES])
         problems = gauge("gpuagent_pod_policy_problem",
                          "1 for an annotation that could not be used (the pod gets the node default).")
         for problem in state.problems:
@@ -82,3 +104,20 @@ class EnforcementCollector(GpuRenderer):
         return non_empty(
             [mode, frozen, actions, limit, achieved, duty, throttled, memory_limit, stage, problems]
         )
+
+
+def _label_text(key: tuple) -> Any:
+    """A pod's label text (``pod``), on a GPU (``share``), or the texts of its memory stages (``stages``: a
+    tuple, one per stage); the node's mode (``mode``) and an action's (``action``)."""
+    kind = key[0]
+    if kind == "mode":
+        return label_pairs((("mode", key[1]),))
+    if kind == "action":
+        return label_pairs((("action", key[1]), ("outcome", key[2])))
+    _, namespace, pod = key[:3]
+    ident = pod_labels(namespace, pod)
+    if kind == "share":
+        return join(ident, key[3])
+    if kind == "stages":
+        return tuple(with_label(ident, "stage", value) for value in STAGES)
+    return ident

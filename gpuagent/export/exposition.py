@@ -7,10 +7,11 @@ difference: same family munging (``_total``/``_info`` names, ``untyped``, ``_cre
 same value formatting, label values escaped exactly as both formats say (``\\``, ``"``, newline). Not
 rendered: exemplars and native histograms (the agent emits neither), UTF-8 metric names (ours are legacy).
 
-A :class:`~gpuagent.export.families.Family`'s rows are label text already, so a line is a join. Caches, all
-bounded by the live series (``rotate_caches``, called by the guard for each new snapshot, drops what the
-snapshot before last used): each family's text per format; the family of each name encoded last, whose text
-an identical family of the next snapshot takes; formatted values. Sizes: ``cache_sizes``.
+A :class:`~gpuagent.export.families.Family`'s rows are label text already, so a line is a join. Caches: each
+family's encoded bytes per format (on the family: the guard serves a family again, with its bytes, for as
+long as its rows stay the same), so a body is one join of bytes; each family's HELP/TYPE lines, by name;
+formatted values, bounded by the live series (``rotate_caches``, called by the guard for each new snapshot,
+drops what the snapshot before last used). Sizes: ``cache_sizes``.
 """
 
 from __future__ import annotations
@@ -36,93 +37,64 @@ _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # moved to gauges of their
 TEXT, OPENMETRICS = "text", "openmetrics"
 
 
+EOF = b"# EOF\n"  # the end of an OpenMetrics exposition
+
+
 def generate_text(registry: Collector) -> bytes:
     """Prometheus text format 0.0.4."""
     fmt = Lines()
-    return "".join([encode_family(TEXT, m, fmt) for m in registry.collect()]).encode("utf-8")
+    return b"".join([encode_family(TEXT, m, fmt) for m in registry.collect()])
 
 
 def generate_openmetrics(registry: Collector) -> bytes:
     """OpenMetrics text format 1.0."""
     fmt = Lines()
     out = [encode_family(OPENMETRICS, m, fmt) for m in registry.collect()]
-    out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
+    out.append(EOF)
+    return b"".join(out)
 
 
-def encode_family(kind: str, metric: Metric, fmt: Lines) -> str:
-    """One family's text, or nothing when it cannot be encoded (a label value that is not a string, a
-    value that is not a number): a renderer's bug costs that family, never the whole scrape.
+def encode_family(kind: str, metric: Metric, fmt: Lines) -> bytes:
+    """One family's text (UTF-8), or nothing when it cannot be encoded (a label value that is not a string,
+    a value that is not a number): a renderer's bug costs that family, never the whole scrape.
 
-    A :class:`Family` remembers its text per format: a family served again (the same snapshot's, see
-    ``guard``) costs nothing to encode, and a family whose rows are those of the family of the same name
-    encoded last (about half of them between two polls: limits, flags, info, idle GPUs) takes its text.
+    A :class:`Family` remembers its bytes per format: a family served again (the same snapshot's, or one
+    the guard kept from an earlier snapshot because its rows are the same) costs nothing to encode.
     """
     if isinstance(metric, Family):
-        text = metric.encoded.get(kind)
-        if text is None:
-            text = metric.encoded[kind] = _reused(kind, metric) or _encode(kind, metric, fmt)
-            _ENCODED.current[metric.name] = metric
-        return text
+        encoded = metric.encoded.get(kind)
+        if encoded is None:
+            encoded = metric.encoded[kind] = _encode(kind, metric, fmt)
+        return encoded
     return _encode(kind, metric, fmt)
 
 
-class _Encoded:
-    """The families encoded from the current and the previous snapshot, by name (two generations)."""
-
-    __slots__ = ("current", "previous")
-
-    def __init__(self) -> None:
-        self.current: dict[str, Family] = {}
-        self.previous: dict[str, Family] = {}
-
-
-_ENCODED = _Encoded()
-
-
-def _reused(kind: str, metric: Family) -> str | None:
-    """The text of the last family of that name encoded in ``kind``, when its output would be the same."""
-    last = _ENCODED.current.get(metric.name) or _ENCODED.previous.get(metric.name)
-    if last is None or last is metric:
-        return None
-    text = last.encoded.get(kind)
-    if (
-        text is not None
-        and last.values == metric.values  # floats: equal values have one repr (no -0.0 is stored)
-        and last.texts == metric.texts
-        and last.names == metric.names
-        and last.type == metric.type
-        and last.documentation == metric.documentation
-        and last.unit == metric.unit
-        and last.error is None
-        and metric.error is None
-    ):
-        return text
-    return None
-
-
-def _encode(kind: str, metric: Metric, fmt: Lines) -> str:
+def _encode(kind: str, metric: Metric, fmt: Lines) -> bytes:
     try:
-        return _text_family(metric, fmt) if kind == TEXT else _openmetrics_family(metric, fmt)
+        if isinstance(metric, Family) and (kind == OPENMETRICS or not _moves(metric)):
+            text = _header(kind, metric) + "".join(fmt.rows(metric))  # a family's lines are the same in both
+        elif kind == TEXT:
+            text = _text_family(metric, fmt)
+        else:
+            text = _openmetrics_family(metric, fmt)
     except Exception as error:
         if metric.name not in _UNENCODABLE:
             _UNENCODABLE.add(metric.name)
             log.error("family %s cannot be encoded and is left out: %r", metric.name, error)
-        return ""
+        return b""
+    return text.encode("utf-8")
+
+
+def _moves(metric: Family) -> bool:
+    """Whether the 0.0.4 text format moves some of a family's samples to gauges of their own."""
+    return metric.names is not None and any(name.endswith(_OPENMETRICS_ONLY) for name in set(metric.names))
 
 
 _UNENCODABLE: set[str] = set()  # families already logged as unencodable: one line each, not one per scrape
 
 
 def _text_family(metric: Metric, fmt: Lines) -> str:
-    name = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
-    out = [
-        f"# HELP {name} {_escape_help_text(metric.documentation)}\n",
-        f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n",
-    ]
-    if isinstance(metric, Family) and metric.names is None:  # the common case: no suffixed samples
-        out += fmt.rows(metric)
-        return "".join(out)
+    out = [_header(TEXT, metric)]
     moved: dict[str, list[str]] = {}
     for sample_name, line in _named_lines(metric, fmt, _text_timestamp):
         if sample_name.endswith(_OPENMETRICS_ONLY):  # rare: only then find which one
@@ -139,14 +111,33 @@ def _text_family(metric: Metric, fmt: Lines) -> str:
 
 
 def _openmetrics_family(metric: Metric, fmt: Lines) -> str:
-    out = [f"# HELP {metric.name} {escape(metric.documentation)}\n", f"# TYPE {metric.name} {metric.type}\n"]
-    if metric.unit:
-        out.append(f"# UNIT {metric.name} {metric.unit}\n")
-    if isinstance(metric, Family):
-        out += fmt.rows(metric)
-    else:
-        out.extend(line for _, line in _named_lines(metric, fmt, _openmetrics_timestamp))
+    out = [_openmetrics_header(metric)]
+    out.extend(line for _, line in _named_lines(metric, fmt, _openmetrics_timestamp))
     return "".join(out)
+
+
+def _header(kind: str, metric: Metric) -> str:
+    """The HELP and TYPE (and UNIT) lines of a family, made once per name, help, type and unit."""
+    key = (kind, metric.name, metric.documentation, metric.type, metric.unit)
+    text = _HEADERS.get(key)
+    if text is None:
+        if kind == TEXT:
+            name = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
+            text = (f"# HELP {name} {_escape_help_text(metric.documentation)}\n"
+                    f"# TYPE {name} {_TEXT_TYPES.get(metric.type, metric.type)}\n")
+        else:
+            text = _openmetrics_header(metric)
+        if len(_HEADERS) < 10_000:  # the code's own families: a few hundred
+            _HEADERS[key] = text
+    return text
+
+
+_HEADERS: dict[tuple[str, str, str, str, str], str] = {}
+
+
+def _openmetrics_header(metric: Metric) -> str:
+    out = f"# HELP {metric.name} {escape(metric.documentation)}\n# TYPE {metric.name} {metric.type}\n"
+    return out + f"# UNIT {metric.name} {metric.unit}\n" if metric.unit else out
 
 
 def _named_lines(
@@ -154,7 +145,9 @@ def _named_lines(
 ) -> Iterator[tuple[str, str]]:
     """(sample name, line) of each sample: a :class:`Family`'s rows, or client_python samples."""
     if isinstance(metric, Family):
-        yield from zip(metric.names or (), fmt.rows(metric), strict=True)
+        pieces = fmt.rows(metric)
+        lines = ["".join(pieces[start:start + 5]) for start in range(0, len(pieces), 5)]
+        yield from zip(metric.names or (), lines, strict=True)
         return
     for sample in metric.samples:
         yield sample.name, fmt.line(sample, timestamp)
@@ -176,41 +169,70 @@ def wants_openmetrics(accept_header: str | None) -> bool:
 
 class _Values(dict[float, str]):
     """Formatted values of one snapshot's families: most values repeat (0, 1, limits, totals), each is
-    formatted once. ``rotate`` (a new snapshot) starts a new generation that takes over what the previous
-    one formatted, so the cache holds at most the distinct values of the last two snapshots."""
+    formatted once (``sample_value``). ``rotate`` (a new snapshot) starts a new generation that takes over
+    what the previous one formatted, so the cache holds at most the distinct values of the last two
+    snapshots. -0.0 is the same key as 0.0 here, and is written 0.0."""
 
     previous: dict[float, str] = {}
 
     def __missing__(self, value: float) -> str:
         text = self.previous.get(value)
         if text is None:
-            # floatToGoString's result is repr() below 1e6 (Go switches to exponents sooner, +Inf, NaN).
-            text = repr(value) if -_INF < value < 1e6 else floatToGoString(value)
+            if type(value) is float and -_INF < value < 1e6:  # the common case, inline
+                text = repr(value + 0.0)  # -0.0 reads 0.0
+            else:
+                text = sample_value(value)
         self[value] = text
         return text
 
 
+def sample_value(value: float) -> str:
+    """A sample's value as client_python writes it (``floatToGoString``): ``repr`` of the float below 1e6,
+    Go's exponent form from there (``1.234567e+06``), ``+Inf``, ``-Inf``, ``NaN``; an int or a bool as its
+    float (``3`` as ``3.0``); -0.0 as 0.0. A whole number of 7 to 16 digits (bytes, counts, mJ) is written
+    from its digits, without ``repr``. Anything else raises ``TypeError``: the encoder then leaves that
+    family out."""
+    if type(value) is int and -_EXACT < value < _EXACT:  # an int a float holds exactly
+        return f"{value}.0" if value < 1_000_000 else _go_exponent(str(value))
+    if type(value) is not float:
+        if not isinstance(value, (int, float)):
+            raise TypeError(f"a sample value must be a number, not {value!r}")
+        value = float(value)
+    value += 0.0
+    if -_INF < value < 1e6:
+        return repr(value)
+    if 1e6 <= value < 1e16:  # Go's exponent form of repr's digits (repr has no exponent below 1e16)
+        if value.is_integer():  # repr writes its digits, then ".0"
+            return _go_exponent(str(int(value)))
+        text = repr(value)
+        dot = text.index(".")
+        return _go_exponent(text[:dot], text[dot + 1:])
+    return floatToGoString(value)  # +Inf, -Inf, NaN, repr's own exponents
+
+
+def _go_exponent(whole: str, fraction: str = "") -> str:
+    """floatToGoString's form of a number of 7 to 16 ``whole`` digits and ``fraction`` digits."""
+    return f"{whole[0]}.{whole[1:]}{fraction}".rstrip("0.") + _EXPONENTS[len(whole)]
+
+
+_EXACT = 2**53  # ints below this (in magnitude) are floats exactly
+_EXPONENTS = {n: f"e+{n - 1:02d}" for n in range(7, 17)}  # by the number of digits
 _INF = float("inf")
 _VALUES = _Values()
 
 
 def rotate_caches() -> None:
-    """A new snapshot is being rendered: values and families only the one before last used are dropped."""
+    """A new snapshot is being rendered: values only the one before last used are dropped."""
     global _VALUES
     fresh = _Values()
     fresh.previous = _VALUES
     _VALUES.previous = {}  # two generations, never a chain
     _VALUES = fresh
-    _ENCODED.previous, _ENCODED.current = _ENCODED.current, {}
 
 
 def cache_sizes() -> dict[str, int]:
-    """What the encoder's caches hold (both generations), for tests and the footprint bench."""
-    return {
-        "values": len(_VALUES) + len(_VALUES.previous),
-        "families": len(_ENCODED.current) + len(_ENCODED.previous),
-        "family_rows": sum(len(m.values) for m in (*_ENCODED.current.values(), *_ENCODED.previous.values())),
-    }
+    """What the encoder's caches hold (both generations of values), for tests and the footprint bench."""
+    return {"values": len(_VALUES) + len(_VALUES.previous), "headers": len(_HEADERS)}
 
 
 class Lines:
@@ -226,17 +248,19 @@ class Lines:
 
     @staticmethod
     def rows(metric: Family) -> list[str]:
-        """The lines of a family's rows, without building a ``Sample`` for each."""
+        """The pieces of a family's lines (name, label text, " ", value, newline for each row), to be
+        joined: laid out by slice assignments, so a row costs no string of its own and no bytecode."""
         if metric.error is not None:
             raise metric.error
-        values = _VALUES
-        if metric.names is None:
-            name = metric.sample_name
-            return [f"{name}{t} {values[v]}\n" for t, v in zip(metric.texts, metric.values, strict=True)]
-        return [
-            f"{name}{t} {values[v]}\n"
-            for name, t, v in zip(metric.names, metric.texts, metric.values, strict=True)
-        ]
+        texts, values = metric.texts, metric.values
+        if len(texts) != len(values) or (metric.names is not None and len(metric.names) != len(values)):
+            raise ValueError(f"{metric.name}: columns of different lengths")
+        pieces = [metric.sample_name, "", " ", "", "\n"] * len(values)
+        if metric.names is not None:
+            pieces[0::5] = metric.names
+        pieces[1::5] = texts
+        pieces[3::5] = map(_VALUES.__getitem__, values)
+        return pieces
 
     def line(self, sample: Sample, timestamp: Callable[[float], str]) -> str:
         labels = sample.labels
@@ -244,7 +268,7 @@ class Lines:
         if text is None:
             text = self._labels[id(labels)] = label_text(labels)
             self._keep.append(labels)
-        # -0.0 == 0.0: a cached "0.0" must not answer for it (our families store no -0.0, see families.add)
+        # -0.0 == 0.0: a cached "0.0" must not answer for client_python's -0.0, which it writes "-0.0"
         value = _VALUES[sample.value] if sample.value else floatToGoString(sample.value)
         if sample.timestamp is None:
             return f"{sample.name}{text} {value}\n"

@@ -6,22 +6,27 @@ is derived from the family type the way client_python's own families do it (``_t
 ``_info`` for info), so every encoder (ours in ``exposition``, client_python's) renders them correctly.
 
 A :class:`Family` keeps its samples as parallel lists of formatted label sets (``{gpu="0",UUID="…"}``) and
-float values rather than client_python ``Sample`` tuples: building ~2,000 tuples and label dicts a scrape cost
+numbers rather than client_python ``Sample`` tuples: building ~2,000 tuples and label dicts a scrape cost
 more than encoding them. The label helpers (``labels.GpuLabels``) format a GPU's label set once per snapshot
 and renderers extend it (``extend``, ``join``), so the encoder only joins strings; ``samples`` builds the
-tuples (parsing the label text back) on demand for client_python's encoders and tests.
+tuples (parsing the label text back) on demand for client_python's encoders and tests. Renderers of many
+rows fill a family from whole columns (``put``: a list of label texts, often shared by several families,
+and a list of values), their label texts kept across snapshots in a :class:`TextCache` keyed by what they
+are made of, so a row costs a list element, not a call (see ``docs/exposition.md``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client.metrics_core import METRIC_TYPES, Metric
 from prometheus_client.samples import Sample
 
+GAUGE, COUNTER, INFO = "gauge", "counter", "info"  # the family types renderers use most
 _SAMPLE_SUFFIX = {"counter": "_total", "info": "_info"}
-_CHECKED: set[tuple[str, str]] = set()  # (name, type) pairs already validated
+_CHECKED: dict[tuple[str, str], str] = {}  # (name, type) pairs already validated -> the sample name
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # our names are legacy ones (exposition's docstring)
 _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _ESCAPE_SEQUENCE = re.compile(r'\\([\\n"])')
@@ -39,26 +44,33 @@ class Family(Metric):
     A family is filled by its renderer, then only read: the encoder may remember its text.
     """
 
+    # Slots: a scrape makes a hundred families or more, and an instance without a __dict__ is made faster.
+    __slots__ = ("compared", "documentation", "encoded", "error", "name", "names", "sample_name", "stable",
+                 "texts", "type", "unit", "values")
+
     def __init__(self, name: str, documentation: str, typ: str) -> None:
         # Metric.__init__ is not called: it assigns ``samples``, which is a computed property here.
-        if (name, typ) not in _CHECKED:
+        sample_name = _CHECKED.get((name, typ))
+        if sample_name is None:
             if not _LEGACY_NAME.match(name):
                 raise ValueError(f"invalid metric name {name!r}")
             if typ not in METRIC_TYPES:
                 raise ValueError(f"invalid metric type {typ!r} of {name}")
+            sample_name = name + _SAMPLE_SUFFIX.get(typ, "")
             if len(_CHECKED) < 10_000:  # the code's own names: a few hundred
-                _CHECKED.add((name, typ))
+                _CHECKED[(name, typ)] = sample_name
         self.name = name
         self.documentation = documentation
         self.unit = ""
         self.type = typ
-        self.sample_name = name + _SAMPLE_SUFFIX.get(typ, "")
+        self.sample_name = sample_name
         self.texts: list[str] = []
         self.values: list[float] = []
         self.names: list[str] | None = None
         self.error: Exception | None = None
         self.encoded: dict[str, str] = {}  # format -> text, filled by the encoder
         self.stable = False  # set by the guard: served again, unchanged, until the next snapshot
+        self.compared = False  # set by Kept: made because its rows differ from the last of its name
 
     @property  # type: ignore[override]
     def samples(self) -> list[Sample]:
@@ -70,12 +82,30 @@ class Family(Metric):
         return [Sample(name, parse_label_text(text), value) for name, text, value in rows]
 
 
+def same_rows(a: Family, b: Family) -> bool:
+    """Whether two families encode to the same text (neither with an error). Values compare as numbers,
+    and equal numbers have one text (-0.0 is written 0.0, an int as its float)."""
+    return (
+        a.values == b.values
+        and a.texts == b.texts
+        and a.names == b.names
+        and a.name == b.name
+        and a.type == b.type
+        and a.documentation == b.documentation
+        and a.unit == b.unit
+        and a.error is None
+        and b.error is None
+    )
+
+
 def family(name: str, documentation: str, typ: str) -> Family:
     """A family named as it appears on the wire (``x_total`` for a counter, ``x_info`` for info)."""
     suffix = _SAMPLE_SUFFIX.get(typ, "")
-    if suffix and not name.endswith(suffix):
-        raise ValueError(f"a {typ} family name must end in {suffix}: {name}")
-    return Family(name.removesuffix(suffix), documentation, typ)
+    if suffix:
+        if not name.endswith(suffix):
+            raise ValueError(f"a {typ} family name must end in {suffix}: {name}")
+        name = name[: -len(suffix)]
+    return Family(name, documentation, typ)
 
 
 def gauge(name: str, documentation: str) -> Family:
@@ -120,6 +150,82 @@ def add_known(metric: Family, labels: Labels, value: float | None) -> None:
     """One sample, or none when the value is unknown: ``None`` never renders as 0."""
     if value is not None:
         add(metric, labels, value)
+
+
+def put(metric: Family, texts: list[str], values: list[float], names: list[str] | None = None) -> None:
+    """Rows from parallel columns: the label text and the value of each row (ints and floats; the encoder
+    formats both as floats) and, for summaries and histograms, the sample name of each. The lists become
+    the family's, so the caller leaves them as they are (one list of label texts may serve several
+    families). A value that is no number leaves the family out of the scrape when it is encoded, alone, as
+    a label set that cannot be formatted does."""
+    if metric.values or metric.names is not None:
+        raise ValueError(f"put: {metric.name} already has rows")
+    if len(texts) != len(values) or (names is not None and len(names) != len(values)):
+        raise ValueError(f"put: {metric.name} has columns of different lengths")
+    metric.texts = texts
+    metric.values = values
+    metric.names = names
+
+
+def put_known(metric: Family, texts: list[str], values: list[float | None]) -> None:
+    """``put``, leaving out the rows whose value is unknown (``None`` never renders as 0)."""
+    put(metric, *_known(texts, values))
+
+
+def _known(texts: list[str], values: list[float | None]) -> tuple[list[str], list[float]]:
+    if None in values:
+        rows = [(text, value) for text, value in zip(texts, values, strict=True) if value is not None]
+        return [text for text, _ in rows], [value for _, value in rows]  # type: ignore[misc]
+    return texts, values  # type: ignore[return-value]
+
+
+class Kept:
+    """The families one renderer made of the last snapshot, by name: a family whose rows come out the same
+    again is that same object, whose text the encoder made already, and only a family whose rows changed is
+    made anew. One per renderer; it holds one family per name the renderer uses.
+
+    ``family`` is ``family()`` then ``put()``; ``known`` is ``family()`` then ``put_known()``.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[str, Family] = {}
+
+    def family(
+        self,
+        name: str,
+        documentation: str,
+        typ: str,
+        texts: list[str],
+        values: list[float],
+        names: list[str] | None = None,
+    ) -> Family:
+        last = self._last.get(name)
+        if (
+            last is not None
+            and last.values == values
+            and last.texts == texts
+            and last.names == names
+            and last.documentation == documentation
+            and last.type == typ
+            and last.error is None
+        ):
+            return last
+        metric = family(name, documentation, typ)
+        put(metric, texts, values, names)
+        metric.compared = True
+        self._last[name] = metric
+        return metric
+
+    def last(self, name: str) -> Family | None:
+        """The family made last under ``name`` (for a renderer that knows its rows are the same)."""
+        return self._last.get(name)
+
+    def known(
+        self, name: str, documentation: str, typ: str, texts: list[str], values: list[float | None]
+    ) -> Family:
+        return self.family(name, documentation, typ, *_known(texts, values))
 
 
 def add_rows(metric: Family, rows: Iterable[tuple[str, float | None]]) -> None:
@@ -178,19 +284,37 @@ def with_label(text: str, name: str, value: str) -> str:
     return _texts[("w", text, name, value)]
 
 
-class _Texts(dict[tuple, str]):
-    """Label texts built by the helpers above, keyed by what they were built from.
+class TextCache(dict[Hashable, Any]):
+    """Label texts (or tuples of them) keyed by what they are built from (``build(key)`` makes a missing
+    one), kept across snapshots: label sets barely change between polls, so most are found here at the cost
+    of one dict lookup instead of being formatted again.
 
-    Label sets barely change between polls, so most are found here (at the cost of a dict lookup) instead
-    of formatted again. Bounded by the live series: ``rotate_label_texts`` (each new snapshot) empties it
-    once it holds twice what one snapshot used, i.e. once as many texts are dead (churn) as alive.
+    Bounded by the live series: ``rotate`` (once per snapshot rendered) empties it once it holds twice what
+    one snapshot used, i.e. once as many texts are dead (churn: pods come and go) as alive; ``minimum``
+    keeps a small node's churn from emptying it more often than every ``minimum`` new texts.
     """
 
-    live = 0  # texts one snapshot used, measured after the last emptying (0: not measured yet)
+    __slots__ = ("_build", "live", "minimum")
 
-    def __missing__(self, key: tuple) -> str:
-        text = self[key] = _BUILD[key[0]](key)
+    def __init__(self, build: Callable[[Any], Any], *, minimum: int = 256) -> None:
+        super().__init__()
+        self._build = build
+        self.live = 0  # texts one snapshot used, measured after the last emptying (0: not measured yet)
+        self.minimum = minimum
+
+    def __missing__(self, key: Any) -> Any:
+        text = self[key] = self._build(key)
         return text
+
+    def rotate(self) -> None:
+        """A new snapshot is about to be rendered."""
+        size = len(self)
+        if not self.live:
+            if size:  # measured once a snapshot has been rendered
+                self.live = max(size, self.minimum)
+        elif size > 2 * self.live:
+            self.clear()
+            self.live = 0
 
 
 def _format(items: tuple[tuple[str, str], ...]) -> str:
@@ -212,20 +336,12 @@ _BUILD = {
     "e": lambda key: _join((key[1], _format(key[2]))),
     "w": lambda key: _join((key[1], _format(((key[2], key[3]),)))),
 }
-_texts = _Texts()
+_texts = TextCache(lambda key: _BUILD[key[0]](key))  # the helpers' texts, tagged by helper
 
 
 def rotate_label_texts() -> None:
-    """A new snapshot is about to be rendered: see ``_Texts``."""
-    size = len(_texts)
-    if not _texts.live:
-        _texts.live = max(size, _MIN_LIVE_TEXTS)
-    elif size > 2 * _texts.live:
-        _texts.clear()
-        _texts.live = 0
-
-
-_MIN_LIVE_TEXTS = 256  # a small node's churn empties the cache no more often than every 256 new texts
+    """A new snapshot is about to be rendered: see ``TextCache``."""
+    _texts.rotate()
 
 
 def label_text_cache_size() -> int:

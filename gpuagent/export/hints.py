@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, family, gauge, non_empty, with_label
-from gpuagent.export.labels import GpuLabels, GpuRenderer, host_labels
+from gpuagent.export.families import GAUGE, INFO, Kept, TextCache, add, gauge, non_empty, with_label
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, host_labels
 from gpuagent.snapshot import Health, NodeSnapshot
 
 
@@ -20,44 +20,57 @@ class HintsCollector(GpuRenderer):
 
     name = "hints"
 
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        super().__init__(hostname_label=hostname_label)
+        self._texts = TextCache(lambda key: with_label(key[0], "mode", key[1]))  # (GPU, sharing mode)
+        self._kept = Kept()
+
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
         hints = snapshot.hints
         if hints is None:
             return []
+        self._texts.rotate()
         short, long = f"{hints.short_window_seconds:g} s", f"{hints.long_window_seconds:g} s"
-        free = gauge("gpuagent_gpu_free_memory_bytes",
-                     "Memory a new tenant can count on: neither used nor promised to a tenant's limit.")
-        allocated = gauge("gpuagent_gpu_allocated_memory_bytes", "Sum of the GPU's tenants' memory limits.")
-        share = gauge("gpuagent_gpu_schedulable_share_ratio",
-                      "Part of the GPU's SM time neither promised to tenants' share limits nor taken on "
-                      "average (0-1); on MIG, the slices of idle instances and room for new ones.")
-        sm_short = gauge("gpuagent_gpu_sm_util_short_ratio",
-                         f"SM utilization, exponentially weighted moving average, time constant {short}.")
-        sm_long = gauge("gpuagent_gpu_sm_util_long_ratio",
-                        f"SM utilization, exponentially weighted moving average, time constant {long}.")
-        mode = family("gpuagent_gpu_sharing_mode_info",
-                      "How the GPU is shared: none, exclusive, time_sliced, mps or mig.", "info")
-        tenants = gauge("gpuagent_gpu_workloads",
-                        "Workloads (pods and others) allocated the GPU or running processes on it.")
-        numa = gauge("gpuagent_gpu_numa_node", "The CPU NUMA node the GPU is attached to.")
+        kept = self._kept
+        samples = {g.info.uuid: g for g in snapshot.gpus}
+        found = [(gpu, samples.get(gpu.uuid)) for gpu in hints.gpus]
+        rows = [(gpu, s) for gpu, s in found if s is not None and s.health is not Health.LOST]
+        gpus = [gpu for gpu, _ in rows]
+        series = [labels.gpu(sample) for _, sample in rows]
+        free = kept.family(
+            "gpuagent_gpu_free_memory_bytes",
+            "Memory a new tenant can count on: neither used nor promised to a tenant's limit.",
+            GAUGE, series, [gpu.memory_free_bytes for gpu in gpus])
+        allocated = kept.family(
+            "gpuagent_gpu_allocated_memory_bytes", "Sum of the GPU's tenants' memory limits.",
+            GAUGE, series, [gpu.memory_allocated_bytes for gpu in gpus])
+        share = kept.family(
+            "gpuagent_gpu_schedulable_share_ratio",
+            "Part of the GPU's SM time neither promised to tenants' share limits nor taken on "
+            "average (0-1); on MIG, the slices of idle instances and room for new ones.",
+            GAUGE, series, [gpu.schedulable_share_ratio for gpu in gpus])
+        sm_short = kept.known(
+            "gpuagent_gpu_sm_util_short_ratio",
+            f"SM utilization, exponentially weighted moving average, time constant {short}.",
+            GAUGE, series, [gpu.sm_util_short_ratio for gpu in gpus])
+        sm_long = kept.known(
+            "gpuagent_gpu_sm_util_long_ratio",
+            f"SM utilization, exponentially weighted moving average, time constant {long}.",
+            GAUGE, series, [gpu.sm_util_long_ratio for gpu in gpus])
+        modes = [self._texts[(text, gpu.sharing_mode)] for gpu, text in zip(gpus, series, strict=True)]
+        mode = kept.family("gpuagent_gpu_sharing_mode_info",
+                           "How the GPU is shared: none, exclusive, time_sliced, mps or mig.", INFO,
+                           modes, [1] * len(modes))
+        tenants = kept.family("gpuagent_gpu_workloads",
+                              "Workloads (pods and others) allocated the GPU or running processes on it.",
+                              GAUGE, series, [len(gpu.tenants) for gpu in gpus])
+        numa = kept.known("gpuagent_gpu_numa_node", "The CPU NUMA node the GPU is attached to.",
+                          GAUGE, series, [gpu.numa_node for gpu in gpus])
         mig_free = gauge("gpuagent_gpu_mig_free_instances",
                          "MIG instances of the profile to be had: idle ones plus those that can be created.")
-        samples = {g.info.uuid: g for g in snapshot.gpus}
-        for gpu in hints.gpus:
-            sample = samples.get(gpu.uuid)
-            if sample is None or sample.health is Health.LOST:
-                continue
-            series = labels.gpu(sample)
-            add(free, series, gpu.memory_free_bytes)
-            add(allocated, series, gpu.memory_allocated_bytes)
-            add(share, series, gpu.schedulable_share_ratio)
-            add_known(sm_short, series, gpu.sm_util_short_ratio)
-            add_known(sm_long, series, gpu.sm_util_long_ratio)
-            add(mode, with_label(series, "mode", gpu.sharing_mode), 1)
-            add(tenants, series, len(gpu.tenants))
-            add_known(numa, series, gpu.numa_node)
+        for gpu, text in zip(gpus, series, strict=True):
             for profile in gpu.free_mig_profiles:
-                add(mig_free, with_label(series, "profile", profile.profile),
+                add(mig_free, with_label(text, "profile", profile.profile),
                     len(profile.idle_instances) + profile.creatable_count)
         node = host_labels(hints.hostname, self._hostname_label)
         taken = gauge("gpuagent_hints_timestamp_seconds", "When the snapshot the hints come from was taken.")

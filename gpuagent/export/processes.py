@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpuagent.export.families import add, add_known, extend, gauge, non_empty
-from gpuagent.export.labels import GpuLabels, GpuRenderer
+from gpuagent.export.families import GAUGE, Kept, TextCache, extend, non_empty
+from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
 
 
@@ -26,50 +26,67 @@ class ProcessCollector(GpuRenderer):
 
     name = "processes"
 
+    def __init__(self, *, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        super().__init__(hostname_label=hostname_label)
+        self._texts = TextCache(_process_text)  # a process's label text, by what it is made of
+        self._kept = Kept()
+
     def families(self, snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:
-        memory = gauge("gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.")
-        sm = gauge(
-            "gpuagent_process_sm_utilization_ratio",
-            "Share of the GPU's last per-process read window in which the process ran kernels on the SMs "
-            "(0-1).",
-        )
-        mem_util = gauge(
-            "gpuagent_process_memory_utilization_ratio",
-            "Share of the GPU's last per-process read window in which the process read or wrote GPU memory "
-            "(0-1).",
-        )
-        window = gauge(
-            "gpuagent_gpu_process_utilization_window_seconds",
-            "Seconds the per-process utilization ratios of the GPU average over (previous read to last).",
-        )
-        read_at = gauge(
-            "gpuagent_gpu_process_utilization_timestamp_seconds",
-            "Unix time of the last read of the GPU's per-process utilization.",
-        )
-        mps_threads = gauge(
-            "gpuagent_process_mps_active_thread_ratio",
-            "Share of the GPU's SMs the MPS client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0-1).",
-        )
-        mps_memory = gauge(
-            "gpuagent_process_mps_memory_limit_bytes",
-            "GPU memory the MPS client may allocate on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).",
-        )
-        count = gauge("gpuagent_gpu_processes", "Number of processes using the GPU.")
+        texts, kept = self._texts, self._kept
+        texts.rotate()
+        series: list[str] = []
+        places_of_gpus: list[str] = []
+        counts: list[int] = []
+        processes: list[ProcessSample] = []
+        gpus: list[GpuSample] = []
         for gpu in snapshot.gpus:
             if gpu.health is Health.LOST:
                 continue
-            processes = _unique(gpu)
-            for process in processes:
-                series = extend(labels.instance(gpu, process.gpu_instance_id), _identity(process))
-                add_known(memory, series, process.used_memory_bytes)
-                add_known(sm, series, _ratio(process.sm_util_percent))
-                add_known(mem_util, series, _ratio(process.memory_util_percent))
-                if process.mps is not None:
-                    add_known(mps_threads, series, _ratio(process.mps.active_thread_percent))
-                    add_known(mps_memory, series, process.mps.pinned_memory_limit_bytes)
-            add(count, labels.gpu(gpu), len({p.pid for p in processes}))
-            add_known(window, labels.gpu(gpu), gpu.process_util_window_seconds)
-            add_known(read_at, labels.gpu(gpu), gpu.process_util_read_at_unix)
+            unique = _unique(gpu)
+            places = labels.instances(gpu) if unique else {}
+            for process in unique:
+                instance = process.gpu_instance_id
+                place = places.get(instance) or labels.instance(gpu, instance)
+                w = process.workload
+                who = () if w is None else (w.kind, w.name, w.namespace, w.container)
+                series.append(texts[(place, process.pid, process.comm, process.kind, *who)])
+            processes += unique
+            places_of_gpus.append(labels.gpu(gpu))
+            counts.append(len({p.pid for p in unique}))
+            gpus.append(gpu)
+        memory = kept.known(
+            "gpuagent_process_gpu_memory_used_bytes", "GPU memory used by the process.",
+            GAUGE, series, [p.used_memory_bytes for p in processes])
+        sm = kept.known(
+            "gpuagent_process_sm_utilization_ratio",
+            "Share of the GPU's last per-process read window in which the process ran kernels on the SMs "
+            "(0-1).",
+            GAUGE, series, [_ratio(p.sm_util_percent) for p in processes])
+        mem_util = kept.known(
+            "gpuagent_process_memory_utilization_ratio",
+            "Share of the GPU's last per-process read window in which the process read or wrote GPU memory "
+            "(0-1).",
+            GAUGE, series, [_ratio(p.memory_util_percent) for p in processes])
+        clients = [(text, p.mps) for text, p in zip(series, processes, strict=True) if p.mps is not None]
+        of_clients = [text for text, _ in clients]
+        mps_threads = kept.known(
+            "gpuagent_process_mps_active_thread_ratio",
+            "Share of the GPU's SMs the MPS client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0-1).",
+            GAUGE, of_clients, [_ratio(limits.active_thread_percent) for _, limits in clients])
+        mps_memory = kept.known(
+            "gpuagent_process_mps_memory_limit_bytes",
+            "GPU memory the MPS client may allocate on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).",
+            GAUGE, of_clients, [limits.pinned_memory_limit_bytes for _, limits in clients])
+        count = kept.family("gpuagent_gpu_processes", "Number of processes using the GPU.", GAUGE,
+                            places_of_gpus, counts)
+        window = kept.known(
+            "gpuagent_gpu_process_utilization_window_seconds",
+            "Seconds the per-process utilization ratios of the GPU average over (previous read to last).",
+            GAUGE, places_of_gpus, [gpu.process_util_window_seconds for gpu in gpus])
+        read_at = kept.known(
+            "gpuagent_gpu_process_utilization_timestamp_seconds",
+            "Unix time of the last read of the GPU's per-process utilization.",
+            GAUGE, places_of_gpus, [gpu.process_util_read_at_unix for gpu in gpus])
         return non_empty([memory, sm, mem_util, mps_threads, mps_memory, count, window, read_at])
 
 
@@ -85,25 +102,26 @@ def _unique(gpu: GpuSample) -> list[ProcessSample]:
     return unique
 
 
-def _identity(process: ProcessSample) -> tuple[tuple[str, str], ...]:
-    pid, kind = ("pid", str(process.pid)), ("kind", process.kind)
-    return ((pid, ("comm", process.comm), kind) if process.comm else (pid, kind)) + _owner(process)
-
-
-def _owner(process: ProcessSample) -> tuple[tuple[str, str], ...]:
-    """Whose process it is: ``namespace, pod, container`` for a pod, else ``workload_kind, workload``."""
-    w = process.workload
-    if w is None:
-        return ()
-    if w.kind == "pod":
-        labels = (("namespace", w.namespace),) if w.namespace else ()
-        labels += (("pod", w.name),)
-        if w.container:
-            labels += (("container", w.container),)
-        return labels
-    return (("workload_kind", w.kind), ("workload", w.name))
+def _process_text(key: tuple) -> str:
+    """A process's label text: where it runs (the GPU's or instance's text), ``pid``, ``comm`` (when known),
+    ``kind``, then whose it is: ``namespace, pod, container`` for a pod, else ``workload_kind, workload``."""
+    place, pid, comm, kind, *who = key
+    labels: tuple[tuple[str, str], ...] = (("pid", str(pid)),)
+    if comm:
+        labels += (("comm", comm),)
+    labels += (("kind", kind),)
+    if who:
+        workload_kind, name, namespace, container = who
+        if workload_kind == "pod":
+            if namespace:
+                labels += (("namespace", namespace),)
+            labels += (("pod", name),)
+            if container:
+                labels += (("container", container),)
+        else:
+            labels += (("workload_kind", workload_kind), ("workload", name))
+    return extend(place, labels)
 
 
 def _ratio(percent: float | None) -> float | None:
     return None if percent is None else percent / 100
-

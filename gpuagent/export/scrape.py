@@ -1,11 +1,12 @@
 """One ``/metrics`` response: the body in the format asked for, gzipped when accepted, cached per snapshot.
 
-The families the guard serves again until the next poll (``Family.stable``) come first in a scrape; only the
-tail after them (the agent's health, with its clock-dependent age, and the collectors' success and duration)
-changes between two polls. So the body's stable head is joined once per snapshot and format, and for gzip
-deflated once too: the response is the gzip header, the head's deflate blocks (ended by a sync flush, so
-they end on a byte boundary), the tail deflated afresh (a fresh compressor never refers back into the head),
-and the trailer with the CRC-32 of the whole. One valid gzip member, whatever the client.
+Every family keeps its encoded bytes (``exposition``), so a plain body is one join of them. The families the
+guard serves again until the next poll (``Family.stable``) come first in a scrape; only the tail after them
+(the agent's health, with its clock-dependent age, and the collectors' success and duration) changes between
+two polls. So for gzip the body's stable head is deflated once per snapshot and format: the response is the
+gzip header, the head's deflate blocks (ended by a sync flush, so they end on a byte boundary), the tail
+deflated afresh (a fresh compressor never refers back into the head), and the trailer with the CRC-32 of the
+whole. One valid gzip member, whatever the client.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import zlib
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpuagent.export.exposition import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_TEXT,
+    EOF,
     OPENMETRICS,
     TEXT,
     Lines,
@@ -51,7 +54,10 @@ class _Head:
 
 
 class SnapshotRegistry(CollectorRegistry):
-    """The agent's registry: client_python's, plus the cached heads of the last scrape in each format."""
+    """The agent's registry: client_python's, plus the cached gzip heads of the last scrape in each format.
+
+    ``families`` is what ``collect`` yields, as a list: the snapshot collector's own list when it is the one
+    collector (``scrape`` needs no generator per family)."""
 
     def __init__(self) -> None:
         # Without describe() names, only support_collectors_without_names lets ?name[]= filtering reach it.
@@ -59,28 +65,32 @@ class SnapshotRegistry(CollectorRegistry):
         self.heads: dict[str, _Head] = {}
         self.heads_lock = threading.Lock()
 
+    def families(self) -> list[Metric]:
+        collectors = list(self._collector_to_names)
+        if len(collectors) == 1 and hasattr(collectors[0], "families"):
+            return collectors[0].families()  # type: ignore[no-any-return]
+        return list(self.collect())
+
 
 def scrape(registry: Collector, accept: str | None, accept_encoding: str | None) -> Response:
     """The ``/metrics`` response for these request headers."""
     kind = OPENMETRICS if wants_openmetrics(accept) else TEXT
     content_type = CONTENT_TYPE_OPENMETRICS if kind == OPENMETRICS else CONTENT_TYPE_TEXT
-    metrics = list(registry.collect())
+    metrics = registry.families() if isinstance(registry, SnapshotRegistry) else list(registry.collect())
+    fmt = Lines()
+    parts = [encode_family(kind, m, fmt) for m in metrics]
+    if kind == OPENMETRICS:
+        parts.append(EOF)
+    if "gzip" not in (accept_encoding or ""):
+        return Response(b"".join(parts), content_type, gzipped=False)
     stable = 0
     while stable < len(metrics) and getattr(metrics[stable], "stable", False):
         stable += 1
-    fmt = Lines()
-    head = _head(registry, kind, metrics[:stable], fmt)  # type: ignore[arg-type]
-    tail = "".join([encode_family(kind, m, fmt) for m in metrics[stable:]])
-    if kind == OPENMETRICS:
-        tail += "# EOF\n"
-    tail_bytes = tail.encode("utf-8")
-    if "gzip" not in (accept_encoding or ""):
-        body = head.text + tail_bytes if head.text else tail_bytes
-        return Response(body, content_type, gzipped=False)
-    return Response(_gzip(head, tail_bytes), content_type, gzipped=True)
+    head = _head(registry, kind, metrics[:stable], parts[:stable])  # type: ignore[arg-type]
+    return Response(_gzip(head, b"".join(parts[stable:])), content_type, gzipped=True)
 
 
-def _head(registry: Collector, kind: str, families: list[Family], fmt: Lines) -> _Head:
+def _head(registry: Collector, kind: str, families: list[Family], parts: list[bytes]) -> _Head:
     heads = registry.heads if isinstance(registry, SnapshotRegistry) else None
     if heads is not None:
         head = heads.get(kind)
@@ -88,8 +98,7 @@ def _head(registry: Collector, kind: str, families: list[Family], fmt: Lines) ->
             a is b for a, b in zip(head.families, families, strict=True)
         ):
             return head
-    text = "".join([encode_family(kind, m, fmt) for m in families]).encode("utf-8")
-    head = _Head(tuple(families), text)
+    head = _Head(tuple(families), b"".join(parts))
     if isinstance(registry, SnapshotRegistry):
         with registry.heads_lock:
             registry.heads[kind] = head

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
 from gpuagent.snapshot import (
+    MPS_CLIENT,
     MPS_SERVER,
     GpuSample,
     NodeSnapshot,
@@ -48,6 +49,7 @@ class _Tenant:
     share_ratio: float | None = None
     memory_limit_bytes: int | None = None
     processes: list[ProcessSample] = field(default_factory=list)
+    mps_client: bool = False  # one of its processes is an MPS client
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,8 @@ def gpu_tenants(
         if tenant is None:
             tenant = tenants[name] = _Tenant(name, kind)
         tenant.processes.append(process)
+        if process.kind == MPS_CLIENT:
+            tenant.mps_client = True
         tenant.memory_used_bytes += process.used_memory_bytes or 0
         share = sm_share_ratio(process)
         if share is not None:
@@ -154,29 +158,40 @@ def gpu_tenants(
         if process.gpu_instance_id is not None and tenant.mig_instance is None:
             tenant.mig_instance = instance_uuid.get(process.gpu_instance_id)
     out = []
+    uuid = gpu.info.uuid
+    shares, memories, annotated = limits.shares, limits.memory, limits.annotated
     for tenant in tenants.values():
-        share = limits.shares.get((tenant.name, gpu.info.uuid))
-        memory = limits.memory.get(tenant.name)
-        annotated_share, annotated_memory = limits.annotated.get(tenant.name, (None, None))
-        mps = combined_mps_limits(tenant.processes)
+        name = tenant.name
+        share = shares.get((name, uuid))
+        memory = memories.get(name)
+        annotated_share, annotated_memory = annotated.get(name, _NO_LIMITS)
+        # without an MPS client among its processes, MPS limits nothing (combined_mps_limits: None)
+        mps = combined_mps_limits(tenant.processes) if tenant.mps_client else None
         mps_threads = mps.active_thread_percent if mps is not None else None
         mps_memory = mps.pinned_memory_limit_bytes if mps is not None else None
         memory = memory if memory is not None else annotated_memory
-        out.append(TenantHint(
-            name=tenant.name,
-            kind=tenant.kind,
-            share_ratio=share if share is not None else annotated_share,
-            memory_limit_bytes=_smaller(memory, mps_memory),  # what holds it first
-            memory_used_bytes=tenant.memory_used_bytes,
-            sm_util_ratio=None if tenant.sm_percent is None else min(1.0, tenant.sm_percent / 100),
-            allocated=tenant.allocated,
-            replicas=tenant.replicas,
-            mig_instance=tenant.mig_instance,
-            mps_active_thread_ratio=None if mps_threads is None else mps_threads / 100,
-            mps_memory_limit_bytes=mps_memory,
+        out.append(TenantHint(  # positional, in its field order: one per tenant per GPU per poll
+            name,
+            tenant.kind,
+            share if share is not None else annotated_share,
+            _smaller(memory, mps_memory),  # what holds it first
+            tenant.memory_used_bytes,
+            None if tenant.sm_percent is None else min(1.0, tenant.sm_percent / 100),
+            tenant.allocated,
+            tenant.replicas,
+            tenant.mig_instance,
+            None if mps_threads is None else mps_threads / 100,
+            mps_memory,
         ))
-    out.sort(key=lambda t: (not t.allocated, t.name))
+    out.sort(key=_tenant_order)
     return tuple(out)
+
+
+def _tenant_order(tenant: TenantHint) -> tuple[bool, str]:
+    return not tenant.allocated, tenant.name  # allocated ones first, then by name
+
+
+_NO_LIMITS: tuple[None, None] = (None, None)
 
 
 def _smaller(a: int | None, b: int | None) -> int | None:

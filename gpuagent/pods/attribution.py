@@ -300,6 +300,8 @@ class Attributor:
         self._workloads: dict[int, tuple[Identity, _Resolved, Workload]] = {}  # id(identity) -> ...
         self._pod_uses: dict[tuple[str | None, str], tuple[tuple[Any, ...], PodUse]] = {}
         self._match: tuple[Any, dict[str, PodKey]] = ((), {})  # the join's inputs and its answer
+        self._keys_in: list[tuple[str | None, str]] = []  # the pods of the last poll, and in their order
+        self._keys_sorted: list[tuple[str | None, str]] = []
 
     def attribute(
         self,
@@ -322,20 +324,21 @@ class Attributor:
             self._names_in = names_by_uid
         index, names = self._allocation_index, self._name_index
 
-        uids_by_device: dict[str, set[str]] = defaultdict(set)
+        # The pod UIDs the API server does not name, by device (only those need the join), and what their
+        # processes' environments say.
+        unnamed: dict[str, set[str]] = defaultdict(set)
         environs_by_uid: dict[str, list[Environ]] = defaultdict(list)
         for gpu in gpus:
             for process in gpu.processes:
                 identity = identities.get(process.pid)
                 if identity is None or not identity.is_k8s or not identity.pod_uid:
                     continue
-                if process.kind == MPS_SERVER:
-                    continue  # it serves the tenants (from a device plugin's pod, say): it is none of them
-                uids_by_device[device_key(gpu, process)].add(identity.pod_uid)
+                if process.kind == MPS_SERVER or identity.pod_uid in names_by_uid:
+                    continue  # an MPS server serves the tenants (from a device plugin's pod): none of them
+                unnamed[device_key(gpu, process)].add(identity.pod_uid)
                 environ = environs.get(process.pid) if environs else None
-                if environ is not None and identity.pod_uid not in names_by_uid:
+                if environ is not None:
                     environs_by_uid[identity.pod_uid].append(environ)
-        unnamed = {d: {u for u in uids if u not in names_by_uid} for d, uids in uids_by_device.items()}
         matched: dict[str, PodKey] = {}
         if any(unnamed.values()):  # with none, nothing could match
             inputs = (index, names, frozenset((d, frozenset(u)) for d, u in unnamed.items()),
@@ -355,8 +358,11 @@ class Attributor:
 
         def with_workload(gpu: GpuSample, process: ProcessSample) -> ProcessSample:
             out = done.get(id(process))
-            if out is not None:
-                return out
+            if out is None:
+                out = done[id(process)] = attach(gpu, process)
+            return out
+
+        def attach(gpu: GpuSample, process: ProcessSample) -> ProcessSample:
             identity = identities.get(process.pid)
             workload = None
             if identity is not None:
@@ -380,12 +386,14 @@ class Attributor:
                 else:
                     workload = _workload(identity, resolved)
                 workloads[id(identity)] = (identity, resolved, workload)
-            out = process if process.workload is workload else _with_workload(process, workload)
-            done[id(process)] = out
-            return out
+            return process if process.workload is workload else _with_workload(process, workload)
 
         attributed = []
         for gpu in gpus:
+            if not gpu.migs:  # (a GPU's processes are each listed once: no instance lists to share them)
+                processes = tuple([attach(gpu, p) for p in gpu.processes])
+                attributed.append(_gpu_with_processes(gpu, processes, ()))
+                continue
             processes = tuple([with_workload(gpu, p) for p in gpu.processes])
             migs = tuple([
                 _mig_with_processes(mig, tuple([with_workload(gpu, p) for p in mig.processes]))
@@ -398,103 +406,98 @@ class Attributor:
     def _pods(
         self, gpus: Sequence[GpuSample], index: _AllocationIndex, names: _NameIndex
     ) -> tuple[PodUse, ...]:
-        used: dict[tuple[str | None, str], _PodProcesses] = {}
+        # Each pod's processes as rows, in the GPUs' order: what its PodUse is built from, and (with its
+        # allocation and names) what says whether last poll's PodUse still holds.
+        used: dict[tuple[str | None, str], list[_Row]] = {}
         for gpu in gpus:
             uuid = gpu.info.uuid
             for process in gpu.processes:
                 w = process.workload
                 if w is None or w.kind != "pod" or process.kind == MPS_SERVER:
                     continue
-                key = (w.namespace, w.name)
-                totals = used.get(key)
-                if totals is None:
-                    totals = used[key] = _PodProcesses()
-                totals.uid, totals.qos, totals.names_from = w.pod_uid, w.qos, w.names_from
                 container = w.container or (w.container_id or "")[:12] or "unknown"
-                figures = totals.containers.get(container)
-                if figures is None:
-                    figures = totals.containers[container] = _ContainerProcesses()
-                figures.pids.append(process.pid)
-                figures.memory += process.used_memory_bytes or 0
-                if process.sm_util_percent is not None:
-                    figures.sm = (figures.sm or 0.0) + process.sm_util_percent
-                if uuid not in totals.used_gpus:
-                    totals.used_gpus.append(uuid)
+                row = (w.pod_uid, w.qos, w.names_from, container, process.pid, process.used_memory_bytes,
+                       process.sm_util_percent, uuid)
+                rows = used.get((w.namespace, w.name))
+                if rows is None:
+                    used[(w.namespace, w.name)] = [row]
+                else:
+                    rows.append(row)
         keys: list[tuple[str | None, str]] = list(index.allocated)
         keys.extend(k for k in used if k not in index.allocated)
-        keys.sort(key=lambda k: (k[0] or "", k[1]))  # stable: allocated pods first among equals
+        if keys != self._keys_in:  # the same pods as last poll (the common case): the same order
+            self._keys_in = list(keys)
+            keys.sort(key=lambda k: (k[0] or "", k[1]))  # stable: allocated pods first among equals
+            self._keys_sorted = keys
         previous, pod_uses = self._pod_uses, {}
         out = []
-        for key in keys:
+        for key in self._keys_sorted:
             allocated = index.allocated.get(key)
-            totals = used.get(key)
+            rows = used.get(key)
             known = names.known.get(key)
-            inputs = (
-                allocated, known,
-                None if totals is None else (
-                    totals.uid, totals.qos, totals.names_from, tuple(totals.used_gpus),
-                    tuple((c, tuple(f.pids), f.memory, f.sm) for c, f in totals.containers.items()),
-                ),
-            )
+            inputs = (allocated, known, None if rows is None else tuple(rows))
             entry = previous.get(key)
             if entry is not None and entry[0] == inputs:
                 pod_use = entry[1]
             else:
-                pod_use = _pod_use(key, allocated, totals, known)
+                # the same names as last poll: the same annotations object too (consumers key on it)
+                same = entry is not None and known is not None and entry[0][1] == known
+                pod_use = _pod_use(key, allocated, rows, known, entry[1].annotations if same else None)
             pod_uses[key] = (inputs, pod_use)
             out.append(pod_use)
         self._pod_uses = pod_uses
         return tuple(out)
 
 
-@dataclass(slots=True)
-class _ContainerProcesses:
-    pids: list[int] = field(default_factory=list)
-    memory: int = 0
-    sm: float | None = None
-
-
-@dataclass(slots=True)
-class _PodProcesses:
-    uid: str | None = None
-    qos: str | None = None
-    names_from: str = "cgroup"
-    containers: dict[str, _ContainerProcesses] = field(default_factory=dict)
-    used_gpus: list[str] = field(default_factory=list)
+# One process of a pod: its workload's UID, QoS and names' source, its container's name, PID, GPU memory,
+# SM use and GPU UUID.
+_Row = tuple[str | None, str | None, str, str, int, "int | None", "float | None", str]
 
 
 def _pod_use(
     key: tuple[str | None, str],
     allocated: tuple[Mapping[str, tuple[str, ...]], tuple[str, ...]] | None,
-    totals: _PodProcesses | None,
+    rows: list[_Row] | None,
     known: tuple[str, PodName] | None,
+    annotations: Mapping[str, str] | None = None,
 ) -> PodUse:
+    """``annotations``: the last poll's copy of the same names' annotations, to pass on as it is."""
     devices, allocated_gpus = allocated if allocated is not None else ({}, ())
-    running = totals.containers if totals is not None else {}
+    # per container, in the order its processes come: PIDs, memory, SM use (summed in that order)
+    running: dict[str, tuple[list[int], int, float | None]] = {}
+    used_gpus: list[str] = []
+    for _, _, _, container, pid, memory, sm, uuid in rows or ():
+        pids, total, sm_total = running.get(container) or ([], 0, None)
+        pids.append(pid)
+        running[container] = (pids, total + (memory or 0), sm_total if sm is None else (sm_total or 0.0) + sm)
+        if uuid not in used_gpus:
+            used_gpus.append(uuid)
     containers = tuple(
         ContainerUse(
             name=name,
             allocated_devices=devices.get(name, ()),
-            pids=tuple(sorted(running[name].pids)) if name in running else (),
-            gpu_memory_used_bytes=running[name].memory if name in running else 0,
-            sm_util_percent=running[name].sm if name in running else None,
+            pids=tuple(sorted(running[name][0])) if name in running else (),
+            gpu_memory_used_bytes=running[name][1] if name in running else 0,
+            sm_util_percent=running[name][2] if name in running else None,
         )
         for name in sorted(set(devices) | set(running))
     )
     sm_values = [c.sm_util_percent for c in containers if c.sm_util_percent is not None]
     uid, qos, names_from = None, None, "pod_resources" if allocated is not None else "cgroup"
-    if totals is not None:
-        uid, qos, names_from = totals.uid, totals.qos, totals.names_from
-    annotations: dict[str, str] = {}
+    if rows:  # the last process's workload says
+        uid, qos, names_from = rows[-1][0], rows[-1][1], rows[-1][2]
     owner_kind = owner_name = None
     if known is not None:  # the API server knows the pod, idle or not
         uid, name = known
-        qos, names_from, annotations = name.qos or qos, "api_server", dict(name.annotations)
+        qos, names_from = name.qos or qos, "api_server"
+        annotations = dict(name.annotations) if annotations is None else annotations
         owner_kind, owner_name = name.owner_kind, name.owner_name
+    else:
+        annotations = {}
     return PodUse(
         name=key[1], namespace=key[0], uid=uid, qos=qos, names_from=names_from, annotations=annotations,
         containers=containers, allocated_gpus=allocated_gpus,
-        used_gpus=tuple(totals.used_gpus) if totals is not None else (),
+        used_gpus=tuple(used_gpus),
         gpu_memory_used_bytes=sum(c.gpu_memory_used_bytes for c in containers),
         sm_util_percent=sum(sm_values) if sm_values else None,
         process_count=sum(len(c.pids) for c in containers),
