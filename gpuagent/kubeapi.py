@@ -1,4 +1,5 @@
-"""One lazily opened HTTP connection to the Kubernetes API server, for the few requests gpuagent makes.
+"""One lazily opened HTTP connection to the Kubernetes API server, for the few requests gpuagent makes,
+and the node-wide budget that keeps its writes (Evictions, Events) from flooding the server.
 
 Used by the Eviction client (``enforce.actions``), the idle-GPU Event poster (``accounting.events``), the
 watchers of this node's pods and ResourceSlices (``pods.reflector``) and the extender's ResourceClaim reads.
@@ -31,6 +32,31 @@ def api_server_available(
     env = os.environ if environ is None else environ
     return (bool(env.get("KUBERNETES_SERVICE_HOST")) and bool(env.get("KUBERNETES_SERVICE_PORT"))
             and os.path.isfile(os.path.join(service_account_dir, "token")))
+
+
+class WriteBudget:
+    """A token bucket: ``burst`` writes at once, one more every ``refill_seconds``. ``take(now)`` spends a
+    token and says whether there was one; ``now`` is the caller's monotonic clock (a clock going back
+    refills nothing)."""
+
+    __slots__ = ("_at", "_tokens", "burst", "refill_seconds")
+
+    def __init__(self, burst: int, refill_seconds: float) -> None:
+        if burst < 1 or refill_seconds <= 0:
+            raise ValueError("a write budget needs burst >= 1 and refill_seconds > 0")
+        self.burst = burst
+        self.refill_seconds = refill_seconds
+        self._tokens = float(burst)
+        self._at: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self._at is not None and now > self._at:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) / self.refill_seconds)
+        self._at = now if self._at is None else max(now, self._at)
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 class ApiConnection:

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
-from gpuagent.kubeapi import ApiConnection
+from gpuagent.kubeapi import ApiConnection, WriteBudget
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +105,7 @@ class IdleEventPoster:
         self.node = node
         self._connection = connection or ApiConnection(kubeconfig_path=kubeconfig_path)
         self._queue: asyncio.Queue[IdleNotice] = asyncio.Queue(queue_size)
-        self._burst = burst
-        self._refill = refill_seconds
-        self._tokens = float(burst)
-        self._tokens_at: float | None = None
+        self._budget = WriteBudget(burst, refill_seconds)
         self._clock = clock
         self._wall = wall_clock
         self._counts: Counter[str] = Counter()
@@ -119,7 +116,7 @@ class IdleEventPoster:
         if not _NAMESPACE.fullmatch(notice.namespace):
             return self._count("dropped", "namespace", f"no Event for {notice.pod}: bad namespace "
                                f"{notice.namespace!r}")
-        if not self._take_token():
+        if not self._budget.take(self._clock()):
             return self._count("rate_limited")
         try:
             self._queue.put_nowait(notice)
@@ -175,12 +172,3 @@ class IdleEventPoster:
             self._problem = problem
         return outcome
 
-    def _take_token(self) -> bool:
-        now = self._clock()
-        if self._tokens_at is not None and now > self._tokens_at:
-            self._tokens = min(float(self._burst), self._tokens + (now - self._tokens_at) / self._refill)
-        self._tokens_at = now if self._tokens_at is None else max(now, self._tokens_at)
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True

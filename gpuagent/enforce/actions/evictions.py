@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from gpuagent.enforce.actions.outcomes import MAX_REMEMBERED, Outcomes
 from gpuagent.enforce.actions.rules import ActionRefused
-from gpuagent.kubeapi import ApiConnection
+from gpuagent.kubeapi import ApiConnection, WriteBudget
 
 if TYPE_CHECKING:
     import lightkube
@@ -41,10 +41,7 @@ class Evictions:
         self._clock = clock
         self._client = client
         self._min_interval = min_interval
-        self._burst = burst
-        self._refill = refill_interval
-        self._tokens = float(burst)
-        self._tokens_at: float | None = None
+        self._budget = WriteBudget(burst, refill_interval)
         self._last: dict[tuple[str, str], float] = {}
 
     async def evict(self, namespace: str, pod: str, *, reason: str) -> str:
@@ -66,9 +63,9 @@ class Evictions:
         if last is not None and 0 <= now - last < self._min_interval:
             note("evict", "rate_limited", what, f"not evicting {what}: evicted {now - last:.0f} s ago")
             return "rate_limited"
-        if not self._take_token(now):
+        if not self._budget.take(now):
             note("evict", "rate_limited", what, f"not evicting {what}: the node's eviction budget "
-                 f"({self._burst} per {self._refill:.0f} s) is spent")
+                 f"({self._budget.burst} per {self._budget.refill_seconds:.0f} s) is spent")
             return "rate_limited"
         self._remember((namespace, pod), now)
         if self.mode == "audit":
@@ -98,14 +95,6 @@ class Evictions:
         note("evict", "failed", what, f"cannot evict {what}: {detail}")
         return f"failed: {detail}"
 
-    def _take_token(self, now: float) -> bool:
-        if self._tokens_at is not None and now > self._tokens_at:
-            self._tokens = min(float(self._burst), self._tokens + (now - self._tokens_at) / self._refill)
-        self._tokens_at = now if self._tokens_at is None else max(now, self._tokens_at)
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
 
     def _remember(self, key: tuple[str, str], now: float) -> None:
         if len(self._last) >= MAX_REMEMBERED:
