@@ -1,7 +1,8 @@
-"""The README's fault table, one test per fault, against the agent as it serves: the real Agent on loopback
-HTTP over the simulated NVML, real processes, real kubepods-shaped cgroups, a real pod-resources gRPC
-server and a real (small) tmpfs. Each test reads /metrics and /healthz during the fault and after it clears,
-counts the log lines the fault caused, and, where cgroups are involved, checks that nothing is left frozen.
+"""The fault table of docs/operations.md, one test per fault, against the agent as it serves: the real Agent
+on loopback HTTP over the simulated NVML, real processes, real kubepods-shaped cgroups, a real pod-resources
+gRPC server and a real (small) tmpfs. Each test reads /metrics and /healthz during the fault and after it
+clears, counts the log lines the fault caused, and, where cgroups are involved, checks that nothing is left
+frozen.
 
 The hung NVML call has its own tests: ``test_agent_process.py`` (a real ``gpuagent run`` process) and
 ``test_agent_sim.py::test_fault_timeline`` (the hang released).

@@ -1,6 +1,6 @@
 """What each workload holds and uses on each GPU at one poll: the rates the ledger integrates.
 
-Rules (the README's "Accounting" section states them for users):
+Rules (``docs/accounting.md`` states them for users):
 
 - **Who.** A process's :class:`~gpuagent.snapshot.Workload`: a pod's container (``kind="pod"``), or off
   Kubernetes a systemd unit, Docker container, Slurm job, session. Processes without a workload (they
