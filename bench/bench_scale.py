@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -439,6 +440,8 @@ def main() -> int:
     args = parser.parse_args()
     if any(n < 1 for n in args.sizes) or min(args.polls, args.scrapes, args.scrape_every) < 1:
         parser.error("--sizes, --polls, --scrapes and --scrape-every must be at least 1")
+    if importlib.util.find_spec("matplotlib") is None:  # said before minutes of measuring, not after
+        parser.error("the plot needs matplotlib, a test extra: make install-test (pip install -e '.[test]')")
     logging_off()
     results = asyncio.run(run(args))
     machine = machine_name()
