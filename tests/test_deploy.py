@@ -566,9 +566,39 @@ def _json_patch_replace(doc: dict[str, Any], operations: list[dict[str, Any]]) -
     return patched
 
 
+PATCH_COMMAND = r"kubectl -n gpuagent patch daemonset gpuagent --type=json -p '([^']*)'"
+
+
+@pytest.mark.parametrize("capability", ["SYS_PTRACE", "SYS_ADMIN"])
+def test_readme_capability_patches_apply_and_stay_valid(capability: str, tmp_path: Path) -> None:
+    """deploy/README.md's one-line patches that add a capability to the running DaemonSet, applied by kubectl
+    itself (``--local``: no cluster) to the shipped manifest: the capability is added beside KILL, nothing
+    else changes, and the result is still valid, strictly."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: scripts/install-system-deps.sh (run by `make test`) installs "
+                    "Debian's kubernetes-client")
+    text = (DEPLOY / "README.md").read_text()
+    (patch,) = [p for p in re.findall(PATCH_COMMAND, text) if f'"{capability}"' in p]
+    (shipped,) = [doc for doc in _load(DEPLOY / "daemonset.yaml") if doc["kind"] == "DaemonSet"]
+    manifest = tmp_path / "daemonset.json"
+    manifest.write_text(json.dumps(shipped))
+    done = subprocess.run([kubectl, "patch", "--local", "-f", str(manifest), "--type=json", "-p", patch,
+                           "-o", "json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    patched = json.loads(done.stdout)
+    container = patched["spec"]["template"]["spec"]["containers"][0]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["KILL", capability]}
+    container["securityContext"]["capabilities"]["add"] = ["KILL"]
+    assert patched["spec"] == shipped["spec"]
+    kv = _kubernetes_validate()
+    for version in _k8s_versions():
+        kv.validate(patched, version, strict=True)
+
+
 def test_readme_privileged_patch_applies_and_stays_valid(daemonset: dict) -> None:
     text = (DEPLOY / "README.md").read_text()
-    (patch,) = re.findall(r"kubectl -n gpuagent patch daemonset gpuagent --type=json -p '([^']*)'", text)
+    (patch,) = [p for p in re.findall(PATCH_COMMAND, text) if "privileged" in p]
     patched = _json_patch_replace(daemonset, json.loads(patch))
     container = patched["spec"]["template"]["spec"]["containers"][0]
     assert container["name"] == "gpuagent"
