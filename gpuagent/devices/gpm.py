@@ -172,8 +172,8 @@ class GpmSamplers:
                 self._migs[gi] = GpmSampler(self._guard, self._handle, (self._index, "gpm", gi), gi,
                                             interval=self._interval, clock=self._clock, sleep=self._sleep)
         else:
-            for sampler in self._migs.values():
-                sampler.close()
+            for old in self._migs.values():
+                old.close()
             self._migs.clear()
             if self.gpu is None:
                 self.gpu = GpmSampler(self._guard, self._handle, self._index,
