@@ -11,17 +11,20 @@ exists (at the first poll, or when a MIG instance appears): the first sample of 
 the first :meth:`GpmSampler.sample` waits out what is left of ``PAIR_GAP_SECONDS`` before the second. So the
 first snapshot the agent publishes has the profiling figures, at the price of one extra sample and at most
 0.1 s more on each GPU's worker thread, once; samplers primed together wait together.
+
+A GPU's samplers (:class:`GpmSamplers`) follow its layout, refreshed on the slow poll: one for the whole GPU
+without MIG, one per GPU instance with MIG (the metrics are the instance's), none where GPM is unsupported.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Set
 from typing import Any
 
 from gpuagent.devices.cadence import Cadence
 from gpuagent.devices.guard import NvmlGuard
-from gpuagent.snapshot import ProfilingSample
+from gpuagent.snapshot import GpuInfo, ProfilingSample
 
 MIB = 1024 * 1024
 PAIR_GAP_SECONDS = 0.1  # the first pair is at least this far apart (the 100 ms above; later ones: interval)
@@ -130,3 +133,69 @@ class GpmSampler:
             if buffer is not None:
                 self._guard.call("nvmlGpmSampleFree", buffer, scope=self._scope)
         self._previous = self._spare = None
+
+
+class GpmSamplers:
+    """One GPU's samplers: ``gpu`` without MIG, one per GPU instance with MIG; new ones are primed."""
+
+    def __init__(
+        self,
+        guard: NvmlGuard,
+        handle: Any,
+        index: int,
+        *,
+        interval: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], object],
+    ) -> None:
+        self._guard = guard
+        self._handle = handle
+        self._index = index
+        self._interval = interval
+        self._clock = clock
+        self._sleep = sleep  # the first pair waits on this (the GPU's own worker thread)
+        self.gpu: GpmSampler | None = None
+        self._migs: dict[int, GpmSampler] = {}
+
+    def refresh(self, info: GpuInfo, gpu_instance_ids: Set[int]) -> None:
+        """Samplers for the layout of ``info`` (with MIG: the GPU instances ``gpu_instance_ids``)."""
+        if not info.gpm_supported:
+            self.close()
+            return
+        if info.mig_enabled:
+            if self.gpu is not None:
+                self.gpu.close()
+                self.gpu = None
+            for gi in set(self._migs) - gpu_instance_ids:
+                self._migs.pop(gi).close()
+            for gi in gpu_instance_ids - set(self._migs):
+                self._migs[gi] = GpmSampler(self._guard, self._handle, (self._index, "gpm", gi), gi,
+                                            interval=self._interval, clock=self._clock, sleep=self._sleep)
+        else:
+            for old in self._migs.values():
+                old.close()
+            self._migs.clear()
+            if self.gpu is None:
+                self.gpu = GpmSampler(self._guard, self._handle, self._index,
+                                      interval=self._interval, clock=self._clock, sleep=self._sleep)
+        for sampler in (self.gpu, *self._migs.values()):  # new ones take their first sample now
+            if sampler is not None:
+                sampler.prime()
+
+    def gpu_sample(self) -> ProfilingSample | None:
+        """The whole GPU's metrics (:meth:`GpmSampler.sample`); None with MIG or without GPM."""
+        return self.gpu.sample() if self.gpu is not None else None
+
+    def mig_sample(self, gpu_instance_id: int) -> ProfilingSample | None:
+        """A GPU instance's metrics; None for an instance without a sampler."""
+        sampler = self._migs.get(gpu_instance_id)
+        return sampler.sample() if sampler is not None else None
+
+    def close(self) -> None:
+        """Free every sampler's buffers."""
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
+        for sampler in self._migs.values():
+            sampler.close()
+        self._migs.clear()

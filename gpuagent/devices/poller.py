@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuagent.devices.guard import GpuLostError, NvmlGuard, NvmlUnavailableError, error_code_name
-from gpuagent.devices.nvml import GpuReader, optional_text
+from gpuagent.devices.nvml import GpuReader
 from gpuagent.devices.procnames import ProcessNames
+from gpuagent.devices.slow import optional_text
 from gpuagent.devices.worker import DaemonWorker
 from gpuagent.devices.xid import XidBook, XidWatcher
 from gpuagent.snapshot import GpuInfo, GpuSample, Health, XidRecord
