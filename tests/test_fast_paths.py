@@ -3,7 +3,7 @@
 Each faster path is checked against the code it replaced, kept here as the reference, on random inputs:
 the share controller's allowances and excesses (once pairwise over a GPU's tenants, quadratic), the
 memos that spare re-parsing every pod's annotations on every poll, and the ledger's busy settled with the
-interval a reading covers instead of through the pending busy.
+interval a reading covers instead of through the pending busy, and its energy split in one pass.
 """
 
 from __future__ import annotations
@@ -479,3 +479,40 @@ def test_busy_read_every_poll_settles_without_waiting(monkeypatch: pytest.Monkey
         ledger.update({"GPU-a": gpu}, float(n), 1.0)
     assert settles == []
     assert [s.busy_gpu_seconds for _, s in ledger] == [2.0, 2.0]  # four intervals of a second at 0.5
+
+
+def split_energy_before(increments: dict[Any, _Increment], energy: float, dt: float) -> float:
+    """``ledger._split_energy`` as it was, in dictionaries (the reference)."""
+    busy = {k: max(0.0, i.busy or 0.0) for k, i in increments.items()}
+    held = {k: max(0.0, i.allocated) for k, i in increments.items() if k[0] is not UNATTRIBUTED}
+    total_busy, total_held = sum(busy.values()), sum(held.values())
+    busy_energy = energy * min(1.0, total_busy / dt) if total_busy > 0 else 0.0
+    idle_energy = energy - busy_energy
+    shares = {k: busy_energy * b / total_busy for k, b in busy.items() if b > 0}
+    if total_held > 0:
+        for k, h in held.items():
+            shares[k] = shares.get(k, 0.0) + idle_energy * h / total_held
+    elif total_busy > 0:
+        for k, b in busy.items():
+            shares[k] = shares.get(k, 0.0) + idle_energy * b / total_busy
+    unattributed = 0.0 if total_held > 0 or total_busy > 0 else idle_energy
+    for k, share in shares.items():
+        if k[0] is UNATTRIBUTED:
+            unattributed += share
+        else:
+            increments[k].energy = share
+    return unattributed
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_energy_split_in_one_pass_is_the_dictionaries_split(seed: int) -> None:
+    rng = random.Random(seed)
+    owners = [Owner("pod", "ns", f"p{i}", "c") for i in range(6)] + [UNATTRIBUTED]
+    places = rng.sample([(o, rng.choice([None, None, 1, 2])) for o in owners], rng.randint(0, len(owners)))
+    figures = [(rng.choice([0.0, 0.0, 0.5, 1.0, rng.random(), -0.1]),
+                rng.choice([None, 0.0, 0.0, rng.random(), rng.uniform(0, 3), -0.2]), 0.0) for _ in places]
+    dt, energy = rng.choice([0.5, 1.0, 5.0]), rng.choice([0.0, 1.0, rng.uniform(0, 3000)])
+    new = {place: _Increment(*f) for place, f in zip(places, figures, strict=True)}
+    old = {place: _Increment(*f) for place, f in zip(places, figures, strict=True)}
+    assert _split_energy(new, energy, dt) == split_energy_before(old, energy, dt)
+    assert new == old  # every share the same float; a place without one keeps None

@@ -383,25 +383,32 @@ def _trapezoid(before: Rate | None, after: Rate | None, dt: float) -> _Increment
 
 def _split_energy(increments: dict[tuple[Owner, int | None], _Increment], energy: float, dt: float) -> float:
     """Set each increment's share of ``energy`` (an interval of ``dt`` seconds); returns the part nobody
-    took. Busy and held are GPU-seconds over ``dt``: divided by ``dt`` they are fractions of the GPU."""
-    busy = {k: max(0.0, i.busy or 0.0) for k, i in increments.items()}
-    held = {k: max(0.0, i.allocated) for k, i in increments.items() if k[0] is not UNATTRIBUTED}
-    total_busy, total_held = sum(busy.values()), sum(held.values())
+    took. Busy and held are GPU-seconds over ``dt``: divided by ``dt`` they are fractions of the GPU.
+
+    The busy part goes by busy; the idle remainder by what each holds, or by busy when nobody holds it (a
+    place with neither gets no share: its energy stays None). One pass over the places once the totals
+    are known; the unattributed places' shares are summed in the places' order."""
+    busy = [max(0.0, i.busy or 0.0) for i in increments.values()]
+    held = [0.0 if owner is UNATTRIBUTED else max(0.0, i.allocated) for (owner, _), i in increments.items()]
+    total_busy, total_held = sum(busy), sum(held)  # (the unattributed places' 0.0 adds nothing)
     busy_energy = energy * min(1.0, total_busy / dt) if total_busy > 0 else 0.0
     idle_energy = energy - busy_energy
-    shares = {k: busy_energy * b / total_busy for k, b in busy.items() if b > 0}
-    if total_held > 0:  # the idle remainder by what each holds
-        for k, h in held.items():
-            shares[k] = shares.get(k, 0.0) + idle_energy * h / total_held
-    elif total_busy > 0:  # nobody holds it: by use
-        for k, b in busy.items():
-            shares[k] = shares.get(k, 0.0) + idle_energy * b / total_busy
-    unattributed = 0.0 if total_held > 0 or total_busy > 0 else idle_energy
-    for k, share in shares.items():
-        if k[0] is UNATTRIBUTED:
+    if total_held <= 0 and total_busy <= 0:
+        return idle_energy  # nobody was there
+    unattributed = 0.0
+    for ((owner, _), increment), b, h in zip(increments.items(), busy, held, strict=True):
+        share = busy_energy * b / total_busy if b > 0 else None
+        if total_held > 0:  # the idle remainder by what each holds
+            if owner is not UNATTRIBUTED:
+                share = (0.0 if share is None else share) + idle_energy * h / total_held
+        else:  # nobody holds it: by use
+            share = (0.0 if share is None else share) + idle_energy * b / total_busy
+        if share is None:
+            continue
+        if owner is UNATTRIBUTED:
             unattributed += share
         else:
-            increments[k].energy = share
+            increment.energy = share
     return unattributed
 
 
