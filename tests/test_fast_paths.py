@@ -1,8 +1,9 @@
 """The per-poll work made linear in the pods of a node (``bench/bench_scale.py``) decides what it decided before.
 
 Each faster path is checked against the code it replaced, kept here as the reference, on random inputs:
-the share controller's allowances and excesses (once pairwise over a GPU's tenants, quadratic), and the
-memos that spare re-parsing every pod's annotations on every poll.
+the share controller's allowances and excesses (once pairwise over a GPU's tenants, quadratic), the
+memos that spare re-parsing every pod's annotations on every poll, and the ledger's busy settled with the
+interval a reading covers instead of through the pending busy, and its energy split in one pass.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from test_poll_caches import Alloc
 from test_timeslice import Plant
 
 from gpuagent import quantities
-from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Rate, _use, owner_of
+from gpuagent.accounting.busy import PendingBusy
+from gpuagent.accounting.ledger import (
+    GpuTotals,
+    Ledger,
+    _energy_estimate,
+    _Increment,
+    _PendingEnergy,
+    _split_energy,
+    _trapezoid,
+)
+from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate, _use, owner_of
 from gpuagent.agent import build_enforcer
 from gpuagent.config import load_config
 from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
@@ -381,3 +392,127 @@ def test_one_process_on_a_whole_gpu_is_rated_as_the_sums_rate_it(seed: int) -> N
         _use(gpu, new, by_allocation)
         use_before(gpu, old, by_allocation)
         assert new.units == old.units
+
+
+# -- the ledger: a reading that covers one interval settles with it -------------------------------------------
+
+
+class LedgerThroughPending(Ledger):
+    """The ledger as it was: every interval's busy waits in ``PendingBusy`` for ``_settle_busy`` (the
+    reference)."""
+
+    def _integrate(self, previous: GpuRates, current: GpuRates, dt: float, totals: GpuTotals,
+                   pending: _PendingEnergy) -> bool:
+        increments: dict[Any, _Increment] = {}
+        for place in previous.units.keys() | current.units.keys():
+            increments[place] = _trapezoid(previous.units.get(place), current.units.get(place), dt)
+        estimate = _energy_estimate(previous, current, dt) if pending.anchor is not None else None
+        if estimate is not None:
+            pending.unattributed += _split_energy(increments, estimate, dt)
+            pending.total += estimate
+        if current.busy_read_at is not None:
+            waiting = self._busy.setdefault(current.uuid, PendingBusy(read_at=previous.busy_read_at))
+            for place, increment in increments.items():
+                present = ((place in previous.units) + (place in current.units)) / 2 * dt
+                waiting.add(place, present, increment.allocated)
+                increment.busy = None
+        for key, increment in self._by_series(current.uuid, increments, _Increment).items():
+            if increment.energy is not None:
+                pending.shares[key] = pending.shares.get(key, 0.0) + increment.energy
+            self._add(self._series(key, current), increment)
+        return False
+
+
+def random_ledger_polls(rng: random.Random, polls: int) -> list[tuple[float, dict[str, GpuRates]]]:
+    """Polls of two GPUs whose places come and go: pods of one to three containers (or none named), a
+    workload off Kubernetes, unattributed processes, MIG instances; per-process use read every poll, every
+    few polls or never (GPM's per-poll rates); unknown busy, unusable polls, gaps, counters read now and
+    then, reset or absent."""
+    owners = [Owner("pod", "ns", f"p{i}", f"c{j}") for i in range(5) for j in range(rng.randint(1, 3))]
+    owners += [Owner("pod", "ns", "bare", None), Owner("slurm_job", None, "job-7", None), UNATTRIBUTED]
+    cadence = {uuid: rng.choice([1, 1, 1, 2, 3, None]) for uuid in ("GPU-a", "GPU-b")}
+    counter = {uuid: 0.0 for uuid in cadence}
+    out, t = [], 1000.0
+    for n in range(polls):
+        t += rng.choice([1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 5.0])
+        rates = {}
+        for index, uuid in enumerate(cadence):
+            every = cadence[uuid] if rng.random() < 0.9 else rng.choice([1, 2, None])
+            counter[uuid] = (counter[uuid] + rng.uniform(0, 400)) if rng.random() < 0.95 else 0.0
+            gpu = GpuRates(uuid, index, usable=rng.random() < 0.93,
+                           energy_joules_total=counter[uuid] if rng.random() < 0.9 else None,
+                           energy_read_at_unix=float(n // rng.choice([1, 3])) if rng.random() < 0.8 else None,
+                           power_watts=rng.choice([None, rng.uniform(50, 700)]),
+                           busy_read_at=None if every is None else float(n // every),
+                           profiles={1: "1g.10gb", 2: "3g.40gb"})
+            for owner in rng.sample(owners, rng.randint(0, len(owners))):
+                instance = None if rng.random() < 0.85 else rng.choice([1, 2])
+                gpu.units[(owner, instance)] = Rate(
+                    rng.choice([0.0, 0.25, 1 / 3, 1.0]), rng.choice([None, 0.0, 0.01, rng.random()]),
+                    float(rng.randint(0, 2**34)))
+            rates[uuid] = gpu
+        out.append((t, rates))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_busy_settled_with_its_interval_is_what_pending_it_gave(seed: int) -> None:
+    rng = random.Random(seed)
+    settings = {"retention_seconds": rng.choice([3.0, 300.0]), "idle_threshold_ratio": 0.05}
+    new, old = Ledger(**settings), LedgerThroughPending(**settings)
+    for now, rates in random_ledger_polls(rng, 80):
+        assert new.update(rates, now, 1.0) == old.update(rates, now, 1.0)
+        assert list(new.series.items()) == list(old.series.items())  # the same series, in the same order
+        assert new.gpus == old.gpus
+        assert new._busy == old._busy and new._energy == old._energy
+
+
+def test_busy_read_every_poll_settles_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The case the shortcut is for (the reference test above runs it too): no round trip through
+    ``PendingBusy.settle``, yet busy is counted."""
+    settles: list[object] = []
+    monkeypatch.setattr(PendingBusy, "settle", lambda self, read_at: settles.append(read_at) or {})
+    ledger, owner = Ledger(), Owner("pod", "ns", "p", "c")
+    for n in range(5):
+        gpu = GpuRates("GPU-a", 0, True, None, busy_read_at=float(n))
+        gpu.units[(owner, None)] = Rate(1.0, 0.5, 0.0)
+        ledger.update({"GPU-a": gpu}, float(n), 1.0)
+    assert settles == []
+    assert [s.busy_gpu_seconds for _, s in ledger] == [2.0, 2.0]  # four intervals of a second at 0.5
+
+
+def split_energy_before(increments: dict[Any, _Increment], energy: float, dt: float) -> float:
+    """``ledger._split_energy`` as it was, in dictionaries (the reference)."""
+    busy = {k: max(0.0, i.busy or 0.0) for k, i in increments.items()}
+    held = {k: max(0.0, i.allocated) for k, i in increments.items() if k[0] is not UNATTRIBUTED}
+    total_busy, total_held = sum(busy.values()), sum(held.values())
+    busy_energy = energy * min(1.0, total_busy / dt) if total_busy > 0 else 0.0
+    idle_energy = energy - busy_energy
+    shares = {k: busy_energy * b / total_busy for k, b in busy.items() if b > 0}
+    if total_held > 0:
+        for k, h in held.items():
+            shares[k] = shares.get(k, 0.0) + idle_energy * h / total_held
+    elif total_busy > 0:
+        for k, b in busy.items():
+            shares[k] = shares.get(k, 0.0) + idle_energy * b / total_busy
+    unattributed = 0.0 if total_held > 0 or total_busy > 0 else idle_energy
+    for k, share in shares.items():
+        if k[0] is UNATTRIBUTED:
+            unattributed += share
+        else:
+            increments[k].energy = share
+    return unattributed
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_energy_split_in_one_pass_is_the_dictionaries_split(seed: int) -> None:
+    rng = random.Random(seed)
+    owners = [Owner("pod", "ns", f"p{i}", "c") for i in range(6)] + [UNATTRIBUTED]
+    places = rng.sample([(o, rng.choice([None, None, 1, 2])) for o in owners], rng.randint(0, len(owners)))
+    figures = [(rng.choice([0.0, 0.0, 0.5, 1.0, rng.random(), -0.1]),
+                rng.choice([None, 0.0, 0.0, rng.random(), rng.uniform(0, 3), -0.2]), 0.0) for _ in places]
+    dt, energy = rng.choice([0.5, 1.0, 5.0]), rng.choice([0.0, 1.0, rng.uniform(0, 3000)])
+    new = {place: _Increment(*f) for place, f in zip(places, figures, strict=True)}
+    old = {place: _Increment(*f) for place, f in zip(places, figures, strict=True)}
+    assert _split_energy(new, energy, dt) == split_energy_before(old, energy, dt)
+    assert new == old  # every share the same float; a place without one keeps None

@@ -48,7 +48,7 @@ class Accountant:
         self._today.roll(snapshot.taken_at_unix, self.ledger)
         usage: list[WorkloadGpuUsage] = []
         idle: list[IdleWorkload] = []
-        uids = {(p.namespace, p.name): p.uid for p in snapshot.pods}
+        uids: dict[tuple[str | None, str], str | None] | None = None  # pod UIDs, once a pod is flagged
         observe, end, flagged = self.idle.observe, self.idle.end, self.idle.flagged
         base = self._today.base
         for key, series in self.ledger:
@@ -73,6 +73,8 @@ class Accountant:
             ))
             if observation is not None and flagged(observation):
                 assert observation.idle_since is not None
+                if uids is None:
+                    uids = {(p.namespace, p.name): p.uid for p in snapshot.pods}
                 idle.append(IdleWorkload(
                     kind=key.kind, name=key.name, namespace=key.namespace,
                     pod_uid=uids.get((key.namespace, key.name)) if key.level == POD else None,

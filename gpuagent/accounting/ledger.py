@@ -19,7 +19,9 @@ is split until the next reading after it.
 
 Busy on a GPU whose processes' utilization is read every few seconds (``busy``): each reading's averages
 are applied to the time since the previous reading, when it comes, so no window is counted twice or
-dropped whatever the cadence; its idle-held seconds are judged over the same window.
+dropped whatever the cadence; its idle-held seconds are judged over the same window. A reading whose window
+is one interval (utilization read every poll: every GPU the share controller acts on) is settled with that
+interval's integration, to the same figures, without the round trip through the pending busy.
 
 Series: each owner's increments go to its own series (a pod's container, or a workload off Kubernetes)
 and, for a pod, to the pod's series too. A series not seen for ``retention_seconds`` is dropped.
@@ -144,15 +146,17 @@ class Ledger:
             totals.index = current.index
             previous = self._previous.get(uuid)
             pending = self._energy.setdefault(uuid, _PendingEnergy())
+            settled = False  # this interval's busy was settled with its integration
             if dt is not None and dt > 0 and uuid in self._previous:
                 if previous is None or dt > bound or not current.usable:
                     totals.gap_seconds += dt
                     pending.drop()
                 else:
-                    self._integrate(previous, current, dt, totals, pending)
+                    settled = self._integrate(previous, current, dt, totals, pending)
             if current.usable:
                 self._settle_energy(current, totals, pending, now)
-                self._settle_busy(current)
+                if not settled:
+                    self._settle_busy(current)
             self._mark_seen(current, now)
         if dt is None or dt > 0:
             self._previous = {uuid: r if r.usable else None for uuid, r in rates.items()}
@@ -162,7 +166,8 @@ class Ledger:
     # -- one interval of one GPU ---------------------------------------------------------------------
     def _integrate(
         self, previous: GpuRates, current: GpuRates, dt: float, totals: GpuTotals, pending: _PendingEnergy
-    ) -> None:
+    ) -> bool:
+        """One interval's increments into the series; True when a reading covering it settled its busy."""
         increments: dict[tuple[Owner, int | None], _Increment] = {}
         before_units, after_units = previous.units, current.units
         for place in before_units.keys() | after_units.keys():
@@ -178,17 +183,32 @@ class Ledger:
         if estimate is not None:
             pending.unattributed += _split_energy(increments, estimate, dt)
             pending.total += estimate
+        settled = False
         if current.busy_read_at is not None:  # busy waits for the reading that covers this interval
-            waiting = self._busy.setdefault(current.uuid, PendingBusy(read_at=previous.busy_read_at))
-            for place, increment in increments.items():
-                present = ((place in previous.units) + (place in current.units)) / 2 * dt
-                waiting.add(place, present, increment.allocated)
-                increment.busy = None
+            waiting = self._busy.get(current.uuid)
+            if waiting is None:
+                waiting = self._busy[current.uuid] = PendingBusy(read_at=previous.busy_read_at)
+            before, after = previous.units, current.units
+            if current.busy_read_at != waiting.read_at and not waiting.places and not waiting.rates:
+                # a reading whose window is this interval alone (per-process use read every poll): what
+                # waiting, noting the rates now and settling them give, each place's rate now times the
+                # time it was there, without the round trip (_settle_busy is not called for it)
+                settled, waiting.read_at = True, current.busy_read_at
+                for place, increment in increments.items():
+                    rate = after.get(place)
+                    increment.busy = (None if rate is None or rate.busy is None
+                                      else rate.busy * (((place in before) + 1) / 2 * dt))
+            else:
+                for place, increment in increments.items():
+                    present = ((place in before) + (place in after)) / 2 * dt
+                    waiting.add(place, present, increment.allocated)
+                    increment.busy = None
         shares, series = pending.shares, self.series
         for key, increment in self._by_series(current.uuid, increments, _Increment).items():
             if increment.energy is not None:
                 shares[key] = shares.get(key, 0.0) + increment.energy
             self._add(series.get(key) or self._series(key, current), increment)
+        return settled
 
     def _by_series(
         self, uuid: str, increments: dict[tuple[Owner, int | None], _Summed], zero: Callable[[], _Summed]
@@ -363,25 +383,32 @@ def _trapezoid(before: Rate | None, after: Rate | None, dt: float) -> _Increment
 
 def _split_energy(increments: dict[tuple[Owner, int | None], _Increment], energy: float, dt: float) -> float:
     """Set each increment's share of ``energy`` (an interval of ``dt`` seconds); returns the part nobody
-    took. Busy and held are GPU-seconds over ``dt``: divided by ``dt`` they are fractions of the GPU."""
-    busy = {k: max(0.0, i.busy or 0.0) for k, i in increments.items()}
-    held = {k: max(0.0, i.allocated) for k, i in increments.items() if k[0] is not UNATTRIBUTED}
-    total_busy, total_held = sum(busy.values()), sum(held.values())
+    took. Busy and held are GPU-seconds over ``dt``: divided by ``dt`` they are fractions of the GPU.
+
+    The busy part goes by busy; the idle remainder by what each holds, or by busy when nobody holds it (a
+    place with neither gets no share: its energy stays None). One pass over the places once the totals
+    are known; the unattributed places' shares are summed in the places' order."""
+    busy = [max(0.0, i.busy or 0.0) for i in increments.values()]
+    held = [0.0 if owner is UNATTRIBUTED else max(0.0, i.allocated) for (owner, _), i in increments.items()]
+    total_busy, total_held = sum(busy), sum(held)  # (the unattributed places' 0.0 adds nothing)
     busy_energy = energy * min(1.0, total_busy / dt) if total_busy > 0 else 0.0
     idle_energy = energy - busy_energy
-    shares = {k: busy_energy * b / total_busy for k, b in busy.items() if b > 0}
-    if total_held > 0:  # the idle remainder by what each holds
-        for k, h in held.items():
-            shares[k] = shares.get(k, 0.0) + idle_energy * h / total_held
-    elif total_busy > 0:  # nobody holds it: by use
-        for k, b in busy.items():
-            shares[k] = shares.get(k, 0.0) + idle_energy * b / total_busy
-    unattributed = 0.0 if total_held > 0 or total_busy > 0 else idle_energy
-    for k, share in shares.items():
-        if k[0] is UNATTRIBUTED:
+    if total_held <= 0 and total_busy <= 0:
+        return idle_energy  # nobody was there
+    unattributed = 0.0
+    for ((owner, _), increment), b, h in zip(increments.items(), busy, held, strict=True):
+        share = busy_energy * b / total_busy if b > 0 else None
+        if total_held > 0:  # the idle remainder by what each holds
+            if owner is not UNATTRIBUTED:
+                share = (0.0 if share is None else share) + idle_energy * h / total_held
+        else:  # nobody holds it: by use
+            share = (0.0 if share is None else share) + idle_energy * b / total_busy
+        if share is None:
+            continue
+        if owner is UNATTRIBUTED:
             unattributed += share
         else:
-            increments[k].energy = share
+            increment.energy = share
     return unattributed
 
 
