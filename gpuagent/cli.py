@@ -146,13 +146,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         text = format_table(snap)
     else:
         text = json.dumps(to_jsonable(snap), indent=2) + "\n"
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # piped into e.g. head, which stopped reading: not an error of ours
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
-    return 0
+    return _write(text)
 
 
 def _hints(args: argparse.Namespace) -> int:
@@ -172,12 +166,17 @@ def _hints(args: argparse.Namespace) -> int:
         from gpuagent.hints.codec import hints_to_jsonable
 
         text = json.dumps(hints_to_jsonable(snap.hints), indent=2) + "\n"
+    return _write(text)
+
+
+def _write(text: str) -> int:
+    """``text`` on stdout; a reader that stopped early (piped into ``head``) is not an error of ours."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    except BrokenPipeError:  # piped into e.g. head, which stopped reading: not an error of ours
+    except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
     return 0
 
 
