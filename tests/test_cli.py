@@ -499,3 +499,17 @@ def test_table_process_without_comm_or_memory() -> None:
     gpu = GpuSample(info=info(3), sampled_at_unix=0.0, processes=(proc(99, "", None, 5.0),))
     text = format_table(NodeSnapshot("n", "nvml", 0.0, 0.0, 0.0, gpus=(gpu,)))
     assert text.splitlines()[-1].split() == ["3", "99", "-", "-", "5"]
+
+
+@pytest.mark.parametrize("command", ["snapshot", "hints"])
+def test_output_piped_into_a_reader_that_stops_early_is_not_an_error(command: str) -> None:
+    """``gpuagent snapshot | head -c0``: the reader is gone before the command writes (it polls first), so the
+    write fails with EPIPE; the command still exits 0 and prints no traceback (a BrokenPipeError, on the
+    write or on the interpreter's final flush)."""
+    agent = subprocess.Popen([sys.executable, "-m", "gpuagent", command, "--backend", "sim", "--format", "json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert agent.stdout is not None and agent.stderr is not None
+    agent.stdout.close()  # the only reader: the pipe has none left
+    errors = agent.stderr.read().decode()
+    assert agent.wait(timeout=120) == 0, errors
+    assert "Traceback" not in errors and "BrokenPipe" not in errors, errors
