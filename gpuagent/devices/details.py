@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuagent.devices.cadence import Cadence
-from gpuagent.devices.fields import DETAIL_FIELDS, decode_field_values, field_ids
+from gpuagent.devices.fields import DETAIL_FIELDS, FieldBatch
 from gpuagent.devices.guard import NvmlGuard
 
 MHZ = 1_000_000
@@ -30,7 +30,7 @@ class DetailReader:
         self._scope = scope
         self._cadence = Cadence(interval)
         self._clock = clock
-        self._ids = field_ids(guard.nvml, DETAIL_FIELDS)
+        self._fields = FieldBatch(guard.nvml, DETAIL_FIELDS)
         self._values: dict[str, Any] = {}
 
     def read(self) -> dict[str, Any]:
@@ -47,8 +47,7 @@ class DetailReader:
         dec = g.call("nvmlDeviceGetDecoderUtilization", h, scope=s)
         memory_clock = g.call("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_MEM, scope=s)
         graphics_clock = g.call("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_GRAPHICS, scope=s)
-        values: dict[str, Any] = dict(decode_field_values(
-            nvml, DETAIL_FIELDS, g.call("nvmlDeviceGetFieldValues", h, self._ids, scope=s)))
+        values: dict[str, Any] = dict(self._fields.read(g, h, s))
         values["encoder_util_percent"] = float(enc[0]) if enc is not None else None
         values["decoder_util_percent"] = float(dec[0]) if dec is not None else None
         values["memory_clock_hz"] = float(memory_clock) * MHZ if memory_clock is not None else None

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuagent.devices.cadence import Cadence
-from gpuagent.devices.fields import ENERGY_FIELDS, decode_field_values, field_ids
+from gpuagent.devices.fields import ENERGY_FIELDS, FieldBatch
 from gpuagent.devices.guard import NvmlGuard
 
 
@@ -29,7 +29,7 @@ class EnergyReader:
         self._scope = scope
         self._cadence = Cadence(interval)
         self._clock = clock
-        self._ids = field_ids(guard.nvml, ENERGY_FIELDS)
+        self._fields = FieldBatch(guard.nvml, ENERGY_FIELDS)
         self.joules: float | None = None
         self.read_at: float | None = None  # wall time of the last energy read
 
@@ -39,9 +39,5 @@ class EnergyReader:
         if self.read_at is not None and not self._cadence.due(now):
             return
         self._cadence.mark(now)
-        values = decode_field_values(
-            self._guard.nvml, ENERGY_FIELDS,
-            self._guard.call("nvmlDeviceGetFieldValues", self._handle, self._ids, scope=self._scope),
-        )
-        self.joules = values.get("energy_joules_total")
+        self.joules = self._fields.read(self._guard, self._handle, self._scope).get("energy_joules_total")
         self.read_at = now if self.joules is not None else None

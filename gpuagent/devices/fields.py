@@ -59,6 +59,24 @@ def field_ids(nvml: Any, specs: tuple[FieldSpec, ...]) -> list[int]:
     return [getattr(nvml, s.nvml_name) for s in specs]
 
 
+class FieldBatch:
+    """A set of fields read in one ``nvmlDeviceGetFieldValues`` call: their ids looked up once, each answer
+    decoded (:func:`decode_field_values`). Every tier that batches fields (each poll, the slow poll, the
+    detail and energy cadences) reads through one of these."""
+
+    __slots__ = ("_ids", "_nvml", "_specs")
+
+    def __init__(self, nvml: Any, specs: tuple[FieldSpec, ...]) -> None:
+        self._nvml = nvml
+        self._specs = specs
+        self._ids = field_ids(nvml, specs)
+
+    def read(self, guard: Any, handle: Any, scope: int) -> dict[str, float | int]:
+        """The fields that answered, through ``guard`` (an ``NvmlGuard``: a failed call reads as none)."""
+        answer = guard.call("nvmlDeviceGetFieldValues", handle, self._ids, scope=scope)
+        return decode_field_values(self._nvml, self._specs, answer)
+
+
 def decode_field_values(nvml: Any, specs: tuple[FieldSpec, ...], values: Any) -> dict[str, float | int]:
     """The fields that answered ``NVML_SUCCESS``, scaled; the others are absent (not 0)."""
     out: dict[str, float | int] = {}

@@ -32,7 +32,7 @@ from typing import Any
 
 from gpuagent.devices.details import MHZ, DetailReader
 from gpuagent.devices.energy import EnergyReader
-from gpuagent.devices.fields import FAST_FIELDS, decode_field_values, field_ids
+from gpuagent.devices.fields import FAST_FIELDS, FieldBatch
 from gpuagent.devices.gpm import GpmSamplers
 from gpuagent.devices.guard import GpuLostError, NvmlGuard
 from gpuagent.devices.processes import ProcessNames, ProcessReader
@@ -74,7 +74,7 @@ class GpuReader:
         self._details = DetailReader(guard, handle, index, interval=detail_interval, clock=clock)
         # GPM's first pair waits on ``sleep`` (the reader's own thread)
         self._gpm = GpmSamplers(guard, handle, index, interval=profiling_interval, clock=clock, sleep=sleep)
-        self._fast_ids = field_ids(self.nvml, FAST_FIELDS)
+        self._fast_fields = FieldBatch(self.nvml, FAST_FIELDS)
 
     @property
     def info(self) -> GpuInfo | None:
@@ -101,9 +101,7 @@ class GpuReader:
         g, h, nvml, s = self.guard, self.handle, self.nvml, self.index
         util = g.call("nvmlDeviceGetUtilizationRates", h, scope=s)
         memory = memory_info(g, h, s)
-        fields = decode_field_values(
-            nvml, FAST_FIELDS, g.call("nvmlDeviceGetFieldValues", h, self._fast_ids, scope=s)
-        )
+        fields = self._fast_fields.read(g, h, s)
         if "power_watts" not in fields:
             milliwatts = g.call("nvmlDeviceGetPowerUsage", h, scope=s)
             if milliwatts is not None:

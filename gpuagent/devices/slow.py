@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpuagent.devices.fields import SLOW_FIELDS, decode_field_values, field_ids
+from gpuagent.devices.fields import SLOW_FIELDS, FieldBatch
 from gpuagent.devices.guard import NvmlGuard
 from gpuagent.snapshot import EccCounts, GpuInfo, MigProfileCapacity, RemappedRows
 
@@ -68,7 +68,7 @@ class SlowReader:
         self.index = index
         self.handle = handle
         self._sys_root = sys_root
-        self._slow_ids = field_ids(self.nvml, SLOW_FIELDS)
+        self._slow_fields = FieldBatch(self.nvml, SLOW_FIELDS)
         self.info: GpuInfo | None = None
         self.migs: tuple[MigSlot, ...] = ()
         self.ecc: EccCounts | None = None
@@ -195,9 +195,7 @@ class SlowReader:
     def read_health(self) -> None:
         """ECC and retired pages (batched field values) into ``ecc``, remapped rows into ``remapped``."""
         g, s = self.guard, self.index
-        values = decode_field_values(
-            self.nvml, SLOW_FIELDS, g.call("nvmlDeviceGetFieldValues", self.handle, self._slow_ids, scope=s)
-        )
+        values = self._slow_fields.read(g, self.handle, s)
         if values:
             pending = values.pop("retired_pages_pending", None)
             self.ecc = EccCounts(
