@@ -21,6 +21,7 @@ from dataclasses import replace
 from socket import gethostname
 from typing import TYPE_CHECKING, Any
 
+from gpuagent import preflight
 from gpuagent.accounting import Accountant, AccountingSettings
 from gpuagent.accounting.events import IdleEventPoster
 from gpuagent.api.admin import AdminActions, bind_admin_socket, build_admin_app
@@ -34,7 +35,6 @@ from gpuagent.enforce.actions import Actions, EvictionClient
 from gpuagent.enforce.enforcer import Enforcer
 from gpuagent.enforce.journal import Journal
 from gpuagent.enforce.memory import LadderSettings, MemoryLadder
-from gpuagent.enforce.policy import PolicyValueError, node_defaults, parse_rules
 from gpuagent.enforce.timeslice import DutyCycler, ShareController
 from gpuagent.export import build_registry
 from gpuagent.hints.engine import HintsEngine
@@ -227,10 +227,7 @@ class Agent:
         if not path:
             raise ConfigError("policies", "the agent was started without a config file to reload", "agent")
         policies = load_config(path, env={"NODE_NAME": self.config.hostname or ""}).policies
-        try:
-            rules = parse_rules(list(policies))
-        except PolicyValueError as exc:
-            raise ConfigError(exc.key_path or "policies", exc.message, path) from exc
+        rules, _ = preflight.policies(self.config, policies, source=path)
         if self.enforcer is not None:
             self.enforcer.set_rules(rules)
         return {"policies": len(rules), "applied": self.enforcer is not None, "mode": self.config.mode}
@@ -389,12 +386,7 @@ def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.mono
     """The enforcer for ``mode: audit|enforce``; None when off. Bad policies are config errors."""
     if config.mode == "off":
         return None
-    source = config.config_file or "config"
-    try:
-        rules = parse_rules(list(config.policies))
-        defaults = node_defaults(config.default_gpu_share, config.default_gpu_memory)
-    except PolicyValueError as exc:
-        raise ConfigError(exc.key_path or "policies", exc.message, source) from exc
+    rules, defaults = preflight.policies(config)
     eviction = EvictionClient(kubeconfig_path=config.kubeconfig) if config.memory_action == "evict" else None
     actions = Actions(
         mode=config.mode, journal=Journal(config.journal_path), cgroup_root=config.cgroup_root,

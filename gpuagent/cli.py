@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from gpuagent import __version__
+from gpuagent import __version__, preflight
 from gpuagent.config import CONFIG_ENV, KEYS, KEYS_BY_NAME, Config, ConfigError, describe_keys, load_config
 from gpuagent.hints import extender_config
 from gpuagent.recommend.cli import add_recommend_parser
@@ -124,8 +124,18 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
 
 
+def one_shot_log_level(config: Config) -> str:
+    """``snapshot`` and ``hints`` print their output and exit: start-up INFO lines ("NVML initialised")
+    would land in the middle of a table on a terminal, so they log warnings and errors only, unless
+    ``log_level`` was set explicitly (env or file)."""
+    if "log_level" in config.sources:
+        return config.log_level
+    return "warning"
+
+
 def _run(args: argparse.Namespace) -> int:
     config = load_from_args(args)
+    preflight.check(config)  # what check-config checks, so a config it passes starts
     setup_logging(config.log_level)
     agent = importlib.import_module("gpuagent.agent")  # lazily: check-config must not load it
 
@@ -135,7 +145,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _snapshot(args: argparse.Namespace) -> int:
     config = load_from_args(args)
-    setup_logging(config.log_level)
+    preflight.scenario(config)
+    setup_logging(one_shot_log_level(config))
     agent = importlib.import_module("gpuagent.agent")
     from gpuagent.snapshot import to_jsonable
 
@@ -152,7 +163,8 @@ def _snapshot(args: argparse.Namespace) -> int:
 def _hints(args: argparse.Namespace) -> int:
     """``gpuagent hints``: one poll pair, as ``snapshot``, then the hints /v1/hints would serve."""
     config = load_from_args(args)
-    setup_logging(config.log_level)
+    preflight.scenario(config)
+    setup_logging(one_shot_log_level(config))
     agent = importlib.import_module("gpuagent.agent")
     snap = agent.poll_once(config)
     if snap.hints is None:
@@ -182,10 +194,7 @@ def _write(text: str) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file)
-    if config.web_config:  # the TLS files too: a bad key or a cert/key mismatch fails here, not at start
-        from gpuagent.api.tls import load_web_config, server_ssl_context
-
-        server_ssl_context(load_web_config(config.web_config))
+    preflight.check(config)  # what run checks before it starts: policies, scenario, TLS files, token file
     print(f"ok: {args.file}")
     print(config.describe())
     return 0

@@ -105,7 +105,7 @@ async def test_bearer_token_none_wrong_right_and_rotated(tmp_path: Path, caplog:
         assert new.status == 200 and recorder.thaws == [5.0, 0.0]
 
         token_file.unlink()  # no file, or an empty one: nobody gets in, one log line
-        with caplog.at_level(logging.WARNING, logger="gpuagent.api.admin"):
+        with caplog.at_level(logging.WARNING, logger="gpuagent.api.tokens"):
             for _ in range(3):
                 gone = await client.post(THAW_PATH, headers={"Authorization": "Bearer rotated"})
                 assert gone.status == 401

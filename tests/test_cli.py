@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import types
@@ -189,6 +190,106 @@ def test_check_config_in_a_real_process(tmp_path: Path) -> None:
     good = _python_m_gpuagent("check-config", "good.yaml", cwd=tmp_path)
     assert good.returncode == 0, good.stderr
     assert good.stdout.startswith("ok: good.yaml\n")
+
+
+# What run refuses at start, check-config refuses with the same line: (config text, extra files, the error).
+START_FAILURES = {
+    "a bad policy, enforcement off": (
+        "policies: [{match_namespace: a, gpu_share: 150}]\n", {},
+        "{dir}/config.yaml: policies[0].gpu_share: expected a percent in (0, 100] like 30 or 30%, got '150'",
+    ),
+    "an unknown policy key": (
+        "mode: audit\npolicies: [{namespace: a, gpu_share: 50}]\n", {},
+        "{dir}/config.yaml: policies[0].namespace: unknown key; did you mean match_namespace?",
+    ),
+    "an ambiguous default share": (
+        "default_gpu_share: 0.5\n", {},
+        "{dir}/config.yaml: default_gpu_share: ambiguous share '0.5'",
+    ),
+    "a scenario that fails its schema": (
+        "backend: sim\nscenario: s.yaml\n", {"s.yaml": "gpus: 3\n"},
+        "{dir}/config.yaml: scenario: {dir}/s.yaml: gpus: expected a list, got 3",
+    ),
+    "an empty admin token file": (
+        "admin_token_file: token\n", {"token": " \n"},
+        "{dir}/config.yaml: admin_token_file: {dir}/token is empty: no admin request could authenticate",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(START_FAILURES))
+def test_check_config_refuses_what_run_refuses_with_the_same_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture, fake_agent: types.SimpleNamespace
+) -> None:
+    text, files, error = START_FAILURES[case]
+    for name, content in files.items():
+        write(tmp_path, content, name)
+    path = write(tmp_path, text)
+    expected = error.format(dir=tmp_path)
+    assert cli.main(["check-config", path]) == 2
+    checked = capsys.readouterr()
+    assert checked.out == ""
+    assert checked.err.startswith(expected) and checked.err.count("\n") == 1, checked.err
+    assert cli.main(["run", "--config", path]) == 2
+    assert capsys.readouterr().err == checked.err
+    assert fake_agent.run == []  # refused before anything started
+
+
+def test_check_config_passes_what_run_starts_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture, fake_agent: types.SimpleNamespace
+) -> None:
+    write(tmp_path, "gpus: [{model: L4}]\n", "s.yaml")
+    write(tmp_path, "s3cret\n", "token")
+    path = write(tmp_path, "backend: sim\nscenario: s.yaml\nadmin_token_file: token\nmode: audit\n"
+                           "default_gpu_share: 50\npolicies: [{match_namespace: a, gpu_share: 30%}]\n")
+    assert cli.main(["check-config", path]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith(f"ok: {path}\n")
+    assert cli.main(["run", "--config", path]) == 0
+    assert len(fake_agent.run) == 1
+
+
+def test_the_documented_policies_example_passes_and_names_every_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """docs/configuration.md's policy schema: its example is a config check-config passes, and its tables
+    name exactly the selectors and limits the parser knows."""
+    from gpuagent.enforce import policy
+
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    section = doc[doc.index("## `policies`"):]
+    (example,) = re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    assert cli.main(["check-config", write(tmp_path, example)]) == 0, capsys.readouterr().err
+    tabled = re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE)
+    assert tabled == [*policy._MATCH_KEYS, *policy._LIMIT_KEYS]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["snapshot", "hints", "run"])
+def test_a_bad_scenario_is_one_line_and_exit_2(command: str, tmp_path: Path) -> None:
+    write(tmp_path, "gpus: 3\n", "bad.yaml")
+    result = _python_m_gpuagent(command, "--backend", "sim", "--scenario", "bad.yaml", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "flag --scenario: bad.yaml: gpus: expected a list, got 3\n"
+    assert result.stdout == ""
+
+
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ", re.MULTILINE)  # cli.LOG_FORMAT
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["snapshot", "hints"])
+def test_one_shot_commands_print_their_table_without_log_lines(command: str, tmp_path: Path) -> None:
+    """The table on stdout, and no INFO line on stderr either (a terminal shows both, interleaved); a
+    log_level given explicitly still logs."""
+    result = _python_m_gpuagent(command, "--backend", "sim", "--format", "table", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.strip() and not LOG_RECORD.search(result.stdout)
+    write(tmp_path, "log_level: info\n")
+    verbose = _python_m_gpuagent(command, "--backend", "sim", "--config", "config.yaml", "--format", "table",
+                                 cwd=tmp_path)
+    assert " INFO gpuagent.devices.poller: NVML initialised" in verbose.stderr
+    assert not LOG_RECORD.search(verbose.stdout)
 
 
 @pytest.mark.integration

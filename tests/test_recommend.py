@@ -39,7 +39,7 @@ from gpuagent.recommend.packing import Item, first_fit_decreasing, pack
 from gpuagent.recommend.patches import patch_for, write_patches
 from gpuagent.recommend.rules import recommend, round_memory, round_share
 from gpuagent.recommend.savings import savings, totals
-from gpuagent.recommend.workloads import name_without_suffix, pod_workload, unit_workload
+from gpuagent.recommend.workloads import group_by_workload, name_without_suffix, pod_workload, unit_workload
 from gpuagent.report import ReportError
 from gpuagent.report.prices import Prices
 from gpuagent.report.timerange import TimeRange
@@ -104,6 +104,34 @@ def test_pods_are_grouped_by_their_owner_else_by_name() -> None:
     key = unit_workload("slurm_job", "job_4242")
     assert (str(key), key.is_pod) == ("slurm_job/job_4242", False)
     assert str(WorkloadKey("ml", "", "web", "pod_name")) == "ml/~/web"
+
+
+def test_one_workload_whose_pods_had_their_owners_read_differently_is_one_group_and_one_patch(
+    tmp_path: Path,
+) -> None:
+    """docs/recommend.md groups by (namespace, owner kind, owner name): one pod read as its Deployment and
+    another only as its ReplicaSet (the agent's walk was refused for it) are one Deployment; so is a pod
+    whose owner was never read but whose ReplicaSet named it."""
+    seen = [("web-7d9c6b8f5d-x2k4p", [("Deployment", "web")]),
+            ("web-7d9c6b8f5d-b9m7q", [("ReplicaSet", "web-7d9c6b8f5d")]),
+            ("web-7d9c6b8f5d-q2w4z", [("ReplicaSet", "web-7d9c6b8f5d"), ("", "")]),
+            ("api-6c8d9f7b5-h7j8k", [("ReplicaSet", "api-6c8d9f7b5")])]
+    grouped = group_by_workload((pod, pod_workload("ml", pod, owners), pod) for pod, owners in seen)
+    assert grouped == {
+        WorkloadKey("ml", "Deployment", "web", "api_server"): {p: p for p, _ in seen[:3]},
+        WorkloadKey("ml", "Deployment", "api", "owner_name"): {seen[3][0]: seen[3][0]},
+    }
+    assert [key.source for key in grouped] == ["api_server", "owner_name"]  # the surest source names it
+    # units never join a pod's group, even of the same name
+    mixed = group_by_workload([("a", unit_workload("slurm_job", "x"), 1), ("b", WorkloadKey("", "slurm_job", "x",
+                                                                                           "api_server"), 2)])
+    assert len(mixed) == 2
+    # one row per workload: one patch file, listed once in the kustomize Component
+    written, _ = write_patches([row_of(SHARE, key) for key in grouped], tmp_path)
+    assert len(written) == 2
+    component = yaml.safe_load((tmp_path / "kustomization.yaml").read_text())
+    paths = [p["path"] for p in component["patches"]]
+    assert sorted(paths) == sorted(set(paths)) == ["ml.deployment.api.yaml", "ml.deployment.web.yaml"]
 
 
 # -- histories ----------------------------------------------------------------------------------------------------

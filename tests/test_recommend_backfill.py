@@ -66,6 +66,7 @@ class Pod:
     sm: Callable[[int], float]
     memory: Callable[[int], float]
     owner: tuple[str, str] | None = None
+    read_as: tuple[str, str] | None = None  # the owner the agent exported, when its walk stopped below `owner`
     gpus: int = 1
     container: str = "main"
     workload_kind: str | None = None
@@ -84,8 +85,10 @@ def pods() -> list[Pod]:
     everyone = [
         Pod("training", "llama-ft-worker-0", H100, 0, POINTS, cycle(0.93, 0.95, 0.96, 0.98), lambda k: 70 * GIB,
             owner=("PyTorchJob", "llama-ft"), gpus=2, container="pytorch"),
+        # one replica's owner read as the Deployment, the other's only as its ReplicaSet (RBAC refused the walk)
         *[Pod("serving", f"llm-api-7d9c6b8f5d-{s}", H100, 0, POINTS, cycle(0.18, 0.19, 0.20, 0.21, 0.22),
-              lambda k: 9 * GIB, owner=("Deployment", "llm-api"), container="vllm") for s in ("x2k4p", "b9m7q")],
+              lambda k: 9 * GIB, owner=("Deployment", "llm-api"), read_as=read_as, container="vllm")
+          for s, read_as in (("x2k4p", None), ("b9m7q", ("ReplicaSet", "llm-api-7d9c6b8f5d")))],
         *[Pod("serving", f"embedder-6c8d9f7b5-{s}", L40S, 0, POINTS, cycle(0.28, 0.29, 0.30, 0.31, 0.32),
               lambda k: 6 * GIB, owner=("Deployment", "embedder"), container="server") for s in ("h7j8k", "q2w4z")],
         Pod("research", "alice-0", A100, 0, POINTS, lambda k: 0.5 if k % 10 == 0 else 0.0,
@@ -177,8 +180,9 @@ def openmetrics(start: int, everyone: list[Pod]) -> str:
             continue
         who = f'namespace="{pod.namespace}",pod="{pod.name}",instance="node:9402",job="gpuagent"'
         if pod.owner:
+            kind, name = pod.read_as or pod.owner
             add("gpuagent_pod_info", "gauge", f'{who},uid="u-{pod.name}",qos="burstable",names_from="api_server",'
-                f'owner_kind="{pod.owner[0]}",owner_name="{pod.owner[1]}"', [(k, 1.0) for k in ks])
+                f'owner_kind="{kind}",owner_name="{name}"', [(k, 1.0) for k in ks])
         if pod.memory_limit:
             add("gpuagent_pod_gpu_memory_limit_bytes", "gauge", who, [(k, pod.memory_limit) for k in ks])
             for stage in ("ok", "warned", "terminating", "killed", "evicted"):
@@ -259,7 +263,10 @@ SAVINGS = {
 def test_every_recommendation_is_the_right_one(document: dict) -> None:
     rows = by_workload(document)
     assert {w: (r["recommendation"]["action"], r["recommendation"]["summary"]) for w, r in rows.items()} == EXPECTED
+    # one row for the Deployment whose replicas' owners were read differently, named by the surer reading
+    assert [w["workload"] for w in document["workloads"]].count("serving/Deployment/llm-api") == 1
     assert rows["serving/Deployment/llm-api"]["pods"] == ["llm-api-7d9c6b8f5d-b9m7q", "llm-api-7d9c6b8f5d-x2k4p"]
+    assert rows["serving/Deployment/llm-api"]["grouped_by"] == "api_server"
     assert len(rows["batch/CronJob/etl-nightly"]["pods"]) == 7  # a new pod every night, one workload
     assert rows["serving/~/legacy-infer"]["grouped_by"] == "pod_name"
     assert rows["slurm_job/job_4242"]["grouped_by"] == "unit" and rows["slurm_job/job_4242"]["namespace"] is None

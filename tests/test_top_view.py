@@ -160,6 +160,32 @@ def test_filters_by_namespace_and_text_keep_only_gpus_with_a_match() -> None:
     assert arrange(node, ViewOptions(text="no-such-thing")) == []
 
 
+def expanded_all(node: Any, options: ViewOptions) -> ViewOptions:
+    for row in arrange(node, options):
+        if row.kind == "tenant":
+            options = options.toggled(row.key)
+    return options
+
+
+def test_a_filter_that_finds_a_tenant_through_its_processes_lists_those_processes_only() -> None:
+    node = node_view(tenants_state())
+    options = expanded_all(node, ViewOptions(text="prefetch"))
+    listed = {(r.tenant.name, r.process.comm) for r in arrange(node, options) if r.kind == "process"}
+    # train-g's prefetch container, and pretrain-0's dataloader process (8 processes, one of them matches)
+    assert listed == {*((f"training/train-{g}", f"dataloader-prefetch-{g}") for g in range(7)),
+                      ("training/pretrain-0", "dataloader-prefetch-7")}
+    pid = node.gpus[7].tenants[0].processes[1].pid
+    by_pid = expanded_all(node, ViewOptions(text=str(pid)))
+    assert [r.process.pid for r in arrange(node, by_pid) if r.kind == "process"] == [pid]
+    text = frame(tenants_state(), by_pid)
+    pretrain = next(line for line in text.splitlines() if "training/pretrain-0" in line)
+    assert pretrain.split()[2] == "1"  # PROC: the processes listed, not its 8
+    assert "eval-7" in text and "train-worker-7" not in text
+    # a filter on the tenant's own name: the tenant, with every process it has
+    by_name = expanded_all(node, ViewOptions(text="training/pretrain-0"))
+    assert len([r for r in arrange(node, by_name) if r.kind == "process"]) == 8
+
+
 def test_expand_shows_processes_and_a_folded_gpu_hides_its_tenants() -> None:
     node = node_view(tenants_state())
     gpu = node.gpus[0]
@@ -173,6 +199,24 @@ def test_expand_shows_processes_and_a_folded_gpu_hides_its_tenants() -> None:
     assert ViewOptions().toggled(tenant_key(gpu, train)).toggled(tenant_key(gpu, train)) == ViewOptions()
     folded = arrange(node, ViewOptions().toggled(f"gpu:{gpu.uuid}"))
     assert [r.kind for r in folded if r.gpu is gpu] == ["gpu"]
+
+
+def test_the_tenants_sm_says_its_window_and_age_where_they_differ_from_the_gpus() -> None:
+    """A tenant's SM is NVML's per-process mean over the last read's window, read every 10 s off the share
+    controller's GPUs: its GPU's SM is this poll's. Where they differ, the GPU's line says how."""
+    state = tenants_state()
+    taken = state["taken_at_unix"]  # the agent polls every 0.5 s here
+    gpus = state["gpus"]
+    gpus[0].update(process_util_read_at_unix=taken - 4.0, process_util_window_seconds=10.0)  # read 4 s ago
+    gpus[6].update(process_util_read_at_unix=taken, process_util_window_seconds=0.5)  # read this poll
+    gpus[7].update(process_util_read_at_unix=taken, process_util_window_seconds=10.0)  # just read, 10 s mean
+    lines = {int(line.split()[1]): line for line in frame(state).splitlines() if line.startswith("  GPU ")}
+    assert "(tenant SM: 10s mean, 4.0s older)" in lines[0]
+    assert "(tenant SM: 10s mean)" in lines[7]
+    assert "tenant SM" not in lines[6] and "tenant SM" not in lines[1]  # as fresh as the GPU's; not known
+    mig = mig_state()
+    mig["gpus"][0].update(process_util_read_at_unix=mig["taken_at_unix"] - 9.0)
+    assert "tenant SM" not in frame(mig)  # MIG: no per-process SM, nothing to qualify
 
 
 # -- the frame in words -----------------------------------------------------------------------------------

@@ -17,10 +17,11 @@ GPU add up to its counter's delta exactly, with each poll weighted by the power 
 went backwards (GPU reset, driver reload), a gap, or an absent counter drops what was pending: nothing
 is split until the next reading after it.
 
-Busy on a GPU whose processes' utilization is read every few seconds (``busy``): each reading's averages
-are applied to the time since the previous reading, when it comes, so no window is counted twice or
-dropped whatever the cadence; its idle-held seconds are judged over the same window. A reading whose window
-is one interval (utilization read every poll: every GPU the share controller acts on) is settled with that
+Busy on a GPU shared by several owners, whose processes' utilization is read every few seconds (``busy``; an
+owner alone on its GPU has the device's per-poll figure instead, ``busy_read_at`` None): each reading's
+averages are applied to the time since the previous reading, when it comes, so no window is counted twice or
+dropped whatever the cadence; its idle-held seconds are judged over the same window. A reading whose window is
+one interval (utilization read every poll: every GPU the share controller acts on) is settled with that
 interval's integration, to the same figures, without the round trip through the pending busy.
 
 Series: each owner's increments go to its own series (a pod's container, or a workload off Kubernetes)

@@ -15,7 +15,10 @@ Rules (``docs/accounting.md`` states them for users):
   whose processes there are MPS clients held to a share of the SMs (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``)
   holds that share instead (of its MIG instance's fraction, on MIG): that is what MPS gives it.
 - **Busy.** The sum of its processes' SM utilization (NVML's per-process samples), clamped to the GPU; an
-  MPS client held to a share of the SMs counts that share of its utilization (``sm_share_ratio``).
+  MPS client held to a share of the SMs counts that share of its utilization (``sm_share_ratio``). Alone on
+  a whole GPU (no other owner's process there, no MPS client), the GPU's own utilization instead: read every
+  poll, it is a per-poll rate the ledger integrates at once, where per-process figures come every few
+  seconds and are settled in lumps (``busy``).
   NVML has no per-process utilization on MIG: there the instance's GPM graphics-engine activity (the same
   time-based measure; SM activity when that is absent) times the instance's fraction, shared equally by
   the workloads with processes in it; no GPM (A100 and older) means busy is unknown (``None``), never 0.
@@ -141,6 +144,7 @@ def _rates(
             profiles={m.gpu_instance_id: m.profile for m in gpu.migs},
         )
         _use(gpu, rates, known)
+        _alone(gpu, rates)
         for owner, instance, fraction in by_gpu.get(gpu.info.uuid, ()):
             rate = rates.units.get((owner, instance))
             if rate is None:
@@ -248,6 +252,30 @@ def _use(gpu: GpuSample, rates: GpuRates, pods_by_allocation: bool) -> None:
         if holds:
             rate.allocated = place_fraction
         rates.units[(owner, instance)] = rate
+
+
+def _alone(gpu: GpuSample, rates: GpuRates) -> None:
+    """One owner alone on a whole GPU (no other's process there): its busy is the device's utilization,
+    read every poll, so it is integrated poll by poll like any per-poll rate instead of waiting for the
+    per-process reading (every ``process_utilization_interval``). MPS clients keep the per-process rule:
+    their busy counts only their share of the SMs, which the device's figure does not know."""
+    if gpu.gpu_util_percent is None or gpu.migs:
+        return
+    place = None
+    for process in gpu.processes:
+        if process.kind == MPS_SERVER:
+            continue
+        if process.kind == MPS_CLIENT:
+            return
+        here = (owner_of(process), process.gpu_instance_id)
+        if place is None:
+            place = here
+        elif here != place:
+            return  # shared: each tenant's busy is its own per-process figure
+    if place is None or place[1] is not None:
+        return
+    rates.units[place].busy = min(1.0, max(0.0, gpu.gpu_util_percent / 100.0))
+    rates.busy_read_at = None
 
 
 def _instance_active(mig: MigSample | None) -> float | None:

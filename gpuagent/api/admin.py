@@ -5,7 +5,8 @@ Off by default: the routes exist only when the config enables them, in one or bo
 - ``admin_token_file``: the routes are on the main listener and need ``Authorization: Bearer <token>``.
   The token is the file's content (surrounding whitespace stripped), re-read when the file changes
   (rotation needs no restart), compared in constant time (:func:`hmac.compare_digest`). No or a wrong
-  token is a 401 with ``WWW-Authenticate: Bearer``; an unreadable or empty file refuses everyone.
+  token is a 401 with ``WWW-Authenticate: Bearer``; an unreadable or empty file refuses everyone (the file
+  is read by :class:`gpuagent.api.tokens.TokenFile`; the agent refuses to start with an empty one).
 - ``admin_socket``: the routes are served on a unix socket created with mode 0600, without a token: who
   can open the socket is the access control. With only the socket set, the TCP listener has no admin route.
 
@@ -15,7 +16,6 @@ callables. They run on the event loop, like the poll that also drives the enforc
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import math
@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpuagent.api.tokens import TokenFile
 from gpuagent.config import ConfigError
 from gpuagent.httperrors import Handler, json_error
 
@@ -51,49 +52,6 @@ class AdminActions:
 
     thaw: Callable[[float], Mapping[str, Any]]
     reload_policies: Callable[[], Mapping[str, Any]]
-
-
-class TokenFile:
-    """The bearer token in a file, re-read when the file's identity, size or mtime changes."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._stamp: tuple[int, int, int, int] | None = None
-        self._token: bytes = b""
-        self._problem = ""
-
-    def token(self) -> bytes:
-        """The current token; empty (nobody gets in) when the file is missing, unreadable or empty."""
-        try:
-            st = os.stat(self.path)
-            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            if stamp != self._stamp:
-                with open(self.path, "rb") as stream:
-                    self._token = stream.read(MAX_ADMIN_BODY_BYTES).strip()
-                self._stamp = stamp
-                self._report("" if self._token else "is empty: admin requests are refused")
-        except OSError as exc:
-            self._token, self._stamp = b"", None
-            self._report(f"cannot be read ({exc.strerror or exc}): admin requests are refused")
-        return self._token
-
-    def _report(self, problem: str) -> None:
-        """One log line per change of the file's state, not one per request."""
-        if problem != self._problem:
-            if problem:
-                log.warning("admin token file %s %s", self.path, problem)
-            elif self._problem:
-                log.info("admin token file %s is usable again", self.path)
-            self._problem = problem
-
-    def accepts(self, header: str | None) -> bool:
-        token = self.token()
-        if not header or not token:
-            return False
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(presented.strip().encode("utf-8", "surrogateescape"), token)
 
 
 def _guarded(handler: Handler, tokens: TokenFile | None) -> Handler:

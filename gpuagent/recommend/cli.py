@@ -89,6 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpuagent.report.cliargs import prices_from, progress_from, source_from, write_output
     from gpuagent.report.timerange import default_step_seconds, parse_duration_seconds
 
+    render = renderer(args.format)  # before any query: html without matplotlib fails here, in one line
     options = Options(
         headroom=parse_percent(args.headroom, "--headroom", upper=1000.0, zero=True),
         percentile=_percentile(args.percentile),
@@ -108,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         print("gpuagent recommend: warning: the kWh price is not used: energy follows use, not allocation, "
               "so no energy is counted as freed", file=sys.stderr)
     result = collect(source.client, request, progress_from(args))
-    write_output(renderer(args.format)(result), args.output)
+    write_output(render(result), args.output)
     if args.output or args.format != "table":  # the table shows them itself
         for warning in result.warnings:
             print(f"gpuagent recommend: warning: {warning}", file=sys.stderr)

@@ -21,7 +21,7 @@ from gpuagent.recommend.model import Options, Recommendations, Row, WorkloadKey
 from gpuagent.recommend.packing import pack
 from gpuagent.recommend.rules import recommend
 from gpuagent.recommend.savings import savings, totals
-from gpuagent.recommend.workloads import pod_workload, unit_workload
+from gpuagent.recommend.workloads import group_by_workload, pod_workload, unit_workload
 from gpuagent.report import queries as q
 from gpuagent.report.collect import Plan, models_step, run_plan, step_windows, total_step
 from gpuagent.report.model import Key
@@ -225,7 +225,7 @@ def _recommendations(client: PrometheusClient, request: Request, found: _Found,
         if model:
             gpu_memory[model] = max(size, gpu_memory.get(model, 0.0))
 
-    grouped: dict[WorkloadKey, dict[str, PodHistory]] = defaultdict(dict)
+    keyed: list[tuple[str, WorkloadKey, PodHistory]] = []
     for (kind, group, name), history in found.histories.items():
         if not history.totals and not history.held:
             continue  # facts about a pod without GPU time in the range (a limit set, no use)
@@ -234,7 +234,8 @@ def _recommendations(client: PrometheusClient, request: Request, found: _Found,
                    else pod_workload(group, name, history.owners))
         else:
             key = unit_workload(group, name)
-        grouped[key][name] = history
+        keyed.append((name, key, history))
+    grouped = group_by_workload(keyed)
 
     options, span = request.options, request.time_range
     rows = []

@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TypeVar
 
 from gpuagent.recommend.model import WorkloadKey
+
+_Pod = TypeVar("_Pod")
+# How surely a key names its workload, surest first: the owner the agents read, the one above it read from
+# its name, the pod's own name, a unit (units never meet pods in one group: their namespace is "").
+_SURENESS = ("api_server", "owner_name", "pod_name", "unit")
 
 # k8s.io/apimachinery's rand.String alphabet (no vowels, no 0/1/3): generated names and template hashes
 _SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
@@ -66,3 +72,20 @@ def _owner_rank(owner: tuple[str, str]) -> tuple[int, str, str]:
 def unit_workload(workload_kind: str, workload: str) -> WorkloadKey:
     """A workload outside Kubernetes, by its unit, container or job name as the agents found it."""
     return WorkloadKey("", workload_kind, workload, "unit")
+
+
+def group_by_workload(pods: Iterable[tuple[str, WorkloadKey, _Pod]]) -> dict[WorkloadKey, dict[str, _Pod]]:
+    """Pods (name, its key, what is known of it) grouped by what docs/recommend.md says a workload is:
+    ``(namespace, owner kind, owner name)``. Where the owner was read from does not split a workload: one pod
+    read as ``Deployment/web`` and another only as its ReplicaSet ``web-<hash>`` (the walk refused for it) are
+    one Deployment, one row and one patch. The group's key is its surest (``grouped_by``: ``api_server`` when
+    any pod's owner was read as that)."""
+    groups: dict[tuple[bool, str, str, str], dict[str, _Pod]] = {}
+    keys: dict[tuple[bool, str, str, str], WorkloadKey] = {}
+    for name, key, pod in pods:
+        workload = (key.is_pod, key.namespace, key.kind, key.name)
+        groups.setdefault(workload, {})[name] = pod
+        known = keys.get(workload)
+        if known is None or _SURENESS.index(key.source) < _SURENESS.index(known.source):
+            keys[workload] = key
+    return {keys[workload]: members for workload, members in groups.items()}

@@ -60,6 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpuagent.report.formats import renderer
     from gpuagent.report.timerange import default_step_seconds, parse_duration_seconds
 
+    render = renderer(args.format)  # before any query: html without matplotlib fails here, in one line
     source = source_from(args, time.time())
     step = (parse_duration_seconds(args.step, "--step") if args.step
             else default_step_seconds(source.time_range.seconds))
@@ -67,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
     request = Request(source.time_range, step, source.chunk_seconds, source.matchers, source.namespaces,
                       prices)
     report = collect(source.client, request, progress_from(args))
-    write_output(renderer(args.format)(report), args.output)
+    write_output(render(report), args.output)
     if args.output or args.format != "table":  # the table shows them itself
         for warning in report.warnings:
             print(f"gpuagent report: warning: {warning}", file=sys.stderr)

@@ -3,8 +3,10 @@
 ``arrange`` turns a :class:`NodeView` and the person's :class:`ViewOptions` into rows: each GPU (in index
 order) followed by its tenants sorted by the chosen column, a MIG-enabled GPU by its instances and theirs,
 an expanded tenant by its processes. A filter (a namespace, a text matched against tenant, container,
-process names and PIDs) keeps the tenants that match and the GPUs that have one. Rows carry stable keys,
-so the cursor and the expanded set survive refreshes and re-sorting.
+process names and PIDs) keeps the tenants that match and the GPUs that have one; a text that matches a
+tenant through some of its processes (their name, PID or container) keeps those processes only, one that
+matches the tenant's own name or kind keeps all of them. Rows carry stable keys, so the cursor and the
+expanded set survive refreshes and re-sorting.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def _tenant_rows(gpu: GpuView, mig: MigView | None, tenants: tuple[TenantView, .
     rows: list[Row] = []
     for tenant in sort_tenants([t for t in tenants if matches(t, options)], options):
         key = tenant_key(gpu, tenant)
+        tenant = replace(tenant, processes=matching_processes(tenant, options))
         rows.append(Row("tenant", key, gpu, mig=mig, tenant=tenant))
         if key in options.expanded:
             rows += [Row("process", f"process:{key}:{p.pid}", gpu, mig=mig, tenant=tenant, process=p)
@@ -163,8 +166,23 @@ def matches(tenant: TenantView, options: ViewOptions) -> bool:
     if options.namespace is not None and tenant.namespace != options.namespace:
         return False
     text = options.text.strip().lower()
-    if not text:
-        return True
-    words = [tenant.name, tenant.kind, *tenant.containers]
-    words += [p.comm for p in tenant.processes] + [str(p.pid) for p in tenant.processes]
+    return not text or _names_it(tenant, text) or any(_names_it(p, text) for p in tenant.processes)
+
+
+def matching_processes(tenant: TenantView, options: ViewOptions) -> tuple[ProcessView, ...]:
+    """The processes a kept tenant lists: all of them, unless the text found the tenant through some of
+    its processes only (a process name, a PID, a container): then those."""
+    text = options.text.strip().lower()
+    if not text or _names_it(tenant, text):
+        return tenant.processes
+    return tuple(p for p in tenant.processes if _names_it(p, text))
+
+
+def _names_it(item: TenantView | ProcessView, text: str) -> bool:
+    """``text`` (lower case) is part of the tenant's own name or kind, or of the process's name, PID or
+    container."""
+    if isinstance(item, TenantView):
+        words = (item.name, item.kind)
+    else:
+        words = (item.comm, str(item.pid), item.container or "")
     return any(text in word.lower() for word in words)

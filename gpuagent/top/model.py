@@ -90,6 +90,12 @@ class GpuView:
     mig_enabled: bool
     migs: tuple[MigView, ...]
     tenants: tuple[TenantView, ...]  # outside MIG instances
+    # Where the tenants' (and processes') SM figures differ from the GPU's own, which is this poll's: NVML's
+    # per-process means over this many seconds (None: one poll, as the GPU's), read this long before the
+    # snapshot (None: at it). Per-process use is read every process_utilization_interval (10 s) where the
+    # share controller does not act, so a tenant's SM can exceed its GPU's SM now.
+    tenant_sm_window_seconds: float | None = None
+    tenant_sm_age_seconds: float | None = None
 
     def all_tenants(self) -> tuple[TenantView, ...]:
         return self.tenants + tuple(t for m in self.migs for t in m.tenants)
@@ -132,7 +138,8 @@ def node_view(state: Mapping[str, Any]) -> NodeView:
         mode=_get(enforcement, "mode", str, "off") if enforcement else "off",
         poll_interval_seconds=_number(state, "poll_interval_seconds"),
         taken_at_unix=_number(state, "taken_at_unix"),
-        gpus=tuple(_gpu(g, hints.get(_info(g).get("uuid"), {}), joins) for g in _dicts(gpus)),
+        gpus=tuple(_gpu(g, hints.get(_info(g).get("uuid"), {}), joins, _number(state, "taken_at_unix"),
+                        _number(state, "poll_interval_seconds")) for g in _dicts(gpus)),
         failing_sources=tuple(
             f"{s.get('name')}: {s.get('error') or 'failed'}" for s in _dicts(state.get("sources"))
             if s.get("ok") is False
@@ -181,7 +188,8 @@ def _tenant_name(name: Any, namespace: Any) -> str:
     return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else str(name)
 
 
-def _gpu(gpu: Mapping[str, Any], hint: Mapping[str, Any], joins: _Joins) -> GpuView:
+def _gpu(gpu: Mapping[str, Any], hint: Mapping[str, Any], joins: _Joins, taken_at: float | None,
+         poll_interval: float | None) -> GpuView:
     info = _info(gpu)
     uuid = str(info.get("uuid", ""))
     xid = _get(gpu, "xid", dict, {})
@@ -220,7 +228,20 @@ def _gpu(gpu: Mapping[str, Any], hint: Mapping[str, Any], joins: _Joins) -> GpuV
         mig_enabled=info.get("mig_enabled") is True,
         migs=tuple(_mig(m, [t for t in tenants if t.mig_instance == m.get("uuid")]) for m in migs),
         tenants=tuple(t for t in tenants if t.mig_instance is None or t.mig_instance not in mig_ids),
+        **_tenant_sm_timing(gpu, taken_at, poll_interval),
     )
+
+
+def _tenant_sm_timing(gpu: Mapping[str, Any], taken_at: float | None,
+                      poll_interval: float | None) -> dict[str, float | None]:
+    """The per-process figures' window and age, each None where it is the GPU's own (one poll, read at
+    the snapshot) or not known (an older agent, MIG)."""
+    poll = poll_interval or 1.0
+    window = _number(gpu, "process_util_window_seconds")
+    read_at = _number(gpu, "process_util_read_at_unix")
+    age = taken_at - read_at if taken_at is not None and read_at is not None else None
+    return {"tenant_sm_window_seconds": window if window is not None and window > 1.5 * poll else None,
+            "tenant_sm_age_seconds": age if age is not None and age >= poll / 2 else None}
 
 
 def _mig(mig: Mapping[str, Any], tenants: Sequence[TenantView]) -> MigView:

@@ -188,6 +188,7 @@ def gpu_block(gpu: GpuView, history: History, width: int, collapsed: bool = Fals
     if gpu.sharing_mode is not None:
         tenants = len(gpu.all_tenants())
         title.append(f"  {gpu.sharing_mode.replace('_', '-')}, {tenants} tenant{'s' * (tenants != 1)}")
+    title.append_text(tenant_sm_timing(gpu))
     spark = Text(sparkline(history.of(gpu.uuid), spark_width), style="cyan")
     first = right_aligned(title, spark, width)
     second = Text("    SM ")
@@ -212,6 +213,19 @@ def gpu_block(gpu: GpuView, history: History, width: int, collapsed: bool = Fals
     if gpu.stale or gpu.health != "ok":
         second.stylize(DIM)
     return [first, second]
+
+
+def tenant_sm_timing(gpu: GpuView) -> Text:
+    """``(tenant SM: 10s mean, 4.0s older)``: where the tenants' SM is not this poll's figure, as the GPU's
+    is, its window and age, so a tenant above its GPU reads as what it is."""
+    if not any(t.sm_ratio is not None for t in gpu.all_tenants()):
+        return Text("")
+    parts = []
+    if gpu.tenant_sm_window_seconds is not None:
+        parts.append(f"{duration(gpu.tenant_sm_window_seconds)} mean")
+    if gpu.tenant_sm_age_seconds is not None:
+        parts.append(f"{duration(gpu.tenant_sm_age_seconds)} older")
+    return Text(f"  (tenant SM: {', '.join(parts)})", style=DIM) if parts else Text("")
 
 
 def health_words(gpu: GpuView) -> Text:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuagent.recommend.model import Recommendations
+from gpuagent.report.formats import require_plotting
 
 FORMATS = ("table", "json", "csv", "html")
 
@@ -25,6 +26,7 @@ def renderer(name: str) -> Callable[[Recommendations], str]:
 
         return render_csv
     if name == "html":
+        require_plotting()
         from gpuagent.recommend.formats.html_page import render_html
 
         return render_html

@@ -10,6 +10,7 @@ import functools
 import io
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import ParamSpec
 
@@ -42,7 +43,11 @@ def style(name: str) -> Iterator[None]:
     for SVG: text as text, ids salted by ``name`` so several plots on one page share no clip-path id."""
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"gpuagent-report-{name}",
                                 "font.family": "DejaVu Sans", "font.size": 10, "axes.edgecolor": "#8a96a3",
-                                "axes.titleweight": "bold"}):
+                                "axes.titleweight": "bold"}), warnings.catch_warnings():
+        # Text stays text in the SVG, drawn by the reader's browser with its own fonts: a glyph DejaVu Sans
+        # lacks (CJK or an emoji in a pod's name) shows on the page, and matplotlib's "Glyph ... missing"
+        # warning, one per character and plot, is noise on the user's terminal.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from", category=UserWarning)
         yield
 
 
