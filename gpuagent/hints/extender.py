@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 from gpuagent.hints.agents import STATES, AgentCache, AgentDirectory, AgentEntry, AgentTLS
 from gpuagent.hints.claim_reader import ClaimReader
 from gpuagent.hints.claims import Unjudged
+from gpuagent.hints.cluster_view import ClusterView
 from gpuagent.hints.extender_config import ExtenderOptions
 from gpuagent.hints.extender_protocol import (
     ArgsError,
@@ -59,6 +60,8 @@ from gpuagent.httperrors import Handler, json_error, json_errors
 from gpuagent.snapshot import NodeHints
 
 log = logging.getLogger(__name__)
+
+NodeSource = AgentCache | ClusterView  # where node states come from: the agents over HTTP, or Kubernetes
 
 REASON_PREFIX = "gpuagent: "
 MAX_REASON_CHARS = 300
@@ -130,7 +133,7 @@ class ExtenderMetrics:
 class _AgentsCollector(Collector):
     """Agents known by state, computed at scrape time from the cache (no I/O)."""
 
-    def __init__(self, cache: AgentCache, max_age_seconds: float) -> None:
+    def __init__(self, cache: NodeSource, max_age_seconds: float) -> None:
         self._cache = cache
         self._max_age = max_age_seconds
 
@@ -155,7 +158,7 @@ class Extender:
 
     def __init__(
         self,
-        cache: AgentCache,
+        cache: NodeSource,
         *,
         max_age_seconds: float = 30.0,
         gpu_resource_names: Sequence[str] = ("nvidia.com/gpu",),
@@ -165,6 +168,7 @@ class Extender:
         metrics: ExtenderMetrics | None = None,
     ) -> None:
         self.cache = cache
+        self._unknown = getattr(cache, "unknown_reason", "agent not known")
         self.max_age_seconds = max_age_seconds
         self.gpu_resource_names = tuple(gpu_resource_names)
         self.claims = claims if claims is not None else ClaimReader(None)
@@ -225,7 +229,7 @@ class Extender:
                 or entry.answered_at is None
                 or now - entry.answered_at > max_age
             ):
-                reason = entry.reason(now, max_age) if entry is not None else "agent not known"
+                reason = entry.reason(now, max_age) if entry is not None else self._unknown
                 verdicts[node] = Verdict(False, reason=_reason(reason), unresolvable=True)
                 continue
             hints = entry.hints
@@ -416,7 +420,14 @@ def _stop_on_signals() -> asyncio.Event:
 
 
 def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None = None) -> Extender:
-    """The extender and its agent cache as ``options`` say (the cache is started by ``serve``)."""
+    """The extender and its node source as ``options`` say (started by ``serve``): the cluster view of the
+    agents' published GPUNodeStates where the API server is used (``cluster_view``), else the agents'
+    ``/v1/hints`` fetched over HTTP."""
+    claims = claim_reader(options)
+    view = cluster_view(options)
+    if view is not None:
+        return Extender(view, max_age_seconds=options.published_max_age,
+                        gpu_resource_names=options.gpu_resource_names, claims=claims)
     directory = AgentDirectory(template=options.agent_url, urls=options.agent_urls)
     if agent_ssl is None and (options.agent_ca_file or options.agent_cert_file):
         agent_ssl = AgentTLS(options.agent_ca_file, options.agent_cert_file, options.agent_key_file).context()
@@ -429,7 +440,19 @@ def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None =
         ssl_context=agent_ssl,
     )
     return Extender(cache, max_age_seconds=options.max_age, gpu_resource_names=options.gpu_resource_names,
-                    claims=claim_reader(options))
+                    claims=claims)
+
+
+def cluster_view(options: ExtenderOptions) -> ClusterView | None:
+    """The list-and-watch of GPUNodeStates: when asked, or (auto) with a kubeconfig or inside a cluster."""
+    from gpuagent.kubeapi import ApiConnection, api_server_available
+
+    if options.cluster_view == "off" or (
+        options.cluster_view == "auto" and not (options.kubeconfig or api_server_available())
+    ):
+        return None
+    connection = ApiConnection(kubeconfig_path=options.kubeconfig, request_timeout=max(options.timeout, 10.0))
+    return ClusterView(connection=connection, sync_timeout=options.timeout)
 
 
 def claim_reader(options: ExtenderOptions) -> ClaimReader:

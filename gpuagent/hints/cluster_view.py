@@ -1,0 +1,216 @@
+"""The extender's cluster view: every node's ``GPUNodeState``, kept by one list and watch.
+
+This is kube-scheduler's own informer pattern: a cold start is one LIST (served from the API server's watch
+cache), after which every node that has an agent is judged on the first call; the watch then applies each
+change as it is written; a restart or a failover loses nothing that the API server holds. Nothing here
+talks to an agent: the extender's answers depend on the API server alone, whose load is the agents' writes
+(``hints.publisher``: on change, rate-limited, plus a heartbeat).
+
+It offers the extender what ``AgentCache`` offers (``lookup``, ``counts``, ``start``/``run``/``close``), with
+``AgentEntry`` records whose ``answered_at`` is the state's heartbeat on this process's monotonic clock: the
+heartbeat's age by the agent's clock when first seen, by ours after that. So the extender's staleness rule
+is the same for both sources: a node whose state is older than ``published_max_age`` is filtered out,
+unresolvable, with the reason.
+
+Generations: each object carries its agent's ``(epoch, sequence)``. A write of the same agent with a lower
+sequence, or of an earlier agent (lower epoch) with no newer heartbeat, is ignored, so a write left in
+flight by a replaced agent cannot roll a node back. A node whose object cannot be decoded keeps its last
+good state (or none) and is counted; the log names it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuagent.hints.agents import FRESH, STALE, STATES, UNREACHABLE, AgentEntry
+from gpuagent.hints.published import (
+    COLLECTION_PATH,
+    GROUP,
+    PLURAL,
+    PublishedState,
+    decode_list,
+    decode_state,
+)
+from gpuagent.hints.score import node_index
+from gpuagent.kubeapi import ApiConnection
+from gpuagent.reflector import Reflector
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_REASON = "no GPUNodeState published for this node (no agent, or it cannot write to the API server)"
+MAX_LOGGED_BAD = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Meta:
+    resourceVersion: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """One decoded object: its state, or why it could not be read."""
+
+    metadata: _Meta
+    node: str
+    state: PublishedState | None
+    error: str = ""
+
+
+class ClusterView(Reflector):
+    """Every node's published GPU state; see the module docstring."""
+
+    path = COLLECTION_PATH
+    resource = PLURAL
+    api_group = GROUP
+    what = "published GPU states"
+    cluster_wide = True
+
+    def __init__(
+        self,
+        *,
+        connection: ApiConnection | None = None,
+        kubeconfig_path: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        sync_timeout: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(None, log=log, connection=connection, kubeconfig_path=kubeconfig_path,
+                         clock=monotonic, **kwargs)
+        self._monotonic = monotonic
+        self._wall = wall_clock
+        self.sync_timeout = sync_timeout
+        self._entries: dict[str, AgentEntry] = {}
+        self._states: dict[str, PublishedState] = {}
+        self._synced_event = asyncio.Event()
+        self._bad: set[str] = set()
+        self.bad_objects = 0  # objects that could not be decoded, for metrics
+        self.stale_writes = 0  # writes ignored for an older generation
+        self.unknown_reason = UNKNOWN_REASON
+
+    # -- what the reflector asks of a view -----------------------------------------------------------------
+    def _decode_list(self, body: bytes) -> tuple[list[Any], str]:
+        raw_items, rv = decode_list(body)
+        return [self._decode_object(raw) for raw in raw_items], rv
+
+    def _decode_object(self, raw: Any) -> _Item:
+        try:
+            state = decode_state(raw)
+        except ValueError as exc:
+            return _Item(_Meta(""), "", None, str(exc)[:300])
+        return _Item(_Meta(state.resource_version), state.node, state)
+
+    def _replace(self, items: list[Any]) -> None:
+        listed = {item.node for item in items if item.state is not None}
+        for node in self._states.keys() - listed:  # deleted while the watch was down
+            self._states.pop(node, None)
+            self._entries.pop(node, None)
+        for item in items:
+            self._put(item)  # the generation check applies across a re-list too
+        self._synced_event.set()
+
+    def _put(self, obj: Any) -> None:
+        item: _Item = obj
+        if item.state is None:
+            self._bad_object(item)
+            return
+        state = item.state
+        old = self._states.get(state.node)
+        if old is not None and not _newer(state, old):
+            self.stale_writes += 1
+            return
+        self._states[state.node] = state
+        self._bad.discard(state.node)
+        age = max(0.0, self._wall() - state.heartbeat_unix)
+        previous = self._entries.get(state.node)
+        hints = state.hints
+        if previous is not None and previous.hints == hints:
+            hints = previous.hints  # the same object: the extender's per-node memo stays valid
+        self._entries[state.node] = AgentEntry(
+            node=state.node, url=None, hints=hints,
+            index=previous.index if previous is not None and previous.hints is hints else node_index(hints),
+            answered_at=self._monotonic() - age,
+        )
+
+    def _drop(self, obj: Any) -> None:
+        item: _Item = obj
+        if item.node:
+            self._states.pop(item.node, None)
+            self._entries.pop(item.node, None)
+
+    def _size(self) -> int:
+        return len(self._entries)
+
+    def _bad_object(self, item: _Item) -> None:
+        self.bad_objects += 1
+        key = item.error
+        if key not in self._bad and len(self._bad) < MAX_LOGGED_BAD:
+            self._bad.add(key)
+            log.warning("ignoring a GPUNodeState that cannot be read (the node keeps its last good state): "
+                        "%s", item.error)
+
+    # -- what the extender asks of a node source ----------------------------------------------------------
+    def get(self, node: str) -> AgentEntry | None:
+        return self._entries.get(node)
+
+    def entries(self) -> Iterable[AgentEntry]:
+        return self._entries.values()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def counts(self, max_age_seconds: float) -> dict[str, int]:
+        now = self._monotonic()
+        counts = dict.fromkeys(STATES, 0)
+        for entry in self._entries.values():
+            assert entry.answered_at is not None
+            counts[FRESH if now - entry.answered_at <= max_age_seconds else STALE] += 1
+        if not self.synced:
+            counts[UNREACHABLE] = 0
+        return counts
+
+    async def lookup(self, nodes: Iterable[str], *, deadline_seconds: float | None = None
+                     ) -> dict[str, AgentEntry]:
+        """The entries of ``nodes`` (unknown nodes are left out); before the first list has answered, waits
+        for it for at most ``deadline_seconds`` (default ``sync_timeout``)."""
+        if not self._synced_event.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._synced_event.wait(), deadline_seconds or self.sync_timeout)
+        entries = self._entries
+        return {node: entry for node in nodes if (entry := entries.get(node)) is not None}
+
+    def set_fetch_observer(self, observer: object) -> None:
+        """No agent is fetched: nothing to observe (the extender's metrics call this on every source)."""
+
+    async def start(self) -> None:
+        """Nothing to open before ``run``: the reflector opens its connection there."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """List and watch until ``stop`` is set."""
+        task = asyncio.create_task(super().run(), name="cluster-view")
+        try:
+            await stop.wait()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.aclose()
+
+
+def _newer(state: PublishedState, old: PublishedState) -> bool:
+    """Whether ``state`` may replace ``old``: a later write of the same agent, or a later agent (by epoch),
+    or an earlier epoch whose heartbeat is newer (the node's clock went back across a restart)."""
+    if state.generation.epoch == old.generation.epoch:
+        return state.generation.sequence >= old.generation.sequence
+    if state.generation.epoch > old.generation.epoch:
+        return True
+    return state.heartbeat_unix > old.heartbeat_unix
