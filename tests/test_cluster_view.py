@@ -335,3 +335,74 @@ async def test_an_agent_publishes_its_node_for_the_extender(api: FakeApiServer, 
         await agent.pods.close()
         await agent.devices.close()
 
+
+
+# --- judging many nodes ----------------------------------------------------------------------------------------
+
+
+async def test_nodes_in_the_same_state_are_judged_once_a_request(api: FakeApiServer, view: ClusterView,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuagent.hints.extender as extender_module
+
+    for i in range(30):  # three states: ten idle nodes, ten held, ten with one GPU of their own each
+        hints = all_free(f"n{i}") if i < 10 else all_held(f"n{i}") if i < 20 else \
+            moved(all_free(f"n{i}"), memory_free_bytes=(i - 19) * GiB)
+        publish(api, f"n{i}", hints)
+    scored = []
+    real = extender_module._score
+    monkeypatch.setattr(extender_module, "_score", lambda entry, request: scored.append(entry.node) or
+                        real(entry, request))
+    extender = Extender(view, max_age_seconds=900.0)
+    nodes = [f"n{i}" for i in range(30)]
+    reply = await extender.filter(gpu_pod_filter(nodes))
+    assert len(scored) == 1 + 1 + 10  # once per distinct state
+    assert set(reply["NodeNames"]) == {f"n{i}" for i in range(10)} | {f"n{i}" for i in range(20, 30)}
+    failed = {reply["FailedNodes"][f"n{i}"] for i in range(10, 20)}
+    assert len(failed) == 1  # the same state, the same reason
+
+
+async def test_a_repeated_answer_is_reused_until_a_state_changes_or_ages_out(api: FakeApiServer) -> None:
+    clock = Clock()
+    made = ClusterView(connection=ApiConnection(config=api.kubeconfig()), sync_timeout=5.0, monotonic=clock,
+                       wall_clock=lambda: clock.now)
+    publish(api, "a", all_free("a"), heartbeat=clock.now)
+    publish(api, "b", all_free("b"), heartbeat=clock.now - 500)
+    stop = asyncio.Event()
+    task = asyncio.create_task(made.run(stop))
+    try:
+        extender = Extender(made, max_age_seconds=900.0, monotonic=clock)
+        first = await extender.filter(gpu_pod_filter(["a", "b"]))
+        assert first["NodeNames"] == ["a", "b"]
+        assert await extender.filter(gpu_pod_filter(["a", "b"])) == first
+        clock.now += 401  # b's state, 500 s old when published, is now past 900 s
+        aged = await extender.filter(gpu_pod_filter(["a", "b"]))
+        assert aged["NodeNames"] == ["a"] and "b" in aged["FailedAndUnresolvableNodes"]
+        publish(api, "a", all_held("a"), sequence=2, heartbeat=clock.now)
+        await eventually(lambda: made.get("a").hints.free_gpu_count == 0, 5.0)
+        changed = await extender.filter(gpu_pod_filter(["a", "b"]))
+        assert changed["NodeNames"] == [] and "a" in changed["FailedNodes"]
+    finally:
+        stop.set()
+        await task
+        await made.close()
+
+
+async def test_the_extender_is_ready_once_the_first_list_has_answered(api: FakeApiServer) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gpuagent.hints.extender import build_app, build_registry
+
+    publish(api, "n1", all_free("n1"))
+    made = ClusterView(connection=ApiConnection(config=api.kubeconfig()), sync_timeout=5.0)
+    extender = Extender(made, max_age_seconds=900.0)
+    async with TestClient(TestServer(build_app(extender, build_registry(extender)))) as client:
+        waiting = await client.get("/readyz")
+        assert waiting.status == 503 and "first list" in (await waiting.json())["status"]
+        stop = asyncio.Event()
+        task = asyncio.create_task(made.run(stop))
+        await eventually(lambda: made.synced, 5.0)
+        ready = await client.get("/readyz")
+        assert ready.status == 200 and (await ready.json()) == {"status": "ready", "nodes": 1}
+        stop.set()
+        await task
+    await made.close()

@@ -70,6 +70,7 @@ class AgentEntry:
     etag: str | None = None
     answered_at: float | None = None  # monotonic time of the last 200 or 304
     error: str | None = None  # why the last fetch failed; None when it succeeded
+    key: bytes | None = None  # the cluster view's: equal for nodes whose states schedule alike
 
     def state(self, now: float, max_age_seconds: float) -> str:
         if self.hints is None or self.answered_at is None:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from gpuagent.hints.published import (
 )
 from gpuagent.hints.score import node_index
 from gpuagent.kubeapi import ApiConnection
-from gpuagent.reflector import Reflector
+from gpuagent.reflector import Reflector, wire
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +94,19 @@ class ClusterView(Reflector):
         self._bad: set[str] = set()
         self.bad_objects = 0  # objects that could not be decoded, for metrics
         self.stale_writes = 0  # writes ignored for an older generation
+        self.version = 0  # counts the changes to the view: an answer computed at one version holds until it
+        self._expiry: tuple[int, float, float] | None = None  # (version, max_age, when a state ages out)
         self.unknown_reason = UNKNOWN_REASON
 
     # -- what the reflector asks of a view -----------------------------------------------------------------
     def _decode_list(self, body: bytes) -> tuple[list[Any], str]:
-        raw_items, rv = decode_list(body)
-        return [self._decode_object(raw) for raw in raw_items], rv
+        try:
+            raw_items, rv = decode_list(body)
+        except ValueError as exc:  # the reflector reports a protocol failure and lists again
+            raise wire().DecodeError(str(exc)) from None
+        items = [self._decode_object(raw) for raw in raw_items]
+        gc.freeze()  # thousands of long-lived objects: kept out of every later collection
+        return items, rv
 
     def _decode_object(self, raw: Any) -> _Item:
         try:
@@ -114,6 +123,7 @@ class ClusterView(Reflector):
         for item in items:
             self._put(item)  # the generation check applies across a re-list too
         self._synced_event.set()
+        self.version += 1
 
     def _put(self, obj: Any) -> None:
         item: _Item = obj
@@ -127,6 +137,7 @@ class ClusterView(Reflector):
             return
         self._states[state.node] = state
         self._bad.discard(state.node)
+        self.version += 1
         age = max(0.0, self._wall() - state.heartbeat_unix)
         previous = self._entries.get(state.node)
         hints = state.hints
@@ -136,6 +147,7 @@ class ClusterView(Reflector):
             node=state.node, url=None, hints=hints,
             index=previous.index if previous is not None and previous.hints is hints else node_index(hints),
             answered_at=self._monotonic() - age,
+            key=state.key or None,
         )
 
     def _drop(self, obj: Any) -> None:
@@ -143,6 +155,7 @@ class ClusterView(Reflector):
         if item.node:
             self._states.pop(item.node, None)
             self._entries.pop(item.node, None)
+            self.version += 1
 
     def _size(self) -> int:
         return len(self._entries)
@@ -164,6 +177,16 @@ class ClusterView(Reflector):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def expiry(self, max_age_seconds: float) -> float:
+        """The monotonic time at which the first state now known turns older than ``max_age_seconds``
+        (computed once per version): until then, and while the version holds, every verdict stands."""
+        cached = self._expiry
+        if cached is None or cached[0] != self.version or cached[1] != max_age_seconds:
+            oldest = min((e.answered_at for e in self._entries.values() if e.answered_at is not None),
+                         default=math.inf)
+            cached = self._expiry = (self.version, max_age_seconds, oldest + max_age_seconds)
+        return cached[2]
 
     def counts(self, max_age_seconds: float) -> dict[str, int]:
         now = self._monotonic()

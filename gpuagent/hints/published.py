@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
-from collections.abc import Callable
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -73,6 +74,7 @@ class PublishedState:
     generation: Generation
     heartbeat_unix: float
     hints: NodeHints
+    key: bytes = b""  # ``verdict_key``: equal for nodes whose states schedule alike
 
 
 # --- the agent's side ---------------------------------------------------------------------------------------
@@ -172,10 +174,21 @@ def object_path(node: str) -> str:
 
 # --- the extender's side ------------------------------------------------------------------------------------
 
+_TAKEN_AT = re.compile(rb'"taken_at_unix":\s*[-+0-9.eE]+')
+
+
+@dataclass(frozen=True, slots=True)
+class _Wire:
+    """msgspec's decoders, built on first use (msgspec comes with lightkube, imported only then)."""
+
+    obj: Any
+    listing: Any
+    hints: Any
+    error: type[Exception]
+
 
 @functools.cache
-def _decoders() -> tuple[Callable[[Any], Any], Callable[[bytes], Any], Callable[[bytes], Any], type]:
-    """(object to PublishedState, decode one object, decode a list, DecodeError), built on first use."""
+def _wire() -> _Wire:
     import msgspec
 
     meta = msgspec.defstruct("Meta", [("name", str, ""), ("resourceVersion", str, "")])
@@ -184,43 +197,54 @@ def _decoders() -> tuple[Callable[[Any], Any], Callable[[bytes], Any], Callable[
         ("metadata", meta, msgspec.field(default_factory=meta)),
         ("agent", agent, msgspec.field(default_factory=agent)),
         ("heartbeatTime", str, ""),
-        ("hints", NodeHints | None, None),
+        ("hints", msgspec.Raw, msgspec.Raw(b"")),
     ])
     list_meta = msgspec.defstruct("ListMeta", [("resourceVersion", str, "")])
     listing = msgspec.defstruct("GPUNodeStateList", [
         ("metadata", list_meta, msgspec.field(default_factory=list_meta)),
         ("items", list[msgspec.Raw] | None, None),
     ])
-    one = msgspec.json.Decoder(obj)
-    many = msgspec.json.Decoder(listing)
-
-    def convert(raw: Any) -> Any:
-        return one.decode(raw)
-
-    return convert, one.decode, many.decode, msgspec.DecodeError
-
-
-def decode_error() -> type[Exception]:
-    return _decoders()[3]  # type: ignore[no-any-return]
+    return _Wire(msgspec.json.Decoder(obj), msgspec.json.Decoder(listing), msgspec.json.Decoder(NodeHints),
+                 msgspec.DecodeError)
 
 
 def decode_list(body: bytes) -> tuple[list[Any], str]:
-    """(the raw items, the list's resourceVersion); raises ``decode_error()``."""
-    listing = _decoders()[2](body)
+    """(the raw items, the list's resourceVersion); raises ``ValueError``."""
+    wire = _wire()
+    try:
+        listing = wire.listing.decode(body)
+    except wire.error as exc:
+        raise ValueError(f"bad {KIND}List: {exc}") from None
     return list(listing.items or ()), listing.metadata.resourceVersion
+
+
+def verdict_key(raw_hints: bytes, hints: NodeHints) -> bytes:
+    """The hints' bytes with what names this node rather than its state taken out: its hostname, when they
+    were taken, and its GPUs' and MIG instances' UUIDs (each replaced by its position, so NVLink peers keep
+    their shape). Two nodes with the same key get the same verdict for any request (``fit_node`` reads
+    none of those but through positions), so the extender judges each distinct state once a request."""
+    hostname = re.escape(json.dumps(hints.hostname).encode())
+    key = _TAKEN_AT.sub(b"", re.sub(rb'"hostname":\s*' + hostname, b"", raw_hints))
+    for pos, gpu in enumerate(hints.gpus):
+        if gpu.uuid:
+            key = key.replace(gpu.uuid.encode(), b"#%d" % pos)
+        for number, instance in enumerate(gpu.mig_instances):
+            key = key.replace(instance.uuid.encode(), b"#%d.%d" % (pos, number))
+    return key
 
 
 def decode_state(raw: Any) -> PublishedState:
     """One object (bytes or msgspec Raw); raises ``ValueError`` naming what is wrong (bad JSON, a field of
     the wrong type with its path, no hints, an unreadable heartbeat)."""
-    convert, *_, error = _decoders()
+    wire = _wire()
     try:
-        obj = convert(raw)
-    except error as exc:
+        obj = wire.obj.decode(raw)
+        name = obj.metadata.name
+        if bytes(obj.hints) in (b"", b"null"):
+            raise ValueError(f"{KIND} {name!r}: no hints")
+        hints = wire.hints.decode(obj.hints)
+    except wire.error as exc:
         raise ValueError(f"bad {KIND}: {exc}") from None
-    name = obj.metadata.name
-    if obj.hints is None:
-        raise ValueError(f"{KIND} {name!r}: no hints")
     try:
         heartbeat = datetime.fromisoformat(obj.heartbeatTime.replace("Z", "+00:00")).timestamp()
     except ValueError:
@@ -231,5 +255,6 @@ def decode_state(raw: Any) -> PublishedState:
         resource_version=obj.metadata.resourceVersion,
         generation=Generation(obj.agent.epoch, obj.agent.sequence),
         heartbeat_unix=heartbeat,
-        hints=obj.hints,
+        hints=hints,
+        key=verdict_key(bytes(obj.hints), hints),
     )
