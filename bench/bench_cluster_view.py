@@ -13,7 +13,7 @@ Usage: .venv/bin/python bench/bench_cluster_view.py [--nodes 1000,5000,20000] [-
   a seen pod (the per-node memo answers).
 - restart: while a writer in the child changes 2 % of the nodes' states every second, a second extender
   starts from scratch; once both have caught up, their verdicts over all N nodes must be the same.
-- writes: the agents' write rate, from ``PublishPolicy`` itself in virtual time (no API server): 50
+- writes: the agents' write rate, from ``PublishPolicy`` itself in virtual time (no API server): 20
   simulated nodes for an hour of 1 s polls each, steady (utilisation and memory noise only) and churning
   (a pod arrives or leaves every 10 minutes per node), scaled to 5,000 and 20,000 nodes; with the object's
   size. NFD's defaults for comparison: nfd-worker and nfd-topology-updater rewrite every 60 s.
@@ -225,19 +225,24 @@ def decode_costs(bodies: list[dict[str, Any]], rounds: int = 2000) -> dict[str, 
     return out
 
 
-def _noisy(hints: NodeHints, rng: random.Random, memory: dict[str, int], util: dict[str, float]) -> NodeHints:
-    """One poll of a node whose tenants' memory and SM use wander (a random walk, bounded)."""
+LONG_WINDOW = 300.0  # the hints' long SM-use average, which the schedulable share follows (seconds)
+
+
+def _noisy(hints: NodeHints, rng: random.Random, drift: dict[str, float]) -> NodeHints:
+    """One poll of a node at work: each GPU's memory jitters by up to 128 MiB around its level (allocator
+    churn), its SM use swings 30 points around its mean every second, and the schedulable share follows
+    the 5-minute average of that use (an AR(1) drift, its standard deviation ~1 point); the SM use itself
+    is not published."""
     gpus = []
     for gpu in hints.gpus:
-        memory[gpu.uuid] = max(0, memory.get(gpu.uuid, 0) + rng.randint(-32, 32) * 2**20)
-        util[gpu.uuid] = min(1.0, max(0.0, util.get(gpu.uuid, 0.5) + rng.uniform(-0.05, 0.05)))
-        used = min(gpu.memory_total_bytes or 0, (gpu.memory_used_bytes or 0) + memory[gpu.uuid])
+        jitter = rng.randint(-128, 128) * 2**20
+        d = drift.get(gpu.uuid, 0.0)
+        d = drift[gpu.uuid] = d * (1 - 1 / LONG_WINDOW) + rng.uniform(-0.3, 0.3) / LONG_WINDOW
         gpus.append(dataclasses.replace(
-            gpu, memory_used_bytes=used,
-            memory_free_bytes=max(0, gpu.memory_free_bytes - memory[gpu.uuid]),
-            sm_util_ratio=util[gpu.uuid], sm_util_short_ratio=util[gpu.uuid],
-            schedulable_share_ratio=max(0.0, min(1.0, gpu.schedulable_share_ratio
-                                                 + rng.uniform(-0.02, 0.02))),
+            gpu, memory_used_bytes=max(0, (gpu.memory_used_bytes or 0) + jitter),
+            memory_free_bytes=max(0, gpu.memory_free_bytes - jitter),
+            sm_util_ratio=rng.uniform(0.2, 0.8), sm_util_short_ratio=rng.uniform(0.4, 0.6),
+            schedulable_share_ratio=max(0.0, min(1.0, gpu.schedulable_share_ratio - d)),
         ))
     return dataclasses.replace(hints, gpus=tuple(gpus))
 
@@ -250,7 +255,7 @@ def _held(hints: NodeHints) -> NodeHints:
     return dataclasses.replace(hints, gpus=(first, *hints.gpus[1:]))
 
 
-def write_rates(bodies: list[dict[str, Any]], *, nodes: int = 50, seconds: int = 3600) -> dict[str, Any]:
+def write_rates(bodies: list[dict[str, Any]], *, nodes: int = 20, seconds: int = 3600) -> dict[str, Any]:
     kinds = [hints_from_jsonable(body) for body in bodies]
     out: dict[str, Any] = {"simulated_nodes": nodes, "simulated_seconds": seconds, "poll_seconds": 1}
     for mode in ("steady", "churn"):
@@ -259,15 +264,14 @@ def write_rates(bodies: list[dict[str, Any]], *, nodes: int = 50, seconds: int =
             rng = random.Random(n)
             base = kinds[n % len(kinds)]
             policy = PublishPolicy(min_interval=10.0, heartbeat=300.0)
-            memory: dict[str, int] = {}
-            util: dict[str, float] = {}
+            drift: dict[str, float] = {}
             busy = False
             next_event = rng.expovariate(1 / 600)
             for t in range(seconds):
                 if mode == "churn" and t >= next_event:
                     busy = not busy
                     next_event = t + rng.expovariate(1 / 600)
-                hints = _noisy(_held(base) if busy else base, rng, memory, util)
+                hints = _noisy(_held(base) if busy else base, rng, drift)
                 due = policy.decide(hints, float(t))
                 if due is not None:
                     policy.tried(float(t))

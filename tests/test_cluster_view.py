@@ -73,10 +73,15 @@ def test_what_decides_a_fit_always_changes_the_state() -> None:
     assert not same_state(project(all_held("n1"), published), published)
 
 
-def test_the_network_and_the_time_taken_are_left_out() -> None:
+def test_what_the_extender_never_reads_is_left_out() -> None:
     hints = dataclasses.replace(all_free("n1"), taken_at_unix=5.0)
     published = project(hints, None)
     assert published.network is None
+    assert {(g.sm_util_ratio, g.sm_util_short_ratio, g.sm_util_long_ratio) for g in published.gpus} == \
+        {(None, None, None)}
+    assert all(t.sm_util_ratio is None for g in project(all_held("n1"), None).gpus for t in g.tenants)
+    busy = moved(hints, sm_util_ratio=0.9, sm_util_short_ratio=0.1, sm_util_long_ratio=0.5)
+    assert same_state(project(busy, published), published)
     assert same_state(project(dataclasses.replace(hints, taken_at_unix=99.0), published), published)
 
 
@@ -406,3 +411,17 @@ async def test_the_extender_is_ready_once_the_first_list_has_answered(api: FakeA
         stop.set()
         await task
     await made.close()
+
+
+async def test_nodes_in_the_same_state_share_one_copy_of_it(api: FakeApiServer, view: ClusterView) -> None:
+    for i in range(3):
+        publish(api, f"n{i}", all_free(f"n{i}"))
+    await view.lookup(["n0"])
+    assert view.get("n0").hints is view.get("n1").hints is view.get("n2").hints
+    publish(api, "n0", all_held("n0"), sequence=2)
+    api.delete_state("n1")
+    await eventually(lambda: view.get("n1") is None and view.get("n0").hints.free_gpu_count == 0, 5.0)
+    assert view.get("n2").hints.free_gpu_count == 4 and view.get("n2").hints is not view.get("n0").hints
+    publish(api, "n1", all_held("n1"))
+    await eventually(lambda: view.get("n1") is not None, 5.0)
+    assert view.get("n1").hints is view.get("n0").hints

@@ -16,6 +16,9 @@ Generations: each object carries its agent's ``(epoch, sequence)``. A write of t
 sequence, or of an earlier agent (lower epoch) with no newer heartbeat, is ignored, so a write left in
 flight by a replaced agent cannot roll a node back. A node whose object cannot be decoded keeps its last
 good state (or none) and is counted; the log names it once.
+
+Memory: nodes whose states have the same verdict key (``hints.published.verdict_key``: the same state but
+for their names) share one decoded copy and its index, so a fleet of alike idle nodes costs one state.
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ from gpuagent.hints.published import (
     COLLECTION_PATH,
     GROUP,
     PLURAL,
+    Generation,
     PublishedState,
     decode_list,
     decode_state,
 )
-from gpuagent.hints.score import node_index
+from gpuagent.hints.score import NodeIndex, node_index
 from gpuagent.kubeapi import ApiConnection
 from gpuagent.reflector import Reflector, wire
+from gpuagent.snapshot import NodeHints
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,15 @@ MAX_LOGGED_BAD = 1024
 @dataclass(frozen=True, slots=True)
 class _Meta:
     resourceVersion: str
+
+
+@dataclass(slots=True)
+class _Shared:
+    """One state's decoded hints and index, and how many nodes are in it."""
+
+    hints: NodeHints
+    index: NodeIndex
+    users: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +103,8 @@ class ClusterView(Reflector):
         self._wall = wall_clock
         self.sync_timeout = sync_timeout
         self._entries: dict[str, AgentEntry] = {}
-        self._states: dict[str, PublishedState] = {}
+        self._seen: dict[str, tuple[Generation, float]] = {}  # node -> the generation and heartbeat held
+        self._shared: dict[bytes, _Shared] = {}  # verdict key -> the one copy of that state
         self._synced_event = asyncio.Event()
         self._bad: set[str] = set()
         self.bad_objects = 0  # objects that could not be decoded, for metrics
@@ -117,9 +132,8 @@ class ClusterView(Reflector):
 
     def _replace(self, items: list[Any]) -> None:
         listed = {item.node for item in items if item.state is not None}
-        for node in self._states.keys() - listed:  # deleted while the watch was down
-            self._states.pop(node, None)
-            self._entries.pop(node, None)
+        for node in self._entries.keys() - listed:  # deleted while the watch was down
+            self._forget(node)
         for item in items:
             self._put(item)  # the generation check applies across a re-list too
         self._synced_event.set()
@@ -131,31 +145,51 @@ class ClusterView(Reflector):
             self._bad_object(item)
             return
         state = item.state
-        old = self._states.get(state.node)
-        if old is not None and not _newer(state, old):
+        node = state.node
+        seen = self._seen.get(node)
+        if seen is not None and not _newer(state.generation, state.heartbeat_unix, *seen):
             self.stale_writes += 1
             return
-        self._states[state.node] = state
-        self._bad.discard(state.node)
+        self._seen[node] = (state.generation, state.heartbeat_unix)
+        self._bad.discard(node)
         self.version += 1
+        previous = self._entries.get(node)
+        if previous is not None and previous.key == state.key:
+            hints, index = previous.hints, previous.index  # the same objects: the per-node memo holds
+        else:
+            if previous is not None:
+                self._release(previous.key)
+            hints, index = self._acquire(state.key, state.hints)
         age = max(0.0, self._wall() - state.heartbeat_unix)
-        previous = self._entries.get(state.node)
-        hints = state.hints
-        if previous is not None and previous.hints == hints:
-            hints = previous.hints  # the same object: the extender's per-node memo stays valid
-        self._entries[state.node] = AgentEntry(
-            node=state.node, url=None, hints=hints,
-            index=previous.index if previous is not None and previous.hints is hints else node_index(hints),
-            answered_at=self._monotonic() - age,
-            key=state.key or None,
-        )
+        self._entries[node] = AgentEntry(node=node, url=None, hints=hints, index=index,
+                                         answered_at=self._monotonic() - age, key=state.key)
 
     def _drop(self, obj: Any) -> None:
         item: _Item = obj
         if item.node:
-            self._states.pop(item.node, None)
-            self._entries.pop(item.node, None)
+            self._forget(item.node)
+
+    def _forget(self, node: str) -> None:
+        entry = self._entries.pop(node, None)
+        self._seen.pop(node, None)
+        if entry is not None:
+            self._release(entry.key)
             self.version += 1
+
+    def _acquire(self, key: bytes, hints: NodeHints) -> tuple[NodeHints, NodeIndex]:
+        """The hints and index kept for ``key``: nodes in the same state share one copy."""
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = _Shared(hints, node_index(hints))
+        shared.users += 1
+        return shared.hints, shared.index
+
+    def _release(self, key: bytes | None) -> None:
+        shared = self._shared.get(key) if key is not None else None
+        if shared is not None:
+            shared.users -= 1
+            if shared.users <= 0:
+                del self._shared[key]  # type: ignore[arg-type]
 
     def _size(self) -> int:
         return len(self._entries)
@@ -229,11 +263,11 @@ class ClusterView(Reflector):
             await self._connection.aclose()
 
 
-def _newer(state: PublishedState, old: PublishedState) -> bool:
-    """Whether ``state`` may replace ``old``: a later write of the same agent, or a later agent (by epoch),
-    or an earlier epoch whose heartbeat is newer (the node's clock went back across a restart)."""
-    if state.generation.epoch == old.generation.epoch:
-        return state.generation.sequence >= old.generation.sequence
-    if state.generation.epoch > old.generation.epoch:
+def _newer(generation: Generation, heartbeat: float, held: Generation, held_heartbeat: float) -> bool:
+    """Whether a write may replace the one held: a later write of the same agent, or a later agent (by
+    epoch), or an earlier epoch whose heartbeat is newer (the node's clock went back across a restart)."""
+    if generation.epoch == held.epoch:
+        return generation.sequence >= held.sequence
+    if generation.epoch > held.epoch:
         return True
-    return state.heartbeat_unix > old.heartbeat_unix
+    return heartbeat > held_heartbeat

@@ -10,8 +10,9 @@ NodeResourceTopology objects have them (observed state with no desired state, so
 - ``heartbeatTime``: when the agent last confirmed the state (RFC 3339, the agent's clock). Unchanged state
   is written again every heartbeat interval, so the extender can tell a silent agent from a quiet node.
 - ``hints``: the node's ``/v1/hints`` as scheduling needs it (``project``): the figures that move every
-  poll (memory used and free, SM use, the schedulable share) are held at their published value until they
-  move by a whole step (``Steps``), and the network block is left out. So the object changes when a
+  poll and decide fits (memory free and used, the schedulable share) are held at their published value
+  until they move by a whole step (``Steps``); what the extender never reads is left out (the SM use of
+  the GPUs and tenants, now and averaged, and the network block). So the object changes when a
   scheduling decision could change, not when a utilisation average wobbles: that is what bounds the write
   rate (docs/scheduling.md, "The cluster view", has the budget and its measurement).
 
@@ -47,8 +48,7 @@ class Steps:
     """How far a moving figure must go from its published value before the object is written again."""
 
     memory_bytes: int = 256 * 2**20  # a memory request is rarely finer than this
-    share_ratio: float = 0.05  # 5 points of SM time
-    util_ratio: float = 0.10  # SM use averages (load scores only, never a fit)
+    share_ratio: float = 0.05  # 5 points of SM time (the schedulable share follows the 5-minute average)
 
 
 DEFAULT_STEPS = Steps()
@@ -93,12 +93,11 @@ def _held_int(new: int | None, old: int | None, step: int) -> int | None:
 
 
 def _tenant(new: TenantHint, old: TenantHint | None, steps: Steps) -> TenantHint:
+    new = dataclasses.replace(new, sm_util_ratio=None)
     if old is None:
         return new
     return dataclasses.replace(
-        new,
-        memory_used_bytes=_held_int(new.memory_used_bytes, old.memory_used_bytes, steps.memory_bytes),
-        sm_util_ratio=_held(new.sm_util_ratio, old.sm_util_ratio, steps.util_ratio),
+        new, memory_used_bytes=_held_int(new.memory_used_bytes, old.memory_used_bytes, steps.memory_bytes),
     )
 
 
@@ -111,28 +110,28 @@ def _instance(new: MigInstanceHint, old: MigInstanceHint | None, steps: Steps) -
 
 
 def _gpu(new: GpuHints, old: GpuHints | None, steps: Steps) -> GpuHints:
+    old_tenants = {t.name: t for t in old.tenants} if old is not None else {}
+    old_instances = {i.uuid: i for i in old.mig_instances} if old is not None else {}
+    new = dataclasses.replace(
+        new, sm_util_ratio=None, sm_util_short_ratio=None, sm_util_long_ratio=None,
+        tenants=tuple(_tenant(t, old_tenants.get(t.name), steps) for t in new.tenants),
+        mig_instances=tuple(_instance(i, old_instances.get(i.uuid), steps) for i in new.mig_instances),
+    )
     if old is None:
         return new
-    old_tenants = {t.name: t for t in old.tenants}
-    old_instances = {i.uuid: i for i in old.mig_instances}
     memory = steps.memory_bytes
     return dataclasses.replace(
         new,
         memory_used_bytes=_held_int(new.memory_used_bytes, old.memory_used_bytes, memory),
         memory_free_bytes=_held_int(new.memory_free_bytes, old.memory_free_bytes, memory),  # type: ignore[arg-type]
-        sm_util_ratio=_held(new.sm_util_ratio, old.sm_util_ratio, steps.util_ratio),
-        sm_util_short_ratio=_held(new.sm_util_short_ratio, old.sm_util_short_ratio, steps.util_ratio),
-        sm_util_long_ratio=_held(new.sm_util_long_ratio, old.sm_util_long_ratio, steps.util_ratio),
         schedulable_share_ratio=_held(new.schedulable_share_ratio, old.schedulable_share_ratio,  # type: ignore[arg-type]
                                       steps.share_ratio),
-        tenants=tuple(_tenant(t, old_tenants.get(t.name), steps) for t in new.tenants),
-        mig_instances=tuple(_instance(i, old_instances.get(i.uuid), steps) for i in new.mig_instances),
     )
 
 
 def project(hints: NodeHints, published: NodeHints | None, steps: Steps = DEFAULT_STEPS) -> NodeHints:
     """``hints`` as they would be published after ``published``: moving figures held where they moved
-    less than a step, the network left out, the node's sums taken again over the GPUs as held."""
+    less than a step, SM use and the network left out, the node's sums taken again over the GPUs as held."""
     old_gpus = {g.uuid: g for g in published.gpus} if published is not None else {}
     gpus = tuple(_gpu(g, old_gpus.get(g.uuid), steps) for g in hints.gpus)
     return dataclasses.replace(
