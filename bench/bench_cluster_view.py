@@ -293,9 +293,12 @@ async def main(bodies: list[dict[str, Any]]) -> None:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--busy", default="0.5,1.0",
                         help="fractions of the nodes in a state of their own (the rest idle, alike)")
-    parser.add_argument("--skip-writes", action="store_true", help="leave out the write-rate model (~1 min)")
+    parser.add_argument("--skip-writes", action="store_true", help="leave out the write-rate model (~2 min)")
+    parser.add_argument("--write-nodes", type=int, default=20, help="nodes the write-rate model simulates")
+    parser.add_argument("--write-seconds", type=int, default=3600, help="seconds it simulates")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
     args = parser.parse_args()
-    results_dir = ROOT / "bench" / "results"
+    results_dir = args.out
     try:
         results_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -311,7 +314,7 @@ async def main(bodies: list[dict[str, Any]]) -> None:
             results["extender"].append(result)
             print(json.dumps(result), flush=True)
     if not args.skip_writes:
-        results["writes"] = write_rates(bodies)
+        results["writes"] = write_rates(bodies, nodes=args.write_nodes, seconds=args.write_seconds)
         print(json.dumps(results["writes"]), flush=True)
     out = results_dir / f"cluster_view_{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
