@@ -252,6 +252,11 @@ async def main(bodies: list[dict[str, Any]]) -> None:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--score-calls", type=int, default=300)
     args = parser.parse_args()
+    results_dir = ROOT / "bench" / "results"
+    try:  # made before measuring: a fresh clone has no results folder
+        results_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"bench_extender: cannot make the results folder {results_dir}: {exc}") from None
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     results["agent"] = await bench_score(args.score_calls)
     print(json.dumps(results["agent"]), flush=True)
@@ -260,7 +265,7 @@ async def main(bodies: list[dict[str, Any]]) -> None:
         result = await bench_nodes(count, bodies, args.calls)
         results["extender"].append(result)
         print(json.dumps(result), flush=True)
-    out = ROOT / "bench" / "results" / f"extender_{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out = results_dir / f"extender_{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {out}")
 

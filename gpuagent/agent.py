@@ -38,6 +38,7 @@ from gpuagent.enforce.memory import LadderSettings, MemoryLadder
 from gpuagent.enforce.timeslice import DutyCycler, ShareController
 from gpuagent.export import build_registry
 from gpuagent.hints.engine import HintsEngine
+from gpuagent.hints.publisher import StatePublisher
 from gpuagent.httperrors import json_errors
 from gpuagent.network.podnet import pod_pids
 from gpuagent.network.source import network_source
@@ -133,6 +134,7 @@ class Agent:
         self.network = network_source(config, monotonic=monotonic)  # None with network: false
         self.enforcer = build_enforcer(config, monotonic=monotonic)
         self.accountant = build_accountant(config)
+        self.publisher = build_publisher(config, monotonic=monotonic, wall_clock=clock)
         self._accounting_failure = ""
         self.hints = HintsEngine()  # moving averages of SM use: 10 s and 5 min time constants
         self._hints_failure = ""
@@ -210,6 +212,8 @@ class Agent:
             self.devices.read_process_utilization_every_poll(self.enforcer.contended_gpus)
         snapshot = replace(snapshot, accounting=self._account(snapshot))
         snapshot = replace(snapshot, hints=self._hints(snapshot))  # last: it reads everything above
+        if self.publisher is not None:
+            self.publisher.offer(snapshot.hints)
         self.latest = snapshot
         return snapshot
 
@@ -336,6 +340,8 @@ class Agent:
                 tasks.append(asyncio.create_task(self.enforcer.run(), name="duty-cycle"))
             if self.accountant.events is not None:
                 tasks.append(asyncio.create_task(self.accountant.events.run(), name="idle-events"))
+            if self.publisher is not None:
+                tasks.append(asyncio.create_task(self.publisher.run(), name="publish-state"))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task.get_name() == "stop" or task.cancelled():
@@ -352,6 +358,7 @@ class Agent:
                 Step("pods", self.pods.close),
                 *([Step("network", self.network.close)] if self.network is not None else []),
                 Step("idle-events", self.accountant.close),
+                *([Step("publish-state", self.publisher.close)] if self.publisher is not None else []),
             ])
             log.info("stopped" if clean else "stopped, leaving the above unfinished")
         return clean
@@ -380,6 +387,23 @@ def build_accountant(config: Config) -> Accountant:
         idle_threshold_ratio=config.idle_threshold, idle_window_seconds=config.idle_window,
     )
     return Accountant(settings, events=events)
+
+
+def build_publisher(config: Config, *, monotonic: Callable[[], float] = time.monotonic,
+                    wall_clock: Callable[[], float] = time.time) -> StatePublisher | None:
+    """The GPUNodeState publisher for the extender's cluster view: when asked, or (auto) where the API
+    server is reachable (in a cluster with a service account, or with a kubeconfig configured)."""
+    if config.publish_state == "off":
+        return None
+    from gpuagent.kubeapi import ApiConnection, api_server_available
+
+    if config.publish_state == "auto" and not (config.kubeconfig or api_server_available()):
+        return None
+    log.info("publishing this node's GPU state as GPUNodeState %s (on change, at most every %gs; "
+             "heartbeat %gs)", config.hostname, config.publish_min_interval, config.publish_heartbeat)
+    return StatePublisher(config.hostname, ApiConnection(kubeconfig_path=config.kubeconfig),
+                          min_interval=config.publish_min_interval, heartbeat=config.publish_heartbeat,
+                          monotonic=monotonic, wall_clock=wall_clock)
 
 
 def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.monotonic) -> Enforcer | None:

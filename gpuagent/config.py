@@ -564,6 +564,21 @@ class Config:
         "post a Kubernetes Event on a pod flagged idle: auto (when the API server is reachable), on, or off",
         "{" + ",".join(KUBERNETES_API_MODES) + "}",
     )
+    publish_state: str = _key(
+        "auto", _choice(*KUBERNETES_API_MODES),
+        "publish this node's GPU state as a GPUNodeState object for the scheduler extender: auto (when the "
+        "API server is reachable), on, or off",
+        "{" + ",".join(KUBERNETES_API_MODES) + "}",
+    )
+    publish_min_interval: float = _key(
+        10.0, _number(0, high=3600), "seconds between two writes of the GPUNodeState when it changed",
+        "SECONDS",
+    )
+    publish_heartbeat: float = _key(
+        300.0, _number(1, high=86400),
+        "seconds after which an unchanged GPUNodeState is written again (the extender's staleness clock)",
+        "SECONDS",
+    )
     web_config: str | None = _key(
         None,
         _existing_file("web config"),

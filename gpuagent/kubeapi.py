@@ -2,7 +2,8 @@
 and the node-wide budget that keeps its writes (Evictions, Events) from flooding the server.
 
 Used by the Eviction client (``enforce.actions``), the idle-GPU Event poster (``accounting.events``), the
-watchers of this node's pods and ResourceSlices (``pods.reflector``) and the extender's ResourceClaim reads.
+publisher of the node's GPU state (``hints.publisher``), the
+watchers of this node's pods and ResourceSlices (``reflector``) and the extender's ResourceClaim reads.
 Where the API server is and how to authenticate come from lightkube, as for the pods watcher: ``config``
 (a lightkube ``KubeConfig`` or ``SingleConfig``), else ``kubeconfig_path``, else ``KubeConfig.from_env()``
 (the in-cluster service account, ``$KUBECONFIG``, ``~/.kube/config``). Nothing of lightkube is imported
@@ -80,6 +81,15 @@ class ApiConnection:
 
     async def post_json(self, path: str, body: Any) -> tuple[int, str]:
         response = await self.open().post(path, json=body)
+        return response.status_code, status_message(response.content)
+
+    async def apply(self, path: str, payload: bytes, field_manager: str) -> tuple[int, str]:
+        """Server-side apply of ``payload`` (a whole object as JSON, which is YAML) at ``path``: creates it
+        or updates it in one request; ``force`` takes over fields another manager set."""
+        response = await self.open().patch(
+            path, content=payload, params={"fieldManager": field_manager, "force": "true"},
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
         return response.status_code, status_message(response.content)
 
     async def get_json(self, path: str, *, timeout: float | None = None) -> tuple[int, Any, str]:

@@ -328,7 +328,9 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
             "reason": reason, "code": code}
 
 
-_KINDS = {"pods": ("PodList", "v1"), "resourceslices": ("ResourceSliceList", "resource.k8s.io/v1")}
+_KINDS = {"pods": ("PodList", "v1"), "resourceslices": ("ResourceSliceList", "resource.k8s.io/v1"),
+          "gpunodestates": ("GPUNodeStateList", "gpuagent.io/v1alpha1")}
+STATES_PATH = "/apis/gpuagent.io/v1alpha1/gpunodestates"
 _REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 410: "Expired", 429: "TooManyRequests",
             500: "InternalError", 503: "ServiceUnavailable"}
 
@@ -341,6 +343,8 @@ class FakeApiServer:
         self._stores: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in _KINDS}  # kind -> uid -> obj
         self.pods = self._stores["pods"]  # uid -> pod
         self.slices = self._stores["resourceslices"]  # uid -> ResourceSlice
+        self.states = self._stores["gpunodestates"]  # "state-<name>" -> GPUNodeState (cluster-scoped)
+        self.state_writes: list[SeenRequest] = []  # server-side applies of GPUNodeStates
         self._rv = 1000
         self._oldest = self._rv  # a watch from a version older than this gets 410
         self._history: list[tuple[str, int, dict | None, dict | None]] = []  # (kind, rv, before, after)
@@ -369,6 +373,8 @@ class FakeApiServer:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
         app.router.add_get("/apis/resource.k8s.io/v1/resourceslices", self._resource_slices)
+        app.router.add_get(STATES_PATH, self._gpu_node_states)
+        app.router.add_patch(STATES_PATH + "/{name}", self._apply_state)
         app.router.add_get("/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}", self._owner)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict)
         app.router.add_post("/apis/events.k8s.io/v1/namespaces/{namespace}/events", self._event)
@@ -424,6 +430,15 @@ class FakeApiServer:
 
     def delete_slice(self, uid: str, *, notify: bool = True) -> None:
         self._delete("resourceslices", uid, notify)
+
+    def put_state(self, obj: Mapping[str, Any], *, notify: bool = True) -> dict[str, Any]:
+        """Creates or replaces a GPUNodeState by name (as the agents' server-side applies do)."""
+        obj = copy.deepcopy(dict(obj))
+        obj.setdefault("metadata", {})["uid"] = "state-" + obj["metadata"]["name"]
+        return self._put("gpunodestates", obj, notify)
+
+    def delete_state(self, name: str, *, notify: bool = True) -> None:
+        self._delete("gpunodestates", "state-" + name, notify)
 
     def add_claim(self, claim: Mapping[str, Any]) -> None:
         """A ResourceClaim that ``GET .../resourceclaims/<name>`` answers (served as owners are)."""
@@ -557,7 +572,7 @@ class FakeApiServer:
         if self._failures:
             code, message = self._failures.pop(0)
             if message is None:
-                group = "" if kind == "pods" else "resource.k8s.io"
+                group = _KINDS.get(kind, ("", "v1"))[1].rpartition("/")[0]
                 message = (f'{kind} is forbidden: User "system:serviceaccount:gpu-system:gpuagent" cannot {verb} '
                            f'resource "{kind}" in API group "{group}" at the cluster scope') if code == 403 else \
                     f"the server reports HTTP {code}"
@@ -634,6 +649,41 @@ class FakeApiServer:
         finally:
             self._watchers.discard(w)
         return response
+
+    async def _gpu_node_states(self, request: web.Request) -> web.StreamResponse:
+        return await self._list_or_watch(request, "gpunodestates")
+
+    async def _apply_state(self, request: web.Request) -> web.Response:
+        """Server-side apply of one GPUNodeState: the whole object, created or replaced (201 or 200)."""
+        seen = SeenRequest(request.method, request.path, dict(request.query),
+                           request.headers.get("Authorization"), time.monotonic())
+        self.requests.append(seen)
+        self.state_writes.append(seen)
+        refused = self._check(request, "patch", "gpunodestates")
+        if refused is not None:
+            return refused
+        name = request.match_info["name"]
+        problems = []
+        if request.content_type != "application/apply-patch+yaml":
+            problems.append(f"content type {request.content_type!r} is not application/apply-patch+yaml")
+        if not request.query.get("fieldManager"):
+            problems.append("fieldManager is required for apply patch")
+        try:
+            body = yaml.safe_load(await request.text())
+        except yaml.YAMLError as exc:
+            body, problems = None, [*problems, f"the body is not YAML: {exc}"]
+        if isinstance(body, dict):
+            if body.get("apiVersion") != "gpuagent.io/v1alpha1" or body.get("kind") != "GPUNodeState":
+                problems.append("apiVersion/kind must be gpuagent.io/v1alpha1 GPUNodeState")
+            if (body.get("metadata") or {}).get("name") != name:
+                problems.append("metadata.name must match the path")
+        elif body is not None:
+            problems.append("the body is not an object")
+        if problems:
+            return web.json_response(_status(422, "Invalid", "; ".join(problems)), status=422)
+        created = "state-" + name not in self.states
+        stored = self.put_state(body)
+        return web.json_response(stored, status=201 if created else 200)
 
     async def _owner(self, request: web.Request) -> web.Response:
         self.owner_gets.append(SeenRequest(request.method, request.path, dict(request.query),
@@ -784,7 +834,7 @@ async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> N
 async def metadata_runner(
     api: FakeApiServer, cls: type | None = None, **defaults: Any
 ) -> AsyncIterator[Callable[..., Any]]:
-    """``start(**kwargs)`` -> a running ``PodMetadata`` (or ``cls``, another ``pods.reflector.Reflector``,
+    """``start(**kwargs)`` -> a running ``PodMetadata`` (or ``cls``, another ``reflector.Reflector``,
     with ``defaults``) of NODE against ``api`` (quick retries unless given); every one started is cancelled
     on exit."""
     if cls is None:

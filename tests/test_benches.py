@@ -67,3 +67,18 @@ def test_bench_poll_scrape_measures_against_prometheus_client(tmp_path: Path) ->
     assert figures["prometheus_client_render"]["runs"] == 1
     assert figures["scrape_new_snapshot_speedup_vs_prometheus_client"] > 0
     assert len(list(tmp_path.glob("poll_scrape_*.json"))) == 1
+
+
+def test_bench_cluster_view_judges_every_node_cold_and_after_a_restart(tmp_path: Path) -> None:
+    out = tmp_path / "not" / "there" / "yet"  # a fresh clone has no results folder: the bench makes it
+    done = run_bench("bench/bench_cluster_view.py", "--nodes", "30", "--busy", "0.5", "--calls", "2",
+                     "--write-nodes", "2", "--write-seconds", "700", "--out", str(out))
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()[:-1]]
+    decode, extender, writes = lines
+    assert set(decode) == {"8xH100, 64 processes", "A100 MIG", "laptop 1 GPU"}
+    assert extender["cold_first_filter"]["nodes_judged"] == 30 and extender["cold_first_filter"]["lists"] == 1
+    assert extender["cold_first_filter"]["nodes_unjudged"] == 0
+    assert extender["restart_mid_run"]["same_verdicts"] is True
+    assert extender["filter_in_process"]["never_seen_pod"]["runs"] == 2
+    assert writes["steady"]["writes_per_node_per_hour"] > 0 and "churn" in writes
+    assert len(list(out.glob("cluster_view_*.json"))) == 1

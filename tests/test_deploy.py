@@ -79,6 +79,9 @@ AGENT_RBAC = {
     ("resource.k8s.io", "resourceslices", "get"),
     ("resource.k8s.io", "resourceslices", "list"),
     ("resource.k8s.io", "resourceslices", "watch"),
+    # its node's GPUNodeState, by server-side apply (which needs both verbs)
+    ("gpuagent.io", "gpunodestates", "create"),
+    ("gpuagent.io", "gpunodestates", "patch"),
 }
 NOT_CORE = {"ServiceMonitor", "Kustomization"}
 
@@ -147,7 +150,7 @@ def test_the_manifests_are_there_and_every_document_names_its_kind() -> None:
         assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), name
         if doc["kind"] != "Kustomization":
             assert doc["metadata"]["name"], name
-            if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
+            if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}:
                 assert doc["metadata"].get("namespace") == NAMESPACE, f"{name}: {doc['kind']} outside {NAMESPACE}"
 
 
@@ -281,7 +284,7 @@ def test_every_document_kind_is_checked_by_some_schema() -> None:
     kinds = {doc["kind"] for _, doc in _all_docs()}
     core = kinds - NOT_CORE
     assert core <= {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
-                    "Deployment", "Service"}, "a new kind: make sure kubernetes-validate has its schema"
+                    "Deployment", "Service", "CustomResourceDefinition"}, "a new kind: make sure kubernetes-validate has its schema"
 
 
 # --- the node agent -----------------------------------------------------------------------------------------
@@ -492,7 +495,8 @@ def test_kustomization_applies_the_node_agent_only() -> None:
     for resource in kustomization["resources"]:
         assert (DEPLOY / resource).is_file(), resource
     # Not the ServiceMonitor (it needs the Prometheus operator's CRDs).
-    assert set(kustomization["resources"]) == {"namespace.yaml", "rbac.yaml", "daemonset.yaml", "service.yaml"}
+    assert set(kustomization["resources"]) == {"namespace.yaml", "gpunodestate-crd.yaml", "rbac.yaml",
+                                               "daemonset.yaml", "service.yaml"}
 
 
 def _kustomize(directory: Path) -> list[dict[str, Any]]:

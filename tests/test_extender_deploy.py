@@ -148,7 +148,9 @@ def test_the_extender_runs_unprivileged_reading_claims_only(deployment: dict, co
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert granted == {("resource.k8s.io", "resourceclaims", "get"),
-                       ("resource.k8s.io", "resourceclaimtemplates", "get")}
+                       ("resource.k8s.io", "resourceclaimtemplates", "get"),
+                       ("gpuagent.io", "gpunodestates", "get"), ("gpuagent.io", "gpunodestates", "list"),
+                       ("gpuagent.io", "gpunodestates", "watch")}
     assert not any(doc["kind"] in {"Role", "RoleBinding"} for doc in _load(EXTENDER_DIR / "extender.yaml"))
 
 

@@ -70,6 +70,7 @@ class AgentEntry:
     etag: str | None = None
     answered_at: float | None = None  # monotonic time of the last 200 or 304
     error: str | None = None  # why the last fetch failed; None when it succeeded
+    key: bytes | None = None  # the cluster view's: equal for nodes whose states schedule alike
 
     def state(self, now: float, max_age_seconds: float) -> str:
         if self.hints is None or self.answered_at is None:
@@ -84,10 +85,13 @@ class AgentEntry:
         No URL, node name or elapsed seconds in it: the scheduler groups identical reasons across nodes in
         the pod's event ("0/500 nodes are available: 500 <reason>"); the logs name the node and URL.
         """
-        if self.url is None:
+        if self.url is None and self.hints is None:
             return "no agent URL for this node (not in the agents file, and no URL template)"
         if self.hints is None or self.answered_at is None:
             return f"node agent unreachable: {self.error or 'not fetched yet'}"
+        if self.url is None:  # the cluster view's entry: a published state, never fetched
+            return (f"its published GPU state (GPUNodeState) is older than the {max_age_seconds:g}s "
+                    "staleness bound")
         if self.error is not None:
             return (
                 f"node agent unreachable ({self.error}); its last hints are older than the "

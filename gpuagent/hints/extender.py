@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 from gpuagent.hints.agents import STATES, AgentCache, AgentDirectory, AgentEntry, AgentTLS
 from gpuagent.hints.claim_reader import ClaimReader
 from gpuagent.hints.claims import Unjudged
+from gpuagent.hints.cluster_view import ClusterView
 from gpuagent.hints.extender_config import ExtenderOptions
 from gpuagent.hints.extender_protocol import (
     ArgsError,
@@ -60,6 +61,8 @@ from gpuagent.snapshot import NodeHints
 
 log = logging.getLogger(__name__)
 
+NodeSource = AgentCache | ClusterView  # where node states come from: the agents over HTTP, or Kubernetes
+
 REASON_PREFIX = "gpuagent: "
 MAX_REASON_CHARS = 300
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a NodeList of 5,000 full Node objects (nodeCacheCapable: false) fits
@@ -67,6 +70,18 @@ MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
 LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
 YIELD_EVERY_NODES = 250
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _RequestMemo:
+    """One request's verdicts: by node (while its hints are the same object) and by state key."""
+
+    __slots__ = ("answer", "nodes", "states")
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[NodeHints, Verdict]] = {}
+        self.states: dict[bytes, Verdict] = {}
+        # the cluster view's last whole answer: (its version, valid until, the nodes asked, the verdicts)
+        self.answer: tuple[int, float, Sequence[str], dict[str, Verdict]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +145,7 @@ class ExtenderMetrics:
 class _AgentsCollector(Collector):
     """Agents known by state, computed at scrape time from the cache (no I/O)."""
 
-    def __init__(self, cache: AgentCache, max_age_seconds: float) -> None:
+    def __init__(self, cache: NodeSource, max_age_seconds: float) -> None:
         self._cache = cache
         self._max_age = max_age_seconds
 
@@ -155,7 +170,7 @@ class Extender:
 
     def __init__(
         self,
-        cache: AgentCache,
+        cache: NodeSource,
         *,
         max_age_seconds: float = 30.0,
         gpu_resource_names: Sequence[str] = ("nvidia.com/gpu",),
@@ -165,6 +180,7 @@ class Extender:
         metrics: ExtenderMetrics | None = None,
     ) -> None:
         self.cache = cache
+        self._unknown = getattr(cache, "unknown_reason", "agent not known")
         self.max_age_seconds = max_age_seconds
         self.gpu_resource_names = tuple(gpu_resource_names)
         self.claims = claims if claims is not None else ClaimReader(None)
@@ -172,10 +188,12 @@ class Extender:
         self._monotonic = monotonic
         self._wall_clock = wall_clock
         self.metrics = metrics
-        # request -> node -> (hints, verdict): the verdicts of the last MEMO_REQUESTS distinct requests,
-        # reused while a node's hints are the same object (a refresh that got a 304 keeps it). It serves the
-        # prioritize that follows each filter and the replicas of one workload, which ask alike.
-        self._memo: OrderedDict[FitRequest, dict[str, tuple[NodeHints, Verdict]]] = OrderedDict()
+        # request -> the verdicts of the last MEMO_REQUESTS distinct requests: per node, reused while a
+        # node's hints are the same object (a refresh that got a 304 keeps it), which serves the prioritize
+        # that follows each filter and the replicas of one workload, which ask alike; and per state key
+        # (the cluster view's ``verdict_key``), so nodes in the same state (idle nodes of one model, say)
+        # are judged once for a request never seen.
+        self._memo: OrderedDict[FitRequest, _RequestMemo] = OrderedDict()
 
     async def filter(self, body: Any) -> dict[str, Any]:
         args = parse_args(body)
@@ -206,15 +224,21 @@ class Extender:
             return self._count(verb, dict.fromkeys(nodes, Verdict(True)))
         if request is None:  # no GPU asked for: not ours to judge
             return self._count(verb, dict.fromkeys(nodes, Verdict(True)))
-        entries = await self.cache.lookup(nodes)
         memo = self._memo.pop(request, None)
-        if memo is None or len(memo) > 2 * len(self.cache) + 1000:  # new, or holding forgotten nodes
-            memo = {}
+        if memo is None or len(memo.nodes) > 2 * len(self.cache) + 1000:  # new, or holding forgotten nodes
+            memo = _RequestMemo()
         self._memo[request] = memo  # most recent last
+        by_node, by_state = memo.nodes, memo.states
         while len(self._memo) > MEMO_REQUESTS:
             self._memo.popitem(last=False)
         now = self._monotonic()
         max_age = self.max_age_seconds
+        version = getattr(self.cache, "version", None)  # the cluster view's count of changes
+        if version is not None:
+            last = memo.answer
+            if last is not None and last[0] == version and now <= last[1] and last[2] == nodes:
+                return self._count(verb, last[3])  # nothing changed, nothing aged out: the same answer
+        entries = await self.cache.lookup(nodes)
         verdicts: dict[str, Verdict] = {}
         scored = 0
         for node in nodes:
@@ -225,19 +249,27 @@ class Extender:
                 or entry.answered_at is None
                 or now - entry.answered_at > max_age
             ):
-                reason = entry.reason(now, max_age) if entry is not None else "agent not known"
+                reason = entry.reason(now, max_age) if entry is not None else self._unknown
                 verdicts[node] = Verdict(False, reason=_reason(reason), unresolvable=True)
                 continue
             hints = entry.hints
-            known = memo.get(node)
+            known = by_node.get(node)
             if known is not None and known[0] is hints:
                 verdicts[node] = known[1]
                 continue
-            verdict = verdicts[node] = _score(entry, request)
-            memo[node] = (hints, verdict)
+            key = entry.key
+            verdict = by_state.get(key) if key is not None else None
+            if verdict is None:
+                verdict = _score(entry, request)
+                if key is not None:
+                    by_state[key] = verdict
+            verdicts[node] = verdict
+            by_node[node] = (hints, verdict)
             scored += 1
             if scored % YIELD_EVERY_NODES == 0:  # scoring thousands of nodes: let the loop serve others
                 await asyncio.sleep(0)
+        if version is not None and version == self.cache.version:  # type: ignore[union-attr]
+            memo.answer = (version, self.cache.expiry(max_age), nodes, verdicts)  # type: ignore[union-attr]
         return self._count(verb, verdicts)
 
     def _unjudged(self, verb: str, pod: Any, err: Unjudged) -> None:
@@ -342,6 +374,15 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "agents": extender.cache.counts(extender.max_age_seconds)})
 
 
+async def _readyz(request: web.Request) -> web.Response:
+    """200 once the node source can judge nodes: the cluster view after its first list (a Deployment's
+    readiness probe keeps kube-scheduler's calls away until then); the agents' cache at once."""
+    source = request.app[_EXTENDER].cache
+    if getattr(source, "synced", True):
+        return web.json_response({"status": "ready", "nodes": len(source)})
+    return web.json_response({"status": "waiting for the first list of GPUNodeStates"}, status=503)
+
+
 async def _metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(request.app[_REGISTRY]), headers={"Content-Type": CONTENT_TYPE_LATEST}
@@ -349,7 +390,8 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def build_app(extender: Extender, registry: CollectorRegistry, *, prefix: str = "") -> web.Application:
-    """The extender's routes: ``<prefix>/filter``, ``<prefix>/prioritize``, ``/healthz``, ``/metrics``."""
+    """The extender's routes: ``<prefix>/filter``, ``<prefix>/prioritize``, ``/healthz``, ``/readyz``,
+    ``/metrics``."""
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
     app[_EXTENDER] = extender
     app[_REGISTRY] = registry
@@ -357,6 +399,7 @@ def build_app(extender: Extender, registry: CollectorRegistry, *, prefix: str = 
     app.router.add_post(f"{prefix}/filter", _verb("filter", Extender.filter))
     app.router.add_post(f"{prefix}/prioritize", _verb("prioritize", Extender.prioritize))
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     return app
 
@@ -416,7 +459,14 @@ def _stop_on_signals() -> asyncio.Event:
 
 
 def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None = None) -> Extender:
-    """The extender and its agent cache as ``options`` say (the cache is started by ``serve``)."""
+    """The extender and its node source as ``options`` say (started by ``serve``): the cluster view of the
+    agents' published GPUNodeStates where the API server is used (``cluster_view``), else the agents'
+    ``/v1/hints`` fetched over HTTP."""
+    claims = claim_reader(options)
+    view = cluster_view(options)
+    if view is not None:
+        return Extender(view, max_age_seconds=options.published_max_age,
+                        gpu_resource_names=options.gpu_resource_names, claims=claims)
     directory = AgentDirectory(template=options.agent_url, urls=options.agent_urls)
     if agent_ssl is None and (options.agent_ca_file or options.agent_cert_file):
         agent_ssl = AgentTLS(options.agent_ca_file, options.agent_cert_file, options.agent_key_file).context()
@@ -429,7 +479,19 @@ def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None =
         ssl_context=agent_ssl,
     )
     return Extender(cache, max_age_seconds=options.max_age, gpu_resource_names=options.gpu_resource_names,
-                    claims=claim_reader(options))
+                    claims=claims)
+
+
+def cluster_view(options: ExtenderOptions) -> ClusterView | None:
+    """The list-and-watch of GPUNodeStates: when asked, or (auto) with a kubeconfig or inside a cluster."""
+    from gpuagent.kubeapi import ApiConnection, api_server_available
+
+    if options.cluster_view == "off" or (
+        options.cluster_view == "auto" and not (options.kubeconfig or api_server_available())
+    ):
+        return None
+    connection = ApiConnection(kubeconfig_path=options.kubeconfig, request_timeout=max(options.timeout, 10.0))
+    return ClusterView(connection=connection, sync_timeout=options.timeout)
 
 
 def claim_reader(options: ExtenderOptions) -> ClaimReader:

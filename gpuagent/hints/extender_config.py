@@ -245,6 +245,16 @@ class ExtenderOptions:
         "a kubeconfig), on, or off (pods with claims then pass unjudged)", "{" + ",".join(API_MODES) + "}",
     )
     kubeconfig: str | None = _key(None, _file, "kubeconfig for the API server (default: in-cluster)", "FILE")
+    cluster_view: str = _key(
+        "auto", _mode, "judge nodes by the GPUNodeState objects the agents publish, read with one list and "
+        "watch: auto (a service account token or a kubeconfig), on, or off (fetch every agent's /v1/hints)",
+        "{" + ",".join(API_MODES) + "}",
+    )
+    published_max_age: float = _key(
+        900.0, _number(0, 10**7),
+        "seconds since a node's GPUNodeState was last confirmed (its heartbeat) after which the node is "
+        "filtered out (three of the agents' default 300 s heartbeats)", "SECONDS",
+    )
     gpu_device_classes: tuple[str, ...] = _key(
         ("gpu.nvidia.com",), _class_names, "DRA DeviceClasses whose devices are whole GPUs", "NAMES"
     )

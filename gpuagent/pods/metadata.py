@@ -3,7 +3,7 @@
 A cgroup path gives a process's pod UID and container ID; the kubelet's pod-resources API gives names
 without either. The API server has both, so with it the agent names every pod outright. This module keeps
 one view, pod UID -> :class:`PodName`, for the pods bound to this node, listed and watched by
-:class:`gpuagent.pods.reflector.Reflector` (field selector ``spec.nodeName=<node>``; how it lists, watches,
+:class:`gpuagent.reflector.Reflector` (field selector ``spec.nodeName=<node>``; how it lists, watches,
 backs off and reports is said there). Only the few fields used are decoded (msgspec structs that skip
 everything else), and only ``gpuagent.io/*`` annotations are kept: a pod's managed fields and large
 annotations never stay in memory. Nothing of lightkube is imported until :meth:`PodMetadata.run`.
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gpuagent.kubeapi import SERVICE_ACCOUNT_DIR, api_server_available
 from gpuagent.pods.attribution import PodName
 from gpuagent.pods.owners import Owner, OwnerRef, OwnerResolver, controller_of, reference_struct
-from gpuagent.pods.reflector import Reflector, list_decoder
+from gpuagent.reflector import Reflector, list_decoder
 
 if TYPE_CHECKING:
     import httpx2
@@ -100,7 +100,7 @@ class PodMetadata(Reflector):
 
     Where the API server is (``connection``, ``client``, ``config``, ``kubeconfig_path``) and the timing
     (``relist_backoff``, ``max_backoff``, ``watch_timeout``, ``request_timeout``) are
-    :class:`~gpuagent.pods.reflector.Reflector`'s; ``owners`` walks the pods' owners.
+    :class:`~gpuagent.reflector.Reflector`'s; ``owners`` walks the pods' owners.
     """
 
     path = PODS_PATH

@@ -6,7 +6,7 @@ A DRA driver publishes the devices of each node in ResourceSlices (``resource.k8
 ``uuid: MIG-…``, ``parentUUID: GPU-…`` and ``profile: 1g.10gb``. A MIG device the driver creates only when a
 claim is prepared (its dynamic MIG mode) has no ``uuid`` yet: the CDI spec maps it then.
 
-The slices are listed and watched like the pods (:class:`gpuagent.pods.reflector.Reflector`, field selector
+The slices are listed and watched like the pods (:class:`gpuagent.reflector.Reflector`, field selector
 ``spec.nodeName=<node>``), keeping only the configured GPU drivers' devices, of each pool's newest
 generation (a driver republishing a pool bumps it; older slices are stale until deleted). RBAC: get, list and
 watch on ``resourceslices`` in ``resource.k8s.io``.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
-from gpuagent.pods.reflector import Reflector, list_decoder
+from gpuagent.reflector import Reflector, list_decoder
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,10 @@
-"""List, then watch, one kind of Kubernetes object on this node: the loop under the API-server sources.
+"""List, then watch, one kind of Kubernetes object: the loop under every API-server view gpuagent keeps.
 
-The pods of this node (``pods.metadata``) and its DRA ResourceSlices (``pods.dra.slices``) are kept the way
-client-go's reflector keeps an informer's store: list (field selector ``spec.nodeName=<node>``), then watch
-from the list's ``resourceVersion``. A subclass says what it lists (``path``, ``resource``), decodes only the
+The pods of this node (``pods.metadata``), its DRA ResourceSlices (``pods.dra.slices``) and, in the
+extender, every node's published GPU state (``hints.cluster_view``) are kept the way client-go's reflector
+keeps an informer's store: list (for a node's objects, field selector ``spec.nodeName=<node>``; for a
+cluster-wide view, no selector), then watch from the list's ``resourceVersion``.
+A subclass says what it lists (``path``, ``resource``), decodes only the
 fields it keeps and maintains its own view (``_replace`` after a list, ``_put``/``_drop`` per event).
 
 Choices that matter on thousands of nodes:
@@ -87,7 +89,8 @@ class _Failure(Exception):
 
 
 class Reflector:
-    """Lists and watches ``path`` for one node (field selector ``spec.nodeName=<node>``).
+    """Lists and watches ``path`` for one node (field selector ``spec.nodeName=<node>``), or for the whole
+    cluster when ``node_name`` is None (``cluster_wide`` set by the subclass).
 
     ``connection`` (a :class:`gpuagent.kubeapi.ApiConnection`, shared and left open), ``client`` (a
     ``lightkube.AsyncClient``, whose pool and credentials are then shared) or ``config`` (a lightkube
@@ -100,10 +103,11 @@ class Reflector:
     resource = ""  # the plural name, for messages and the RBAC hint
     api_group = ""  # "" for the core group, for the RBAC hint
     what = ""  # what the view is, for log lines ("pod metadata", "DRA ResourceSlices")
+    cluster_wide = False  # True: every object of the kind, no node selector (node_name is then None)
 
     def __init__(
         self,
-        node_name: str,
+        node_name: str | None,
         *,
         log: logging.Logger,
         connection: ApiConnection | None = None,
@@ -116,12 +120,13 @@ class Reflector:
         watch_timeout: float = 300.0,
         request_timeout: float = 10.0,
     ) -> None:
-        if not node_name:
+        if not node_name and not self.cluster_wide:
             raise ValueError(f"node_name is required: the API server is asked for this node's "
                              f"{self.resource} only")
         self.node_name = node_name
         self._log = log
-        self._selector = f"spec.nodeName={node_name}"
+        self._selector = f"spec.nodeName={node_name}" if node_name else None
+        self._scope = f"on node {node_name}" if node_name else "in the cluster"
         self._connection = connection
         self._client = client
         self._config = config
@@ -202,8 +207,8 @@ class Reflector:
                 except _Expired:
                     self._rv, self._list_rv = None, ""
                     self._expiries += 1
-                    self._log.debug("%s watch on node %s: resourceVersion expired (410); listing again",
-                                    self.resource, self.node_name)
+                    self._log.debug("%s watch %s: resourceVersion expired (410); listing again",
+                                    self.resource, self._scope)
                     if self._expiries > 1:
                         await asyncio.sleep(self._delay(self._expiries - 1))
                 except _Failure as failure:
@@ -243,7 +248,7 @@ class Reflector:
     async def _list(self, http: httpx2.AsyncClient) -> None:
         import httpx2
 
-        params = {"fieldSelector": self._selector}
+        params = {"fieldSelector": self._selector} if self._selector else {}
         if self._list_rv:
             params["resourceVersion"] = self._list_rv
         self.lists += 1
@@ -263,7 +268,7 @@ class Reflector:
             raise _Failure("protocol", f"{self._where('list')}: no resourceVersion")
         self._list_rv = self._rv
         if not self._synced:
-            self._log.info("API server: %d %s on node %s", self._size(), self.resource, self.node_name)
+            self._log.info("API server: %d %s %s", self._size(), self.resource, self._scope)
         self._synced = True
         self._healthy()
 
@@ -276,10 +281,11 @@ class Reflector:
         params = {
             "watch": "true",
             "resourceVersion": self._rv,
-            "fieldSelector": self._selector,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(server_timeout),
         }
+        if self._selector:
+            params["fieldSelector"] = self._selector
         timeout = httpx2.Timeout(self._request_timeout, read=server_timeout + WATCH_IDLE_MARGIN_S)
         self.watches += 1
         connected_at: float | None = None
@@ -300,8 +306,7 @@ class Reflector:
             if connected_at is None:
                 raise self._transport_failure("watch", exc) from exc
             if events or self._clock() - connected_at >= self._max:
-                self._log.debug("%s watch on node %s interrupted (%r); resuming", self.resource,
-                                self.node_name, exc)
+                self._log.debug("%s watch %s interrupted (%r); resuming", self.resource, self._scope, exc)
                 self._failures = self._expiries = 0
                 return True
             message = f"{self._where('watch')} interrupted: {exc!r}"
@@ -329,16 +334,15 @@ class Reflector:
         elif event.type == "DELETED":
             self._drop(obj)
         elif event.type != "BOOKMARK":
-            self._log.debug("%s watch on node %s: ignoring event type %r", self.resource, self.node_name,
-                            event.type)
+            self._log.debug("%s watch %s: ignoring event type %r", self.resource, self._scope, event.type)
         if obj.metadata.resourceVersion:
             self._rv = self._list_rv = obj.metadata.resourceVersion
 
     # -- health --------------------------------------------------------------------------------------------
     def _healthy(self) -> None:
         if self._failure_kind:
-            self._log.info("API server answers again: watching %d %s on node %s", self._size(), self.resource,
-                           self.node_name)
+            self._log.info("API server answers again: watching %d %s %s", self._size(), self.resource,
+                           self._scope)
             self._failure_kind = ""
         self._status = (True, "")
 
@@ -357,7 +361,7 @@ class Reflector:
             self._log.debug("%s from the API server: %s", self.what, failure.message)
 
     def _where(self, verb: str) -> str:
-        return f"{self.resource} {verb} on node {self.node_name}"
+        return f"{self.resource} {verb} {self._scope}"
 
     def _transport_failure(self, verb: str, exc: Exception) -> _Failure:
         return transport_failure(self._where(verb), exc)

@@ -1,0 +1,273 @@
+"""The extender's cluster view: every node's ``GPUNodeState``, kept by one list and watch.
+
+This is kube-scheduler's own informer pattern: a cold start is one LIST (served from the API server's watch
+cache), after which every node that has an agent is judged on the first call; the watch then applies each
+change as it is written; a restart or a failover loses nothing that the API server holds. Nothing here
+talks to an agent: the extender's answers depend on the API server alone, whose load is the agents' writes
+(``hints.publisher``: on change, rate-limited, plus a heartbeat).
+
+It offers the extender what ``AgentCache`` offers (``lookup``, ``counts``, ``start``/``run``/``close``), with
+``AgentEntry`` records whose ``answered_at`` is the state's heartbeat on this process's monotonic clock: the
+heartbeat's age by the agent's clock when first seen, by ours after that. So the extender's staleness rule
+is the same for both sources: a node whose state is older than ``published_max_age`` is filtered out,
+unresolvable, with the reason.
+
+Generations: each object carries its agent's ``(epoch, sequence)``. A write of the same agent with a lower
+sequence, or of an earlier agent (lower epoch) with no newer heartbeat, is ignored, so a write left in
+flight by a replaced agent cannot roll a node back. A node whose object cannot be decoded keeps its last
+good state (or none) and is counted; the log names it once.
+
+Memory: nodes whose states have the same verdict key (``hints.published.verdict_key``: the same state but
+for their names) share one decoded copy and its index, so a fleet of alike idle nodes costs one state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuagent.hints.agents import FRESH, STALE, STATES, UNREACHABLE, AgentEntry
+from gpuagent.hints.published import (
+    COLLECTION_PATH,
+    GROUP,
+    PLURAL,
+    Generation,
+    PublishedState,
+    decode_list,
+    decode_state,
+)
+from gpuagent.hints.score import NodeIndex, node_index
+from gpuagent.kubeapi import ApiConnection
+from gpuagent.reflector import Reflector, wire
+from gpuagent.snapshot import NodeHints
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_REASON = "no GPUNodeState published for this node (no agent, or it cannot write to the API server)"
+MAX_LOGGED_BAD = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Meta:
+    resourceVersion: str
+
+
+@dataclass(slots=True)
+class _Shared:
+    """One state's decoded hints and index, and how many nodes are in it."""
+
+    hints: NodeHints
+    index: NodeIndex
+    users: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """One decoded object: its state, or why it could not be read."""
+
+    metadata: _Meta
+    node: str
+    state: PublishedState | None
+    error: str = ""
+
+
+class ClusterView(Reflector):
+    """Every node's published GPU state; see the module docstring."""
+
+    path = COLLECTION_PATH
+    resource = PLURAL
+    api_group = GROUP
+    what = "published GPU states"
+    cluster_wide = True
+
+    def __init__(
+        self,
+        *,
+        connection: ApiConnection | None = None,
+        kubeconfig_path: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        sync_timeout: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(None, log=log, connection=connection, kubeconfig_path=kubeconfig_path,
+                         clock=monotonic, **kwargs)
+        self._monotonic = monotonic
+        self._wall = wall_clock
+        self.sync_timeout = sync_timeout
+        self._entries: dict[str, AgentEntry] = {}
+        self._seen: dict[str, tuple[Generation, float]] = {}  # node -> the generation and heartbeat held
+        self._shared: dict[bytes, _Shared] = {}  # verdict key -> the one copy of that state
+        self._synced_event = asyncio.Event()
+        self._bad: set[str] = set()
+        self.bad_objects = 0  # objects that could not be decoded, for metrics
+        self.stale_writes = 0  # writes ignored for an older generation
+        self.version = 0  # counts the changes to the view: an answer computed at one version holds until it
+        self._expiry: tuple[int, float, float] | None = None  # (version, max_age, when a state ages out)
+        self.unknown_reason = UNKNOWN_REASON
+
+    # -- what the reflector asks of a view -----------------------------------------------------------------
+    def _decode_list(self, body: bytes) -> tuple[list[Any], str]:
+        try:
+            raw_items, rv = decode_list(body)
+        except ValueError as exc:  # the reflector reports a protocol failure and lists again
+            raise wire().DecodeError(str(exc)) from None
+        items = [self._decode_object(raw) for raw in raw_items]
+        gc.freeze()  # thousands of long-lived objects: kept out of every later collection
+        return items, rv
+
+    def _decode_object(self, raw: Any) -> _Item:
+        try:
+            state = decode_state(raw)
+        except ValueError as exc:
+            return _Item(_Meta(""), "", None, str(exc)[:300])
+        return _Item(_Meta(state.resource_version), state.node, state)
+
+    def _replace(self, items: list[Any]) -> None:
+        listed = {item.node for item in items if item.state is not None}
+        for node in self._entries.keys() - listed:  # deleted while the watch was down
+            self._forget(node)
+        for item in items:
+            self._put(item)  # the generation check applies across a re-list too
+        self._synced_event.set()
+        self.version += 1
+
+    def _put(self, obj: Any) -> None:
+        item: _Item = obj
+        if item.state is None:
+            self._bad_object(item)
+            return
+        state = item.state
+        node = state.node
+        seen = self._seen.get(node)
+        if seen is not None and not _newer(state.generation, state.heartbeat_unix, *seen):
+            self.stale_writes += 1
+            return
+        self._seen[node] = (state.generation, state.heartbeat_unix)
+        self._bad.discard(node)
+        self.version += 1
+        previous = self._entries.get(node)
+        if previous is not None and previous.key == state.key:
+            hints, index = previous.hints, previous.index  # the same objects: the per-node memo holds
+        else:
+            if previous is not None:
+                self._release(previous.key)
+            hints, index = self._acquire(state.key, state.hints)
+        age = max(0.0, self._wall() - state.heartbeat_unix)
+        self._entries[node] = AgentEntry(node=node, url=None, hints=hints, index=index,
+                                         answered_at=self._monotonic() - age, key=state.key)
+
+    def _drop(self, obj: Any) -> None:
+        item: _Item = obj
+        if item.node:
+            self._forget(item.node)
+
+    def _forget(self, node: str) -> None:
+        entry = self._entries.pop(node, None)
+        self._seen.pop(node, None)
+        if entry is not None:
+            self._release(entry.key)
+            self.version += 1
+
+    def _acquire(self, key: bytes, hints: NodeHints) -> tuple[NodeHints, NodeIndex]:
+        """The hints and index kept for ``key``: nodes in the same state share one copy."""
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = _Shared(hints, node_index(hints))
+        shared.users += 1
+        return shared.hints, shared.index
+
+    def _release(self, key: bytes | None) -> None:
+        shared = self._shared.get(key) if key is not None else None
+        if shared is not None:
+            shared.users -= 1
+            if shared.users <= 0:
+                del self._shared[key]  # type: ignore[arg-type]
+
+    def _size(self) -> int:
+        return len(self._entries)
+
+    def _bad_object(self, item: _Item) -> None:
+        self.bad_objects += 1
+        key = item.error
+        if key not in self._bad and len(self._bad) < MAX_LOGGED_BAD:
+            self._bad.add(key)
+            log.warning("ignoring a GPUNodeState that cannot be read (the node keeps its last good state): "
+                        "%s", item.error)
+
+    # -- what the extender asks of a node source ----------------------------------------------------------
+    def get(self, node: str) -> AgentEntry | None:
+        return self._entries.get(node)
+
+    def entries(self) -> Iterable[AgentEntry]:
+        return self._entries.values()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def expiry(self, max_age_seconds: float) -> float:
+        """The monotonic time at which the first state now known turns older than ``max_age_seconds``
+        (computed once per version): until then, and while the version holds, every verdict stands."""
+        cached = self._expiry
+        if cached is None or cached[0] != self.version or cached[1] != max_age_seconds:
+            oldest = min((e.answered_at for e in self._entries.values() if e.answered_at is not None),
+                         default=math.inf)
+            cached = self._expiry = (self.version, max_age_seconds, oldest + max_age_seconds)
+        return cached[2]
+
+    def counts(self, max_age_seconds: float) -> dict[str, int]:
+        now = self._monotonic()
+        counts = dict.fromkeys(STATES, 0)
+        for entry in self._entries.values():
+            assert entry.answered_at is not None
+            counts[FRESH if now - entry.answered_at <= max_age_seconds else STALE] += 1
+        if not self.synced:
+            counts[UNREACHABLE] = 0
+        return counts
+
+    async def lookup(self, nodes: Iterable[str], *, deadline_seconds: float | None = None
+                     ) -> dict[str, AgentEntry]:
+        """The entries of ``nodes`` (unknown nodes are left out); before the first list has answered, waits
+        for it for at most ``deadline_seconds`` (default ``sync_timeout``)."""
+        if not self._synced_event.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._synced_event.wait(), deadline_seconds or self.sync_timeout)
+        entries = self._entries
+        return {node: entry for node in nodes if (entry := entries.get(node)) is not None}
+
+    def set_fetch_observer(self, observer: object) -> None:
+        """No agent is fetched: nothing to observe (the extender's metrics call this on every source)."""
+
+    async def start(self) -> None:
+        """Nothing to open before ``run``: the reflector opens its connection there."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """List and watch until ``stop`` is set."""
+        task = asyncio.create_task(super().run(), name="cluster-view")
+        try:
+            await stop.wait()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.aclose()
+
+
+def _newer(generation: Generation, heartbeat: float, held: Generation, held_heartbeat: float) -> bool:
+    """Whether a write may replace the one held: a later write of the same agent, or a later agent (by
+    epoch), or an earlier epoch whose heartbeat is newer (the node's clock went back across a restart)."""
+    if generation.epoch == held.epoch:
+        return generation.sequence >= held.sequence
+    if generation.epoch > held.epoch:
+        return True
+    return heartbeat > held_heartbeat
