@@ -1,10 +1,10 @@
 """The items of ``real_gpu.py all``, registered in the order they run: cheap and independent first, the
-long shares runs last but one, accounting from the first shares run. What each needs per backend: an item
-without a ``sim`` entry needs a GPU."""
+long shares runs last but one, accounting from the first shares run; the plant experiment only when
+``--only`` names it. What each needs per backend: an item without a ``sim`` entry needs a GPU."""
 
 from __future__ import annotations
 
-from gpucheck.items import accounting, cost, crash, ladder, probe, shares, truth
+from gpucheck.items import accounting, cost, crash, ladder, plant, probe, shares, truth
 from gpucheck.registry import ITEMS, Item, fixed
 
 SIM = ("cgroups", "two CPUs", "simulator")  # CPU tenants on one CPU, the agent on another
@@ -24,3 +24,7 @@ ITEMS.add(Item("shares", "Shares: 70/30, 90/10, 50/30/20 of identical tenants", 
 ITEMS.add(Item("accounting", "Accounting: energy against the counter, busy against the shares",
                accounting.run,
                needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=accounting.budget))
+ITEMS.add(Item("plant", "Plant: the GPU under the freezer, open loop (solo, together, duty cycles, rotation, "
+                        "drain)", plant.run,
+               needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(420, sim=150, quick=75),
+               on_request=True))
