@@ -46,14 +46,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 from gpucheck import items  # noqa: E402,F401  (registers the items)
 from gpucheck.agents import free_port, nvml_seconds, parse_metrics  # noqa: E402,F401
 from gpucheck.context import Context  # noqa: E402
-from gpucheck.registry import ITEMS, Item, fixed, legacy  # noqa: E402
+from gpucheck.registry import ITEMS, Item, fixed  # noqa: E402
 from gpucheck.tenants import MATMUL as TENANT  # noqa: E402
 from gpucheck.tenants import read_count  # noqa: E402
 
 # the MPS check, after the others: it runs in ``all`` when their budgets leave it time (else ``--only mps``)
-ITEMS.add(Item("mps", "MPS: what NVML lists and the agent exports for two clients", legacy(
-    lambda args: real_gpu_mps.run(sys.modules[__name__], args), seconds=15, threads=(70, 30), size=8192),
-    needs={"nvml": ("torch",)}, budget_s=fixed(45)))
+ITEMS.add(Item("mps", "MPS: what NVML lists, the agent exports and each client computes",
+               lambda ctx: real_gpu_mps.item(sys.modules[__name__], ctx),
+               needs={"nvml": ("torch",)}, budget_s=fixed(45)))
 
 # -- helpers of the first subcommands, kept for items written against them ---------------------------------
 

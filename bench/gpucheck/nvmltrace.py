@@ -1,6 +1,8 @@
 """What NVML says about the GPU over a run, kept with its own timestamps: the check's view of the device.
 
-``NvmlTrace`` is a thread that reads, every ``interval`` seconds, the per-process utilization samples
+``NvmlTrace`` is a thread that reads, every ``interval`` seconds (0.1 in the plant: a read gives one figure
+per process, the mean of its samples since the cursor, so reads faster than NVML's ~200 ms grid keep
+each sample apart), the per-process utilization samples
 (``nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)``: ``pid``, ``timeStamp`` in µs, ``smUtil``,
 ``memUtil``) and the device's own utilization samples (``nvmlDeviceGetSamples(handle,
 NVML_GPU_UTILIZATION_SAMPLES, lastSeenTimeStamp)``: ``timeStamp`` in µs and a value whose type the call
@@ -130,7 +132,7 @@ class NvmlTrace:
         return self
 
     def _safe(self, read: Any, cursor: int) -> list[Any]:
-        with contextlib.suppress(self.nvml.NVMLError):
+        with contextlib.suppress(self.nvml.NVMLError, AttributeError):
             return list(read(self.nvml, self._handle, cursor))
         return []
 
@@ -143,16 +145,16 @@ class NvmlTrace:
             if got:
                 newest = max(s[1] for s in got)
                 self._process_cursor = max(self._process_cursor, newest)
-        except self.nvml.NVMLError as exc:
-            error = f"process: {exc}"
+        except (self.nvml.NVMLError, AttributeError) as exc:
+            error = f"process: {exc!r}"
         try:
             dev = device_samples(self.nvml, self._handle, self._device_cursor)
             self.trace.device += dev
             if dev:
                 self._device_cursor = max(self._device_cursor, max(s[0] for s in dev))
                 newest = max(newest or 0, self._device_cursor)
-        except self.nvml.NVMLError as exc:
-            error += f" device: {exc}"
+        except (self.nvml.NVMLError, AttributeError) as exc:  # AttributeError: an NVML without the call
+            error += f" device: {exc!r}"
         self.trace.reads.append(Read(monotonic, wall, newest, error.strip()))
 
     def _run(self) -> None:

@@ -159,7 +159,10 @@ def nvml_trace(ctx: Context) -> Any:
 
     from gpucheck.nvmltrace import NvmlTrace
 
-    return NvmlTrace(pynvml, 0, interval=0.5).start()
+    # every 0.1 s: a read returns one figure per process, the mean of its samples since the cursor (the
+    # H200's 1 s reads of 2026-11-27 gave 60/40 where 0.25 s reads gave 99 or 50), and the samples come on a
+    # ~200 ms grid: faster reads keep each sample apart (about 2 ms of NVML a read)
+    return NvmlTrace(pynvml, 0, interval=0.1).start()
 
 
 def run_kind(ctx: Context, kind: str, spec_list: list[Spec], scale: float, seed: int) -> dict[str, Any]:
