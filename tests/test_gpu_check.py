@@ -488,3 +488,115 @@ def test_the_plant_runs_its_cells_on_cpu_tenants_and_writes_the_table(tmp_path: 
         if cell.scheme == "rotation":  # 70 % of each period to a, 30 % to b
             assert done_between(traces["cpu-a"], *cell.window) > done_between(traces["cpu-b"], *cell.window)
     assert rows["rotation 70/30 / 100 ms"]["counts"][0] > rows["rotation 70/30 / 100 ms"]["counts"][1]
+
+
+# The parts of PyTorch the GPU tenants call, as a module of their own: each product takes 2 ms of wall time
+# when its stream runs it; an event completes when the work enqueued before it has (a queue per process), and
+# its time is when it did. Enough to run MATMUL and DEEP here and read what they write.
+STAND_IN_TORCH = '''
+import contextlib, time
+bfloat16 = "bf16"
+_queue_end = [0.0]  # when the work enqueued so far is done
+KERNEL_S = 0.002
+
+def _enqueue(seconds):
+    _queue_end[0] = max(_queue_end[0], time.monotonic()) + seconds
+
+class Tensor:
+    def __matmul__(self, other):
+        _enqueue(KERNEL_S)
+        return Tensor()
+    def sum(self):
+        return Tensor()
+    def item(self):
+        cuda.synchronize()
+        return 0.0
+
+def randn(*shape, **kw):
+    return Tensor()
+
+def empty(*shape, **kw):
+    return Tensor()
+
+def matmul(a, b, out=None):
+    if not _capturing[0]:
+        _enqueue(KERNEL_S)
+    else:
+        _capturing[1] += 1
+    return out
+
+_capturing = [False, 0]
+
+class _Cuda:
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+        def record(self, stream=None):
+            self.at = max(_queue_end[0], time.monotonic())
+        def synchronize(self):
+            time.sleep(max(0.0, self.at - time.monotonic()))
+        def elapsed_time(self, end):
+            assert self.at is not None and end.at is not None and time.monotonic() >= end.at
+            return (end.at - self.at) * 1000.0
+    class Stream:
+        pass
+    class CUDAGraph:
+        kernels = 0
+        def replay(self):
+            _enqueue(KERNEL_S * self.kernels)
+    @staticmethod
+    @contextlib.contextmanager
+    def stream(s):
+        yield
+    @staticmethod
+    @contextlib.contextmanager
+    def graph(g):
+        _capturing[:] = [True, 0]
+        yield
+        g.kernels, _capturing[0] = _capturing[1], False
+    @staticmethod
+    def synchronize():
+        time.sleep(max(0.0, _queue_end[0] - time.monotonic()))
+
+cuda = _Cuda()
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["matmul", "deep"])
+def test_the_gpu_tenants_date_each_iteration_on_a_stand_in_torch(tmp_path: Path, kind: str) -> None:
+    """MATMUL and DEEP as they run on a GPU, over the stand-in: iterations counted, each dated when the
+    device finished it, and the deep one keeping its queue in front of each replay."""
+    import time
+
+    from gpucheck.plantstats import queue_depths
+    from gpucheck.tenants import argv, read_count, read_times
+
+    (tmp_path / "torch.py").write_text(STAND_IN_TORCH)
+    counter = tmp_path / f"{kind}.count"
+    command = argv(kind, counter, size=16, kernels=4, queue_ms=40)  # deep: 8 ms replays, ~40 ms queued
+    process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        began = time.monotonic()
+        while read_count(counter) < 60 and process.poll() is None and time.monotonic() - began < 60:
+            time.sleep(0.1)
+    finally:
+        process.kill()
+        process.wait()
+    log = counter.with_name(counter.name + ".log").read_text() if counter.with_name(
+        counter.name + ".log").exists() else ""
+    assert read_count(counter) >= 60, log
+    done = read_times(counter, ".times")
+    assert len(done) >= 50 and list(done) == sorted(done)
+    assert all(began - 30 < t < time.monotonic() for t in done)  # CLOCK_MONOTONIC, this process's clock
+    gaps = [b - a for a, b in itertools.pairwise(done)]
+    if kind == "matmul":  # one 2 ms product at a time
+        assert min(gaps) >= 0.0019 and not read_times(counter, ".enqueued")
+    else:
+        assert "in flight before each new one" in log
+        enqueued = read_times(counter, ".enqueued")
+        depths = queue_depths(list(done), list(enqueued), (0.0, float("inf")))
+        assert len(depths) == min(len(done), len(enqueued)) and all(d > 0 for d in depths)
+        in_flight = int(log.split(" ms, ")[1].split(" in flight")[0])  # chosen from a timed replay
+        median = sorted(depths)[len(depths) // 2]
+        assert (in_flight - 1) * 0.008 <= median <= (in_flight + 1) * 0.008 + 0.002, (in_flight, median)

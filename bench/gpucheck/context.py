@@ -75,6 +75,21 @@ class Context:
             self._affinity = set(cpus)
             os.sched_setaffinity(0, cpus - {self.burn_cpu})
 
+    @staticmethod
+    def _weigh(sandbox: Any) -> None:
+        """On the simulator the tenants' CPU is their GPU: the sandbox gets the most CPU weight there is
+        (v1 ``cpu.shares``, v2 ``cpu.weight`` where the controller is enabled), so on a shared machine other
+        programs on that CPU take a few percent of it, not most (they compete as one entity of weight 1024
+        each). Among themselves the tenants still weigh the same."""
+        for hierarchy in sandbox.hierarchies:
+            if hierarchy.version == 1 and "cpu" not in hierarchy.controllers:
+                continue
+            top = hierarchy.directory(sandbox.cgroup_path(hierarchy, ""))
+            for name, value in (("cpu.shares", "262144"), ("cpu.weight", "10000")):
+                with contextlib.suppress(OSError):
+                    if (top / name).exists():
+                        (top / name).write_text(value)
+
     def tenants(self, kind: str, count: int) -> list[Tenant]:
         """``count`` running tenants of ``kind``, shared between items (started on first use, restarted if
         one died); each thawed before it is handed out, every other shared tenant frozen."""
@@ -131,6 +146,8 @@ class Context:
         counter = counter_path(self.workdir, name)
         command = argv(kind, counter, cpu=self.burn_cpu if self.sim else None, **options)
         tenant = Tenant(name, kind, uid, sandbox.spawn(path, argv=command), counter)
+        if self.sim:
+            self._weigh(sandbox)
         if not pooled:
             self._others.append(tenant)
         return tenant

@@ -1,16 +1,17 @@
 """Is the device otherwise idle? The check a share, plant or MPS run makes before it starts, for its report.
 
-On a GPU: the run's own tenants are frozen for a moment (their queues drain), then NVML's process lists must
-name none but them (anything else holding a context, an earlier item's tenant or another program, is named
-with its command), and the device's own utilization samples over one second say how busy the GPU was without
-them. On the simulator the device is the one CPU the tenants share: no tenant of ours but the run's may be
-alive, and that CPU's use over the second is recorded (other programs on a shared machine may use it: a
-figure, not a bar).
+On a GPU: the run's own tenants are frozen for a moment (their queues drain), then NVML's process lists
+must name none but them (anything else holding a context, an earlier item's tenant or another program, is
+named with its command), and the device's own utilization samples over one second (their median) say how
+busy the GPU was without them. On the simulator the device is the one CPU the tenants share: no tenant of
+ours but the run's may be alive, and that CPU's use over the second is recorded (other programs on a
+shared machine may use it: a figure, not a bar).
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def gpu_view(nvml: Any, keep_pids: set[int]) -> dict[str, Any]:
     finally:
         nvml.nvmlShutdown()
     others = {pid: f"{where}: {comm(pid)}" for pid, where in listed.items() if pid not in keep_pids}
-    busy = max((v for _, v in samples), default=None)
+    busy = statistics.median(v for _, v in samples) if samples else None  # one sample may straddle the drain
     return {"device": "GPU 0", "other_processes": {str(p): w for p, w in sorted(others.items())},
             "own_processes_listed": sorted(p for p in listed if p in keep_pids),
             "busy_percent_while_frozen": busy, "samples": len(samples),

@@ -14,7 +14,7 @@ ITEMS.add(Item("probe", "Per-call NVML costs, and cheaper calls for the same fig
 ITEMS.add(Item("truth", "Truth of the figures against nvidia-smi", truth.run,
                needs={"nvml": ("nvidia-smi", "cgroups")}, budget_s=fixed(22)))
 ITEMS.add(Item("cost", "Cost: CPU, RSS, poll and NVML time, enforcement off and on", cost.run,
-               needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(60, quick=35)))
+               needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(60, quick=50)))
 ITEMS.add(Item("ladder", "Memory ladder: TERM, KILL, memory freed, neighbour untouched", ladder.run,
                needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(30, sim=25, quick=20)))
 ITEMS.add(Item("crash", "Crash safety: kill -9 while frozen, the restarted agent thaws", crash.run,
