@@ -261,8 +261,10 @@ def test_truth_counts_completions_in_the_window_and_the_table_reads_them() -> No
     assert round(line["throughput_vs_solo"], 3) == round(910 / 7 / 140, 3)
     solo = row(_cell(name="solo a", scheme="solo", target=None, window=(10.0, 17.0)), times, 140.0, None)
     text = "\n".join(table([line, solo, {"kind": "deep", "cell": "every cell", "skipped": "needs GPU"}]))
-    assert "| matmul | c | 0.769/0.231 | needs GPU | 0.700/0.300 | 6.9 | 0.929 | - |" in text
+    assert "| matmul | c | 0.769/0.231 | needs GPU | 0.700/0.300 | 6.9 | 0.929 | - | - |" in text
     assert "alone: 100.0 it/s" in text and "| deep | every cell | needs GPU |" in text
+    cell.params["late_ms_median_max"] = [0.21, 3.5]
+    assert "| 0.929 | - | 0.2 / 3.5 |" in "\n".join(table([row(cell, times, solo=140.0, nvml=None)]))
 
 
 def test_drain_is_how_long_a_frozen_tenants_work_goes_on_completing() -> None:
@@ -468,6 +470,7 @@ def test_the_plant_runs_its_cells_on_cpu_tenants_and_writes_the_table(tmp_path: 
     assert any(r["kind"] == "deep" and r.get("skipped") == "needs GPU" for r in item["figures"]["rows"])
     text = (out / "report.md").read_text()
     assert "| kind | cell | truth split | NVML split | target | error (pts) |" in text
+    assert all(len(r["late_ms"]) == 2 for r in rows.values())
     with tarfile.open(out / "work.tar.gz") as tar:
         plant = json.loads(tar.extractfile("work/plant/plant.json").read())
         times = {m.name for m in tar.getmembers() if m.name.endswith(".times")}

@@ -183,7 +183,8 @@ def row(cell: Cell, times: dict[str, Sequence[float]], solo: float | None,
     got = truth(cell, times)
     out: dict[str, Any] = {"cell": cell.name, "kind": cell.kind, "scheme": cell.scheme,
                            "target": cell.target, "truth": got["split"], "rates": got["rates"],
-                           "counts": got["counts"], "seconds": got["seconds"]}
+                           "counts": got["counts"], "seconds": got["seconds"],
+                           "late_ms": cell.params.get("late_ms_median_max")}
     total_rate = sum(got["rates"])
     out["throughput_vs_solo"] = total_rate / solo if solo else None
     out["error"] = max_error(got["split"], cell.target)
@@ -220,13 +221,13 @@ def _ms(stats: Any) -> str:
 
 def table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The markdown table: per cell, the truth split, NVML's split, the target, the error, throughput
-    against solo and the drain after a freeze."""
+    against solo, the drain after a freeze, and how late the freezer's slots began (its own jitter)."""
     lines = ["| kind | cell | truth split | NVML split | target | error (pts) | throughput vs solo | "
-             "drain after freeze, ms median / max |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "drain after freeze, ms median / max | freezer late, ms median / max |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r.get("skipped"):
-            lines.append(f"| {r['kind']} | {r['cell']} | {r['skipped']} | | | | | |")
+            lines.append(f"| {r['kind']} | {r['cell']} | {r['skipped']} | | | | | | |")
             continue
         truth_text = _split(r["truth"])
         if r["scheme"] == "solo":
@@ -236,6 +237,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
         drain = _ms(r["drain"])
         if "device_drain" in r:
             drain += f"; device busy after: {_ms(r['device_drain'])}"
+        late = "-" if not r.get("late_ms") else "{:.1f} / {:.1f}".format(*r["late_ms"])
         lines.append(f"| {r['kind']} | {r['cell']} | {truth_text} | {_split(r['nvml'])} | "
-                     f"{_split(r['target'])} | {error} | {kept} | {drain} |")
+                     f"{_split(r['target'])} | {error} | {kept} | {drain} | {late} |")
     return lines

@@ -106,8 +106,8 @@ def cell_seconds(spec_list: list[Spec], gpu: bool) -> float:
 
 
 class Freezer:
-    """The tenants' cgroups, written only when a state changes, every write's time kept (monotonic, just
-    before the write)."""
+    """The tenants' cgroups, written only when a state changes, every write's time kept (monotonic, when
+    the write returned: a frozen tenant's work that completes after it is its drain)."""
 
     def __init__(self, tenants: list[Tenant]) -> None:
         self.tenants = tenants
@@ -117,23 +117,24 @@ class Freezer:
     def apply(self, thawed: frozenset[int]) -> None:
         for i, tenant in enumerate(self.tenants):  # freezes first: at most the new set thawed at any time
             if i in self.thawed and i not in thawed:
-                self.events.append((time.monotonic(), i, "freeze"))
                 tenant.freeze(True)
+                self.events.append((time.monotonic(), i, "freeze"))
                 self.thawed.discard(i)
         for i, tenant in enumerate(self.tenants):
             if i not in self.thawed and i in thawed:
-                self.events.append((time.monotonic(), i, "thaw"))
                 tenant.freeze(False)
+                self.events.append((time.monotonic(), i, "thaw"))
                 self.thawed.add(i)
 
 
 def drive(freezer: Freezer, spec: Spec, kind: str, scale: float, settle: float, rng: random.Random) -> Cell:
-    """Run one cell: periods back to back on an absolute schedule (late wake-ups do not add up); the
-    window is from the first period boundary after ``settle`` to the last boundary once ``seconds`` are
-    covered."""
+    """Run one cell: periods back to back on an absolute schedule (late wake-ups do not add up, and how late
+    each slot began is kept); the window is from the first period boundary after ``settle`` to the last
+    boundary once ``seconds`` are covered."""
     first_event = len(freezer.events)
     start = time.monotonic()
     boundaries: list[float] = []
+    late: list[float] = []  # how far past its time each slot began (the freezer's own jitter)
     t = start
     measure_from = start + settle
     seconds = spec.seconds * scale
@@ -143,13 +144,16 @@ def drive(freezer: Freezer, spec: Spec, kind: str, scale: float, settle: float, 
             if t - boundaries[0] >= seconds - 1e-9:
                 break
         for duration, thawed in spec.cycle(rng):
+            late.append(time.monotonic() - t)
             freezer.apply(thawed)
             t += duration
             time.sleep(max(0.0, t - time.monotonic()))
     window = (boundaries[0], boundaries[-1])
+    late.sort()
     return Cell(spec.name, kind, spec.scheme, [tn.name for tn in freezer.tenants], window,
                 list(spec.target) if spec.target else None, freezer.events[first_event:],
-                {**dict(spec.params), "scale": round(scale, 3), "late_s": round(time.monotonic() - t, 4)})
+                {**dict(spec.params), "scale": round(scale, 3),
+                 "late_ms_median_max": [round(late[len(late) // 2] * 1e3, 2), round(late[-1] * 1e3, 2)]})
 
 
 def nvml_trace(ctx: Context) -> Any:
