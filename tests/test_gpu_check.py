@@ -26,23 +26,30 @@ SIM_ITEMS = ("cost", "ladder", "crash", "shares", "accounting")
 GPU_ONLY = ("probe", "truth")
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(400)
-def test_all_in_simulator_mode_writes_the_report_and_the_simulator_items_pass(tmp_path: Path) -> None:
+def run_check(out: Path, *args: str, timeout: float) -> tuple[dict, subprocess.CompletedProcess]:
+    """``real_gpu.py all --backend sim --quick ARGS --out OUT`` (skipped without cgroups or two CPUs): its
+    report.json and the finished process."""
     from cgroups import cgroups_unavailable
 
     reason = cgroups_unavailable()
     if reason:
         pytest.skip(reason)
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs: the tenants on one, the agent on another")
-    out = tmp_path / "report"
+        pytest.skip("needs two CPUs: the tenants on one, the agent and the freezer on another")
     done = subprocess.run(
-        [sys.executable, str(BENCH / "real_gpu.py"), "all", "--backend", "sim", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=360, cwd=ROOT,
+        [sys.executable, str(BENCH / "real_gpu.py"), "all", "--backend", "sim", "--quick", *args, "--out", str(out)],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
         env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")},
     )
-    document = json.loads((out / "report.json").read_text())
+    return json.loads((out / "report.json").read_text()), done
+
+
+@pytest.mark.integration
+@pytest.mark.serial
+@pytest.mark.timeout(400)
+def test_all_in_simulator_mode_writes_the_report_and_the_simulator_items_pass(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    document, done = run_check(out, timeout=360)
     statuses = {item["name"]: item for item in document["items"]}
     checks = [i.name for i in ITEMS if not i.on_request]  # the plant experiment runs only when named
     assert list(statuses)[: len(checks)] == checks and "plant" not in statuses  # then real_gpu.py's (mps)
@@ -444,21 +451,11 @@ def test_the_plant_runs_its_cells_on_cpu_tenants_and_writes_the_table(tmp_path: 
     """``--only plant`` without a GPU: every cell on two CPU tenants sharing one CPU, judged by their work."""
     import tarfile
 
-    from cgroups import cgroups_unavailable
     from gpucheck.items.plant import specs
     from gpucheck.plantstats import Cell, done_between
 
-    reason = cgroups_unavailable()
-    if reason:
-        pytest.skip(reason)
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs: the tenants on one, the freezer on another")
     out = tmp_path / "report"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "real_gpu.py"), "all", "--only", "plant", "--backend", "sim", "--quick",
-         "--out", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")})
-    document = json.loads((out / "report.json").read_text())
+    document, done = run_check(out, "--only", "plant", timeout=240)
     assert [i["name"] for i in document["items"]] == ["plant"], done.stdout[-2000:]
     item = document["items"][0]
     assert item["status"] == "pass", f"{item['reason']}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

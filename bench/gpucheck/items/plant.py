@@ -34,6 +34,7 @@ import random
 import shutil
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -251,7 +252,14 @@ def run(ctx: Context) -> ItemResult:
     seed = random.SystemRandom().randrange(1 << 30)
     result.figures["dither_seed"] = seed
     for kind in kinds(ctx):
-        record = run_kind(ctx, kind, spec_list, scale, seed)
+        try:
+            record = run_kind(ctx, kind, spec_list, scale, seed)
+        except Exception as exc:  # one kind's failure (a tenant that died, a cgroup write) spares the other
+            (ctx.workdir / f"plant-{kind}.traceback").write_text(traceback.format_exc())
+            rows.append({"kind": kind, "cell": "every cell", "skipped": f"error: {exc!r} "
+                         f"(work/plant-{kind}.traceback)"})
+            result.check(f"{kind}: the cells ran", repr(exc), False, bar="no error")
+            continue
         records.append(record)
         analysed = analyse(record, gpu)
         rows += analysed["rows"]
