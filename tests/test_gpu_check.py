@@ -331,6 +331,8 @@ def test_the_nvml_clock_is_found_from_the_reads() -> None:
     assert clock_offset(monos) == ("monotonic", 0.0)
     assert clock_offset([Read(1.0, 2.0, None, "NOT_FOUND")]) is None
     assert clock_offset([Read(100.0, 100.0 + wall_gap, int(5e6))]) is None  # neither clock: no guess
+    both = [Read(r.monotonic, r.wall, r.newest_us, "", m.newest_us) for r, m in zip(walls, monos, strict=True)]
+    assert clock_offset(both) == ("wall", wall_gap) and clock_offset(both, device=True) == ("monotonic", 0.0)
 
 
 def test_the_nvml_trace_runs_on_the_simulated_nvml() -> None:
@@ -600,3 +602,44 @@ def test_the_gpu_tenants_date_each_iteration_on_a_stand_in_torch(tmp_path: Path,
         in_flight = int(log.split(" ms, ")[1].split(" in flight")[0])  # chosen from a timed replay
         median = sorted(depths)[len(depths) // 2]
         assert (in_flight - 1) * 0.008 <= median <= (in_flight + 1) * 0.008 + 0.002, (in_flight, median)
+
+
+def test_the_gpu_analysis_of_a_recorded_kind_fills_nvmls_columns() -> None:
+    """``analyse`` as on a GPU: NVML's per-process samples stamped on the wall clock, the device's on the
+    monotonic one; two free tenants NVML credits 3:1 that split 1:1 by work, and a drain cell."""
+    from gpucheck.items.plant import analyse
+    from gpucheck.nvmltrace import Read, Trace
+    from gpucheck.plantstats import Cell, table
+
+    gap = 1.7e9  # wall - monotonic
+    together = Cell("together", "matmul", "free", ["m-a", "m-b"], (100.0, 110.0), [0.5, 0.5])
+    solo = Cell("solo a", "matmul", "solo", ["m-a", "m-b"], (90.0, 95.0))
+    drain = Cell("drain", "matmul", "drain", ["m-a", "m-b"], (111.0, 113.0), None,
+                 [(111.5, 0, "freeze"), (112.0, 0, "thaw")])
+    times = {"m-a": [90.0 + i * 0.002 for i in range(1, 2500)] + [100.0 + i * 0.004 for i in range(1, 2500)]
+             + [111.0 + i * 0.002 for i in range(1, 250)] + [111.5008]  # the product in flight at the freeze
+             + [112.0 + i * 0.002 for i in range(1, 400)],
+             "m-b": [100.0 + i * 0.004 for i in range(1, 2500)]}
+    trace = Trace()
+    for k in range(50):  # every 0.2 s: a credited 99, b every fourth sample
+        stamp = int((100.1 + 0.2 * k + gap) * 1e6)
+        trace.process.append((11, stamp, 99, 0) if k % 4 else (12, stamp, 99, 0))
+    for k in range(12):  # device samples every 1/6 s from 111.0 (monotonic clock): busy until 111.59
+        t0, t1 = 111.0 + k / 6, 111.0 + (k + 1) / 6
+        trace.device.append((int(t1 * 1e6), 600.0 * max(0.0, min(t1, 111.59) - t0)))
+    for k in range(30):
+        at = 100.0 + 0.5 * k
+        trace.reads.append(Read(at, at + gap, int((at - 0.1 + gap) * 1e6), "", int((at - 0.05) * 1e6)))
+    record = {"kind": "matmul", "cells": [solo, together, drain], "times": times, "skipped": [],
+              "tenants": [{"name": "m-a", "pid": 11}, {"name": "m-b", "pid": 12}], "trace": trace,
+              "enqueued": {"m-a": [], "m-b": []}, "done": times}
+    got = analyse(record, gpu=True)
+    rows = {r["cell"]: r for r in got["rows"]}
+    assert got["figures"]["nvml_clock"] == ("wall", gap) and got["figures"]["nvml_device_clock"][0] == "monotonic"
+    assert rows["together"]["truth"] == [0.5, 0.5] and rows["together"]["nvml"] == [0.74, 0.26]
+    assert round(rows["together"]["nvml_error"], 2) == 0.24
+    assert rows["together"]["throughput_vs_solo"] == pytest.approx(1.0)  # 499.8 it/s, as alone
+    assert rows["drain"]["drain"]["max"] == pytest.approx(0.0008)  # the product in flight
+    assert rows["drain"]["device_drain"]["median"] == pytest.approx(0.09, abs=1e-4)  # busy 90 ms after it
+    assert got["figures"]["nvml_sample_interval_s"] == pytest.approx(0.2)
+    assert "| matmul | together | 0.500/0.500 | 0.740/0.260 |" in "\n".join(table(got["rows"]))

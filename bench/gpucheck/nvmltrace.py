@@ -76,8 +76,9 @@ def processes(nvml: Any, handle: Any) -> dict[int, str]:
 class Read:
     monotonic: float
     wall: float
-    newest_us: int | None  # the newest timestamp of the samples this read returned
+    newest_us: int | None  # the newest timestamp of the per-process samples this read returned
     error: str = ""
+    device_newest_us: int | None = None  # the same of the device's samples
 
 
 @dataclass
@@ -88,18 +89,21 @@ class Trace:
 
     def as_json(self) -> dict[str, Any]:
         return {"process": self.process, "device": self.device,
-                "reads": [[r.monotonic, r.wall, r.newest_us, r.error] for r in self.reads]}
+                "reads": [[r.monotonic, r.wall, r.newest_us, r.device_newest_us, r.error]
+                          for r in self.reads]}
 
 
-def clock_offset(reads: list[Read]) -> tuple[str, float] | None:
+def clock_offset(reads: list[Read], device: bool = False) -> tuple[str, float] | None:
     """(clock, offset): NVML's timestamps in µs, divided by 1e6 and less ``offset``, are CLOCK_MONOTONIC
     seconds. ``clock`` is "wall" or "monotonic", whichever the newest sample of each read trails by a
-    plausible lag (0 to 10 s); None without a read that returned samples."""
+    plausible lag (0 to 10 s); None without a read that returned samples. Of the per-process samples, or
+    of the device's with ``device`` (each found on its own: the two calls need not share a clock)."""
     lags: dict[str, list[float]] = {"wall": [], "monotonic": []}
     for read in reads:
-        if read.newest_us is None:
+        newest = read.device_newest_us if device else read.newest_us
+        if newest is None:
             continue
-        stamp = read.newest_us / 1e6
+        stamp = newest / 1e6
         lags["wall"].append(read.wall - stamp)
         lags["monotonic"].append(read.monotonic - stamp)
     for clock in ("wall", "monotonic"):
@@ -137,7 +141,7 @@ class NvmlTrace:
         return []
 
     def read_once(self) -> None:
-        error, newest = "", None
+        error, newest, device_newest = "", None, None
         monotonic, wall = time.monotonic(), time.time()
         try:
             got = process_samples(self.nvml, self._handle, self._process_cursor)
@@ -151,11 +155,11 @@ class NvmlTrace:
             dev = device_samples(self.nvml, self._handle, self._device_cursor)
             self.trace.device += dev
             if dev:
-                self._device_cursor = max(self._device_cursor, max(s[0] for s in dev))
-                newest = max(newest or 0, self._device_cursor)
+                device_newest = max(s[0] for s in dev)
+                self._device_cursor = max(self._device_cursor, device_newest)
         except (self.nvml.NVMLError, AttributeError) as exc:  # AttributeError: an NVML without the call
             error += f" device: {exc!r}"
-        self.trace.reads.append(Read(monotonic, wall, newest, error.strip()))
+        self.trace.reads.append(Read(monotonic, wall, newest, error.strip(), device_newest))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -197,7 +197,7 @@ def run_kind(ctx: Context, kind: str, spec_list: list[Spec], scale: float, seed:
     for tenant in tenants:
         for ext in (".times", ".enqueued"):
             src = tenant.counter.with_name(tenant.counter.name + ext)
-            if src.exists():
+            if src.exists() and src.stat().st_size:
                 shutil.copyfile(src, out_dir / f"{kind}-{tenant.name}{ext}")
     for tenant in tenants:  # the next kind's run must have the device to itself
         ctx.stop_tenant(tenant)
@@ -215,17 +215,23 @@ def analyse(record: dict[str, Any], gpu: bool) -> dict[str, Any]:
     nvml = None
     clock = None
     trace = record["trace"]
+    device_clock = None
     if gpu and trace is not None:
         clock = clock_offset(trace.reads)
+        device_clock = clock_offset(trace.reads, device=True)
         if clock is not None:
-            nvml = {"process": trace.process, "device": trace.device, "offset": clock[1],
-                    "pids": [t["pid"] for t in record["tenants"]]}
+            # device samples dated by their own clock; none (no device sample at all) leaves them out
+            device = trace.device if device_clock is not None else []
+            shift = device_clock[1] - clock[1] if device_clock is not None else 0.0
+            nvml = {"process": trace.process, "offset": clock[1],
+                    "pids": [t["pid"] for t in record["tenants"]],
+                    "device": [(stamp - shift * 1e6, value) for stamp, value in device]}
     solos = [max(plantstats.truth(c, times)["rates"]) for c in cells if c.scheme == "solo"]
     solo = statistics.mean(solos) if solos else None
     rows = [plantstats.row(c, times, solo, nvml) for c in cells]
     rows += [{"kind": record["kind"], "cell": name, "skipped": "not run: no time left"}
              for name in record["skipped"]]
-    figures: dict[str, Any] = {"solo_rates": solos, "nvml_clock": clock,
+    figures: dict[str, Any] = {"solo_rates": solos, "nvml_clock": clock, "nvml_device_clock": device_clock,
                                "nvml_sample_interval_s": (plantstats.sample_interval(trace.process)
                                                           if trace is not None else NEEDS_GPU)}
     alone = next((c for c in cells if c.name == "solo a"), None)
