@@ -643,3 +643,21 @@ def test_the_gpu_analysis_of_a_recorded_kind_fills_nvmls_columns() -> None:
     assert rows["drain"]["device_drain"]["median"] == pytest.approx(0.09, abs=1e-4)  # busy 90 ms after it
     assert got["figures"]["nvml_sample_interval_s"] == pytest.approx(0.2)
     assert "| matmul | together | 0.500/0.500 | 0.740/0.260 |" in "\n".join(table(got["rows"]))
+
+
+def test_the_mps_item_quiets_the_gpu_first_and_says_why_it_could_not_run(monkeypatch: pytest.MonkeyPatch
+                                                                         ) -> None:
+    import real_gpu_mps
+
+    calls = []
+
+    class Ctx:
+        def quiet(self, keep: list) -> dict:
+            calls.append(keep)
+            return {"stopped": ["matmul-a"], "other_processes": {}, "idle": True}
+
+    monkeypatch.setattr(real_gpu_mps.shutil, "which", lambda name: None)  # no MPS control daemon here
+    result = real_gpu_mps.item(None, Ctx())
+    assert calls == [[]]  # every tenant stopped before the daemon starts
+    assert result.status == "error" and "nvidia-cuda-mps-control" in result.reason
+    assert result.checks[0].passed is True and result.checks[0].value["stopped"] == ["matmul-a"]

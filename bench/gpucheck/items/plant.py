@@ -242,6 +242,24 @@ def analyse(record: dict[str, Any], gpu: bool) -> dict[str, Any]:
     return {"rows": rows, "figures": figures}
 
 
+def notes(figures: dict[str, Any], names: list[str]) -> list[str]:
+    """A line per kind under the table: its solo rates, NVML's sample grid and clock, the deep queue."""
+    lines = []
+    for kind in names:
+        got = figures.get(kind)
+        if not got:
+            continue
+        solo = ", ".join(f"{r:.1f}" for r in got["solo_rates"]) or "-"
+        grid = got["nvml_sample_interval_s"]
+        grid_text = grid if isinstance(grid, str) or grid is None else f"every {grid * 1e3:.0f} ms"
+        clock = got["nvml_clock"][0] if got.get("nvml_clock") else "-"
+        line = f"- {kind}: solo {solo} it/s; NVML per-process samples {grid_text} (clock: {clock})"
+        if got.get("queue_s"):
+            line += f"; queued in front of each replay, alone: median {got['queue_s']['median'] * 1e3:.0f} ms"
+        lines.append(line + ".")
+    return lines
+
+
 def kinds(ctx: Context) -> list[str]:
     return ["cpu"] if ctx.sim else ["matmul", "deep"]
 
@@ -284,7 +302,7 @@ def run(ctx: Context) -> ItemResult:
     left_frozen = [t.name for t in ctx.live_tenants() if t.frozen()]
     result.check("nothing left frozen", left_frozen, not left_frozen, bar="no tenant frozen")
     result.figures["rows"] = rows
-    result.text = "\n".join(plantstats.table(rows))
+    result.text = "\n".join([*plantstats.table(rows), "", *notes(result.figures, kinds(ctx))])
     save(ctx, records, rows, result.figures)
     return result.settle()
 
