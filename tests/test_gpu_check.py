@@ -661,3 +661,10 @@ def test_the_mps_item_quiets_the_gpu_first_and_says_why_it_could_not_run(monkeyp
     assert calls == [[]]  # every tenant stopped before the daemon starts
     assert result.status == "error" and "nvidia-cuda-mps-control" in result.reason
     assert result.checks[0].passed is True and result.checks[0].value["stopped"] == ["matmul-a"]
+
+
+def test_an_unknown_item_is_named_and_nothing_runs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "real_gpu.py"), "all", "--only", "plant,plnt", "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "no item named 'plnt'" in done.stderr and "plant" in done.stderr
+    assert not (tmp_path / "out").exists()

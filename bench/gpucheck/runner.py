@@ -67,6 +67,11 @@ def choose_backend(requested: str, facts: dict[str, Any]) -> str:
 
 
 def run_all(args: Any) -> int:
+    unknown = sorted(set(args.only or ()) - set(ITEMS.names()))
+    if unknown:
+        print(f"gpu-check: no item named {', '.join(map(repr, unknown))} (items: {', '.join(ITEMS.names())})",
+              file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started_wall = datetime.now(timezone.utc).isoformat(timespec="seconds")
     began = time.monotonic()
