@@ -224,7 +224,8 @@ def test_the_gpu_plan_fits_the_default_deadline_under_eight_minutes(tmp_path: Pa
 # -- the plant experiment, the honest harness -----------------------------------------------------------------
 
 # NVML's per-process samples as the H200 gave them (2026-11-27, probe item, reads every 0.25 s, timestamps
-# mod 1e8 µs) for two identical matmul tenants left free, whose own iterations split 0.5/0.5
+# mod 1e8 µs) for two identical matmul tenants left free, whose own iterations split 0.5/0.5 (over the 4 s
+# after these reads)
 H200_READS = [[["a", 99, 36303605]], [["a", 99, 36703745]], [["b", 99, 36903933]], [["a", 99, 37103915]],
               [["a", 99, 37303268]], [["a", 50, 37703995], ["b", 50, 37505222]], [["b", 99, 37904012]],
               [["a", 99, 38102742]], [["a", 99, 38302815]], [["b", 99, 38702817]], [["a", 99, 38903789]],
