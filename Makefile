@@ -48,8 +48,9 @@ bench: install-test
 # command runs the simulator's items with this checkout's .venv.
 REPORT ?= gpu-check
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
-gpu-check:
-	$(GPU_PYTHON) bench/real_gpu.py all --out $(REPORT)
+ONLY ?=
+gpu-check:  # ONLY=plant: the plant experiment alone (docs/real-gpu.md)
+	$(GPU_PYTHON) bench/real_gpu.py all --out $(REPORT) $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -3,7 +3,8 @@
 Usage (a GPU, PyTorch, root for cgroups; this repository as the working directory; no network needed):
 
     python3 bench/real_gpu.py all [--out DIR]   # every item, report.md + report.json, under 8 minutes
-    make gpu-check                              # the same
+    python3 bench/real_gpu.py all --only plant  # the plant experiment (open loop, no agent), ~5.5 minutes
+    make gpu-check                              # the same as all (ONLY=plant: the plant)
     python3 bench/real_gpu.py all --backend sim --quick   # no GPU: the simulator items, CI-sized
     python3 bench/real_gpu.py monitor --seconds 60   # agent cost and NVML time next to two PyTorch tenants
     python3 bench/real_gpu.py share --seconds 40     # two PyTorch tenants held at 70/30
@@ -11,7 +12,8 @@ Usage (a GPU, PyTorch, root for cgroups; this repository as the working director
     python3 bench/real_gpu.py mps --seconds 20       # an MPS daemon, two clients at 70 % / 30 % of the SMs
 
 ``all`` runs the items of ``gpucheck.items`` (probe, truth, cost, ladder, crash, shares, accounting; what each
-proves and its bars: ``docs/real-gpu.md``) and ``mps`` when time is left, each under its time budget and an
+proves and its bars: ``docs/real-gpu.md``) and ``mps`` when time is left (the ``plant`` experiment only when
+``--only`` names it), each under its time budget and an
 overall ``--deadline``; without a GPU it runs on the simulator what it can there (CPU-burning tenants in real
 cgroups) and marks the rest "needs GPU". Everything it starts is stopped and every cgroup thawed and removed
 on every way out. ``--only``, ``--runs``, ``--share-configs`` and ``--share-kinds`` plan longer share matrices
@@ -46,14 +48,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 from gpucheck import items  # noqa: E402,F401  (registers the items)
 from gpucheck.agents import free_port, nvml_seconds, parse_metrics  # noqa: E402,F401
 from gpucheck.context import Context  # noqa: E402
-from gpucheck.registry import ITEMS, Item, fixed, legacy  # noqa: E402
+from gpucheck.registry import ITEMS, Item, fixed  # noqa: E402
 from gpucheck.tenants import MATMUL as TENANT  # noqa: E402
 from gpucheck.tenants import read_count  # noqa: E402
 
 # the MPS check, after the others: it runs in ``all`` when their budgets leave it time (else ``--only mps``)
-ITEMS.add(Item("mps", "MPS: what NVML lists and the agent exports for two clients", legacy(
-    lambda args: real_gpu_mps.run(sys.modules[__name__], args), seconds=15, threads=(70, 30), size=8192),
-    needs={"nvml": ("torch",)}, budget_s=fixed(45)))
+ITEMS.add(Item("mps", "MPS: what NVML lists, the agent exports and each client computes",
+               lambda ctx: real_gpu_mps.item(sys.modules[__name__], ctx),
+               needs={"nvml": ("torch",)}, budget_s=fixed(45)))
 
 # -- helpers of the first subcommands, kept for items written against them ---------------------------------
 

@@ -9,14 +9,17 @@ mode as it is), then two PyTorch clients doing identical matrix products with di
 - NVML directly: the compute, graphics and ``nvmlDeviceGetMPSComputeRunningProcesses_v3`` lists (PIDs, names,
   memory), the per-process utilization samples over a few seconds (whose PIDs they carry: clients or the
   server), the GPU's utilization and memory;
-- each client's iterations per second (the thread percentages at work), and alone for a baseline;
+- each client's iterations per second against its thread percentage: both clients together, each alone
+  under MPS (the other stopped with SIGSTOP), and one client without MPS for the baseline;
 - the agent (``gpuagent run --backend nvml``) over ``--seconds``: its process series (kinds, MPS limits,
   utilization or its absence), ``gpuagent_pod/process_*mps*`` series, ``/v1/state`` processes, hints
   (sharing mode, tenants, schedulable share) and accounting (allocated per workload).
 
-Then it stops the clients and the daemon (``quit`` on its pipe) whatever happened. The facts the code
-relies on and this checks: the server on the compute list, the clients only on the MPS list, and where the
-driver puts the clients' per-process utilization (``devices/mps.py``).
+Then it stops the clients and the daemon (``quit`` on its pipe) whatever happened. As an item of ``all``
+(``item``) it first stops every tenant of the other items and checks the GPU is otherwise idle, so the
+rates are the clients' own (on the H200 run of 2026-11-27 five busy tenants shared the GPU with them).
+The facts the code relies on and this checks: the server on the compute list, the clients only on the MPS
+list, and where the driver puts the clients' per-process utilization (``devices/mps.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.items.probe import cursor_reads
+from gpucheck.registry import ItemResult
 
 MPS_LIST = "nvmlDeviceGetMPSComputeRunningProcesses_v3"
 
@@ -73,6 +78,10 @@ def run(real_gpu: Any, args: argparse.Namespace) -> dict:
         pids = {p.pid: name for (p, _), name in zip(clients, "ab", strict=True)}
         result["nvml"] = _nvml_view(pids)
         result["iterations_per_second"] = _rates(real_gpu, [c for _, c in clients], seconds=5)
+        result["alone_under_mps_iterations_per_second"] = _alone_rates(real_gpu, clients, seconds=3)
+        result["clients"] = per_client(list(args.threads), result["iterations_per_second"],
+                                       result["alone_under_mps_iterations_per_second"],
+                                       result["baseline_iterations_per_second"])
         result["agent"] = _agent_view(real_gpu, directory, pids, args.seconds)
         result["server_log_tail"] = _tail(logs / "server.log")
         result["control_log_tail"] = _tail(logs / "control.log")
@@ -98,6 +107,58 @@ def _rates(real_gpu: Any, counters: list[Path], seconds: float) -> list[float]:
     time.sleep(seconds)
     after = [real_gpu.read_count(c) for c in counters]
     return [round((b - a) / seconds, 1) for a, b in zip(before, after, strict=True)]
+
+
+def _alone_rates(real_gpu: Any, clients: list[tuple[subprocess.Popen, Path]], seconds: float) -> list[float]:
+    """Each client's rate with the others stopped (SIGSTOP: the process submits nothing; SIGCONT after)."""
+    out = []
+    for index, _ in enumerate(clients):
+        others = [p for i, (p, _) in enumerate(clients) if i != index]
+        for process in others:
+            process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.5)
+            out.append(_rates(real_gpu, [clients[index][1]], seconds)[0])
+        finally:
+            for process in others:
+                process.send_signal(signal.SIGCONT)
+    return out
+
+
+def per_client(threads: list[int], together: list[float], alone: list[float], baseline: float
+               ) -> list[dict[str, Any]]:
+    """Each client's rate against its thread percentage: of the no-MPS baseline, alone and together, and its
+    part of the clients' total."""
+    total = sum(together)
+    return [{"client": chr(ord("a") + i), "threads_percent": pct,
+             "together_per_s": rate, "alone_per_s": solo,
+             "together_of_baseline": round(rate / baseline, 3) if baseline else None,
+             "alone_of_baseline": round(solo / baseline, 3) if baseline else None,
+             "part_of_total": round(rate / total, 3) if total else None}
+            for i, (pct, rate, solo) in enumerate(zip(threads, together, alone, strict=True))]
+
+
+def item(real_gpu: Any, ctx: Any) -> ItemResult:
+    """The ``mps`` item of ``all``: on an otherwise idle GPU, what NVML lists and the clients' rates."""
+    idle = ctx.quiet([])
+    result = ItemResult()
+    result.check("the GPU otherwise idle before the MPS daemon starts", idle, bool(idle.get("idle")),
+                 bar="no other process on the GPU; < 5 % busy")
+    try:
+        figures = run(real_gpu, argparse.Namespace(seconds=10, threads=(70, 30), size=8192))
+    except SystemExit as exc:
+        result.status, result.reason = "error", str(exc)
+        return result
+    result.figures = figures
+    for client in figures.get("clients", ()):
+        result.check(f"client {client['client']} at {client['threads_percent']} % of the SMs: iterations/s "
+                     "together, alone under MPS (no-MPS baseline "
+                     f"{figures['baseline_iterations_per_second']})",
+                     [client["together_per_s"], client["alone_per_s"]], None,
+                     note=f"{client['part_of_total']} of the clients' total")
+    listed = (figures.get("nvml") or {}).get("nvmlDeviceGetComputeRunningProcesses")
+    result.check("NVML's compute list: the MPS server (and clients), nothing else", listed, None)
+    return result.settle()
 
 
 def _baseline(real_gpu: Any, directory: Path, size: int) -> float:

@@ -4,6 +4,11 @@ Everything started through the context (tenants in the sandbox's cgroups, agent 
 ``close()``, which the runner calls on every way out (an item's failure, its time running out, the overall
 deadline, SIGTERM or SIGINT): agents get SIGTERM (they thaw what they froze), then SIGKILL; the sandbox thaws
 every cgroup it made, kills and reaps every tenant and removes the cgroups.
+
+An honest harness: only the tenants an item asked for compute while it runs. ``tenants()`` freezes the shared
+tenants it did not hand out; between items every shared tenant is frozen and every other one stopped; and
+``quiet()``, before a share, plant or MPS run, stops every tenant but the run's own and checks that nothing
+else uses the device (on a GPU, NVML's process lists; ``gpucheck.idle``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.agents import agent_config
+from gpucheck.idle import check_idle
 from gpucheck.tenants import Tenant, argv, counter_path, wait_counting
 
 
@@ -31,6 +37,7 @@ class Context:
         self._sandbox: Any = None
         self._sandbox_cm: Any = None
         self._pool: dict[tuple[str, str], Tenant] = {}
+        self._others: list[Tenant] = []  # tenants started outside the pool (a hog, a light tenant)
         self._agents: list[Any] = []
         self.burn_cpu: int | None = None  # the simulator's tenants share this CPU; the rest run elsewhere
         self._affinity: set[int] | None = None
@@ -68,25 +75,69 @@ class Context:
             self._affinity = set(cpus)
             os.sched_setaffinity(0, cpus - {self.burn_cpu})
 
+    @staticmethod
+    def _weigh(sandbox: Any) -> None:
+        """On the simulator the tenants' CPU is their GPU: the sandbox gets the most CPU weight there is
+        (v1 ``cpu.shares``, v2 ``cpu.weight`` where the controller is enabled), so on a shared machine other
+        programs on that CPU take a few percent of it, not most (they compete as one entity of weight 1024
+        each). Among themselves the tenants still weigh the same."""
+        for hierarchy in sandbox.hierarchies:
+            if hierarchy.version == 1 and "cpu" not in hierarchy.controllers:
+                continue
+            top = hierarchy.directory(sandbox.cgroup_path(hierarchy, ""))
+            for name, value in (("cpu.shares", "262144"), ("cpu.weight", "10000")):
+                with contextlib.suppress(OSError):
+                    if (top / name).exists():
+                        (top / name).write_text(value)
+
     def tenants(self, kind: str, count: int) -> list[Tenant]:
         """``count`` running tenants of ``kind``, shared between items (started on first use, restarted if
-        one died); each thawed before it is handed out."""
+        one died); each thawed before it is handed out, every other shared tenant frozen."""
         names = [f"{kind}-{chr(ord('a') + i)}" for i in range(count)]
-        started = []
         for name in names:
             tenant = self._pool.get((kind, name))
             if tenant is None or not tenant.alive():
-                tenant = self._pool[(kind, name)] = self.start_tenant(kind, name)
-                started.append(tenant)
+                self._pool[(kind, name)] = self.start_tenant(kind, name, pooled=True)
         chosen = [self._pool[(kind, n)] for n in names]
+        for tenant in self._pool.values():
+            if tenant not in chosen:
+                with contextlib.suppress(OSError):
+                    tenant.freeze(True)
         for tenant in chosen:
             with contextlib.suppress(OSError):
                 tenant.freeze(False)
         wait_counting(chosen, timeout=max(10.0, min(120.0, self.left())))
         return chosen
 
-    def start_tenant(self, kind: str, name: str, **options: Any) -> Tenant:
-        """A new tenant of its own pod (not shared), in a kubelet-shaped cgroup of the sandbox."""
+    def live_tenants(self) -> list[Tenant]:
+        """Every tenant started through the context that is still running (frozen or not)."""
+        return [t for t in [*self._pool.values(), *self._others] if t.alive()]
+
+    def stop_tenant(self, tenant: Tenant) -> None:
+        """Thaw (a frozen v1 task ignores SIGKILL), kill and reap ``tenant``; its cgroup stays until close."""
+        with contextlib.suppress(OSError):
+            tenant.freeze(False)
+        tenant.process.kill()
+        for key, pooled in list(self._pool.items()):
+            if pooled is tenant:
+                del self._pool[key]
+        if tenant in self._others:
+            self._others.remove(tenant)
+
+    def quiet(self, keep: list[Tenant]) -> dict[str, Any]:
+        """Before a share, plant or MPS run: stop every tenant but ``keep``, then check the device is
+        otherwise idle (``gpucheck.idle.check_idle``; ``keep`` frozen for the look, thawed after). The
+        figures go in the run's report."""
+        stopped = []
+        for tenant in [*self._pool.values(), *self._others]:
+            if tenant not in keep:
+                stopped.append(tenant.name)
+                self.stop_tenant(tenant)
+        return {"stopped": stopped, **check_idle(self, keep)}
+
+    def start_tenant(self, kind: str, name: str, *, pooled: bool = False, **options: Any) -> Tenant:
+        """A new tenant of its own pod, in a kubelet-shaped cgroup of the sandbox; one not ``pooled`` (not
+        shared) is stopped when the item ends."""
         from cgroups import kubelet_container_path, new_container_id, new_pod_uid
 
         sandbox = self.sandbox()
@@ -94,7 +145,12 @@ class Context:
         path = kubelet_container_path("systemd", "burstable", uid, "containerd", new_container_id())
         counter = counter_path(self.workdir, name)
         command = argv(kind, counter, cpu=self.burn_cpu if self.sim else None, **options)
-        return Tenant(name, kind, uid, sandbox.spawn(path, argv=command), counter)
+        tenant = Tenant(name, kind, uid, sandbox.spawn(path, argv=command), counter)
+        if self.sim:
+            self._weigh(sandbox)
+        if not pooled:
+            self._others.append(tenant)
+        return tenant
 
     # -- agents ----------------------------------------------------------------------------------------
 
@@ -117,17 +173,23 @@ class Context:
             self._agents.remove(runner)
 
     def after_item(self) -> list[str]:
-        """Between items: stop any agent an item left running (it thaws what it froze on SIGTERM) and thaw
-        the shared tenants, so the next item starts clean."""
+        """Between items: stop any agent an item left running (it thaws what it froze on SIGTERM), stop the
+        tenants that were the item's own and freeze the shared ones, so nothing computes into the next
+        item (which thaws those it asks for)."""
         problems = []
         for runner in list(self._agents):
             try:
                 self.stop_agent(runner)
             except Exception as exc:
                 problems.append(f"agent {runner.name}: {exc!r}")
+        for tenant in list(self._others):
+            try:
+                self.stop_tenant(tenant)
+            except Exception as exc:
+                problems.append(f"tenant {tenant.name}: {exc!r}")
         for tenant in self._pool.values():
             with contextlib.suppress(OSError):
-                tenant.freeze(False)
+                tenant.freeze(True)
         return problems
 
     # -- the end ---------------------------------------------------------------------------------------
@@ -149,6 +211,7 @@ class Context:
             problems += self._sandbox.leftovers()
             self._sandbox = self._sandbox_cm = None
         self._pool.clear()
+        self._others.clear()
         if self._affinity is not None:
             os.sched_setaffinity(0, self._affinity)
             self._affinity = None

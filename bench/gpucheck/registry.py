@@ -7,8 +7,8 @@ enforces. Adding an item is one line::
 
     ITEMS.add(Item("mps", "MPS", legacy(mps, seconds=30), needs={"nvml": ("torch",)}, budget_s=fixed(60)))
 
-and ``legacy(fn)`` wraps a function of the older subcommands' shape (``fn(args) -> dict``) into an item
-whose figures are recorded without a bar.
+an item with ``on_request=True`` runs only when ``--only`` names it, and ``legacy(fn)`` wraps a function of
+the older subcommands' shape (``fn(args) -> dict``) into an item whose figures are recorded without a bar.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class ItemResult:
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    text: str = ""  # markdown the report prints after the checks (a table of the item's own)
 
     def check(self, name: str, value: Any, passed: bool | None, bar: str = "", expected: Any = None,
               note: str = "") -> Check:
@@ -72,6 +73,7 @@ class Item:
     run: Run
     needs: Mapping[str, tuple[str, ...]]  # backend -> what it needs there; a backend absent: not there
     budget_s: Callable[[Any], float]  # seconds it may take, given the context (backend, quick, options)
+    on_request: bool = False  # runs only when ``--only`` names it (an experiment, not a check of ``all``)
 
 
 def fixed(seconds: float, *, sim: float | None = None, quick: float | None = None) -> Callable[[Any], float]:

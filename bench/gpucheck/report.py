@@ -65,6 +65,8 @@ def markdown(document: dict[str, Any]) -> str:
                 verdict = _verdict(check["passed"]) + (f" ({check['note']})" if check["note"] else "")
                 lines.append(f"| {_cell(check['name'], 70)} | {_cell(check['value'])} | {check['bar']} | "
                              f"{expected} | {verdict} |")
+        if item.get("text"):
+            lines += ["", item["text"]]
     clean = document["cleanup"] or "Everything started was stopped; no cgroup left."
     lines += ["", "## Cleanup", "", clean, ""]
     return "\n".join(lines)

@@ -67,6 +67,11 @@ def choose_backend(requested: str, facts: dict[str, Any]) -> str:
 
 
 def run_all(args: Any) -> int:
+    unknown = sorted(set(args.only or ()) - set(ITEMS.names()))
+    if unknown:
+        print(f"gpu-check: no item named {', '.join(map(repr, unknown))} (items: {', '.join(ITEMS.names())})",
+              file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started_wall = datetime.now(timezone.utc).isoformat(timespec="seconds")
     began = time.monotonic()
@@ -76,7 +81,8 @@ def run_all(args: Any) -> int:
     out = Path(args.out).resolve()
     workdir = out / "work"
     workdir.mkdir(parents=True, exist_ok=True)
-    selected = [item for item in ITEMS if not args.only or item.name in args.only]
+    selected = [item for item in ITEMS if item.name in args.only] if args.only else \
+        [item for item in ITEMS if not item.on_request]
     options = {"share_configs": args.share_configs, "share_kinds": args.share_kinds, "runs": args.runs,
                "share_seconds": args.share_seconds, "planned": [i.name for i in selected]}
     ctx = Context(backend=backend, quick=args.quick, workdir=workdir, facts=facts, options=options)

@@ -1,10 +1,10 @@
 """The items of ``real_gpu.py all``, registered in the order they run: cheap and independent first, the
-long shares runs last but one, accounting from the first shares run. What each needs per backend: an item
-without a ``sim`` entry needs a GPU."""
+long shares runs last but one, accounting from the first shares run; the plant experiment only when
+``--only`` names it. What each needs per backend: an item without a ``sim`` entry needs a GPU."""
 
 from __future__ import annotations
 
-from gpucheck.items import accounting, cost, crash, ladder, probe, shares, truth
+from gpucheck.items import accounting, cost, crash, ladder, plant, probe, shares, truth
 from gpucheck.registry import ITEMS, Item, fixed
 
 SIM = ("cgroups", "two CPUs", "simulator")  # CPU tenants on one CPU, the agent on another
@@ -14,7 +14,7 @@ ITEMS.add(Item("probe", "Per-call NVML costs, and cheaper calls for the same fig
 ITEMS.add(Item("truth", "Truth of the figures against nvidia-smi", truth.run,
                needs={"nvml": ("nvidia-smi", "cgroups")}, budget_s=fixed(22)))
 ITEMS.add(Item("cost", "Cost: CPU, RSS, poll and NVML time, enforcement off and on", cost.run,
-               needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(60, quick=35)))
+               needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(60, quick=50)))
 ITEMS.add(Item("ladder", "Memory ladder: TERM, KILL, memory freed, neighbour untouched", ladder.run,
                needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(30, sim=25, quick=20)))
 ITEMS.add(Item("crash", "Crash safety: kill -9 while frozen, the restarted agent thaws", crash.run,
@@ -24,3 +24,7 @@ ITEMS.add(Item("shares", "Shares: 70/30, 90/10, 50/30/20 of identical tenants", 
 ITEMS.add(Item("accounting", "Accounting: energy against the counter, busy against the shares",
                accounting.run,
                needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=accounting.budget))
+ITEMS.add(Item("plant", "Plant: the GPU under the freezer, open loop (solo, together, duty cycles, rotation, "
+                        "drain)", plant.run,
+               needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(420, sim=150, quick=75),
+               on_request=True))

@@ -7,6 +7,11 @@ share; goal, within 2. Also recorded: the throughput kept against one tenant alo
 hand) and the time until every 5 s window is first inside the 5-point band. After SIGTERM nothing may be
 left frozen. The first run's figures serve the accounting item too.
 
+Each run starts on an otherwise idle device (``ctx.quiet``: every other tenant stopped, NVML's process list
+checked on a GPU) and reports, beside the truth, NVML's per-process view of the same window as the agent read
+it (``sm_util_percent`` of each tenant's process, each read counted once) and the share design's parameters
+as the agent exposes them: the enforcement section of ``/v1/state`` for the GPU, whatever keys it has.
+
 The plan on a GPU within the 8-minute command: each of the three splits once with ``matmul`` tenants and
 70/30 once with ``deep`` ones; ``--runs 3`` (and ``--share-configs``, ``--share-kinds``) for the full
 matrix of the issue (3 runs of each), which takes several commands (docs/real-gpu.md).
@@ -73,6 +78,7 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
               measured: float) -> dict[str, Any]:
     """One enforced run: the tenants' counts every second, what the agent decided, and its last metrics."""
     tenants = ctx.tenants(kind, len(targets))
+    idle = ctx.quiet(tenants)
     solo = solo_rate(ctx, tenants)
     # the energy counter every 10 s (30 by default): a run holds several readings for the accounting item
     settings: dict[str, Any] = {"mode": "enforce", "policies": share_policies(tenants, list(targets)),
@@ -85,6 +91,9 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
         started = time.monotonic()
         counts: list[tuple[float, list[int]]] = [(0.0, [t.count() for t in tenants])]
         frozen: list[list[float]] = []
+        seen: list[tuple[float, list[float | None]]] = []  # NVML's per-process view, one entry per read
+        read_at = None
+        with_state = ready_state
         while (elapsed := time.monotonic() - started) < seconds:
             time.sleep(min(1.0, seconds - elapsed))
             counts.append((time.monotonic() - started, [t.count() for t in tenants]))
@@ -92,7 +101,13 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
             decided = {s["pod"]: s["frozen_ratio"]
                        for s in (with_state.get("enforcement") or {}).get("shares", ())}
             frozen.append([round(decided.get(t.uid, 0.0), 2) for t in tenants])
+            gpu = (with_state.get("gpus") or [{}])[0]
+            if gpu.get("process_util_read_at_unix") != read_at:
+                read_at = gpu.get("process_util_read_at_unix")
+                by_pid = {p.get("pid"): p.get("sm_util_percent") for p in gpu.get("processes", ())}
+                seen.append((counts[-1][0], [by_pid.get(t.pid) for t in tenants]))
         end_samples = parse_metrics(runner.metrics())
+        design = enforcement_for_gpu(with_state, 0)
     finally:
         ctx.stop_agent(runner)
     left_frozen = [t.name for t in tenants if t.frozen()]
@@ -100,8 +115,35 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
         "kind": kind, "targets": [x / 100 for x in targets], "label": label, "solo": solo,
         "tenants": [{"name": t.name, "uid": t.uid} for t in tenants], "counts": counts, "frozen": frozen,
         "measured": measured, "ready_state": ready_state, "end_samples": end_samples,
-        "left_frozen": left_frozen,
+        "left_frozen": left_frozen, "idle": idle, "nvml_seen": seen, "design": design,
     }
+
+
+def enforcement_for_gpu(state: dict[str, Any], index: int) -> dict[str, Any] | None:
+    """The enforcement section of ``/v1/state`` as it is, every list of per-GPU entries kept to GPU ``index``
+    (entries naming a ``gpu_index``); None when enforcement is off."""
+    section = state.get("enforcement")
+    if not isinstance(section, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        if isinstance(value, list) and any(isinstance(v, dict) and "gpu_index" in v for v in value):
+            value = [v for v in value if not isinstance(v, dict) or v.get("gpu_index", index) == index]
+        out[key] = value
+    return out
+
+
+def nvml_view(record: dict[str, Any]) -> list[float] | None:
+    """NVML's split of the measured window: each tenant's summed ``sm_util_percent`` over the agent's reads
+    in it (a read without a figure for a tenant counts 0); None without any."""
+    end_t = record["counts"][-1][0]
+    sums = [0.0] * len(record["targets"])
+    for t, values in record.get("nvml_seen", ()):
+        if t >= end_t - record["measured"] - 1e-9:
+            for i, v in enumerate(values):
+                sums[i] += v or 0.0
+    total = sum(sums)
+    return [round(x / total, 3) for x in sums] if total else None
 
 
 def judge(record: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +164,7 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
     seconds = end_t - start_t
     kept = total / seconds / record["solo"] if seconds > 0 and record["solo"] else None
     return {"shares": [round(s, 3) for s in shares], "max_error": round(max(errors), 3),
+            "nvml_shares": nvml_view(record),
             "throughput_kept_vs_solo": round(kept, 3) if kept is not None else None,
             "seconds_to_band": entered, "measured_seconds": round(seconds, 1)}
 
@@ -142,18 +185,27 @@ def run(ctx: Context) -> ItemResult:
                            .replace("#", ""), seconds, measured)
         ctx.records.setdefault("share_runs", []).append(record)
         figures = judge(record)
-        result.figures["runs"].append({"run": label, **figures, "frozen_trace": record["frozen"]})
+        result.figures["runs"].append({"run": label, **figures, "frozen_trace": record["frozen"],
+                                       "idle": record["idle"], "design": record["design"]})
         result.check(f"{label}: shares over the last {measured:g} s", figures["shares"],
                      figures["max_error"] <= BAR, bar="each within 5 points",
                      expected=list(record["targets"]),
                      note=("within the 2-point goal" if figures["max_error"] <= GOAL else
                            f"off by up to {figures['max_error'] * 100:.1f} points"))
+        result.check(f"{label}: NVML's per-process split of the same window (as the agent read it)",
+                     figures["nvml_shares"], None, expected=figures["shares"], note="expected: the truth")
         result.check(f"{label}: throughput kept against one tenant alone", figures["throughput_kept_vs_solo"],
                      None)
         result.check(f"{label}: seconds until a 5 s window is inside the band", figures["seconds_to_band"],
                      None)
         result.check(f"{label}: nothing left frozen after SIGTERM", record["left_frozen"],
                      not record["left_frozen"], bar="no cgroup frozen")
+        idle = record["idle"]
+        result.check(f"{label}: the device otherwise idle before the run", idle,
+                     None if ctx.sim else bool(idle.get("idle")),
+                     bar="" if ctx.sim else "no other process on the GPU; < 5 % busy")
+        result.check(f"{label}: the share design as the agent exposes it (/v1/state enforcement, GPU 0)",
+                     record["design"], None)
     if skipped:
         result.figures["not_run_for_lack_of_time"] = skipped
     if not result.checks:
