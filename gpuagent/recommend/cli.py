@@ -23,6 +23,7 @@ from gpuagent.report.cliargs import (
     guarded,
 )
 from gpuagent.report.errors import ReportError
+from gpuagent.untrusted import shown
 
 DEFAULT_SINCE = "7d"
 STEP_POINTS = 2016  # samples per workload over the range: 7 days at 5 minutes
@@ -85,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpuagent.recommend.collect import Request, collect
     from gpuagent.recommend.formats import renderer
     from gpuagent.recommend.model import Options
-    from gpuagent.recommend.patches import write_patches
+    from gpuagent.recommend.patches import Refused, write_patches
     from gpuagent.report.cliargs import prices_from, progress_from, source_from, write_output
     from gpuagent.report.timerange import default_step_seconds, parse_duration_seconds
 
@@ -107,17 +108,25 @@ def _run(args: argparse.Namespace) -> int:
     if request.prices.kwh is not None:
         print("gpuagent recommend: warning: the kWh price is not used: energy follows use, not allocation, "
               "so no energy is counted as freed", file=sys.stderr)
+    if args.output or args.format != "table":  # the table's header says it
+        print(shown(f"gpuagent recommend: reading series {{{', '.join(source.matchers)}}}"), file=sys.stderr)
     result = collect(source.client, request, progress_from(args))
     write_output(renderer(args.format)(result), args.output)
     if args.output or args.format != "table":  # the table shows them itself
         for warning in result.warnings:
-            print(f"gpuagent recommend: warning: {warning}", file=sys.stderr)
+            print(shown(f"gpuagent recommend: warning: {warning}"), file=sys.stderr)
     if patch_dir is not None:
         written, skipped = write_patches(result.rows, patch_dir)
-        print(f"gpuagent recommend: {len(written)} patch(es) in {patch_dir}"
-              + (f"; none for {len(skipped)} workload(s): " + "; ".join(f"{row.stats.key}: {why}"
-                                                                      for row, why in skipped)
-                 if skipped else ""), file=sys.stderr)
+        refused = [(row, why) for row, why in skipped if isinstance(why, Refused)]
+        others = [(row, why) for row, why in skipped if not isinstance(why, Refused)]
+        print(shown(f"gpuagent recommend: {len(written)} patch(es) in {patch_dir}"
+                    + (f"; none for {len(others)} workload(s): " + "; ".join(f"{row.stats.key}: {why}"
+                                                                           for row, why in others)
+                       if others else "")), file=sys.stderr)
+        if refused:  # one line for them all: a hostile target can send thousands
+            print(shown(f"gpuagent recommend: warning: refused {len(refused)} workload(s) whose names "
+                        f"Kubernetes would refuse, no patch written for them (first: {refused[0][1]})"),
+                  file=sys.stderr)
     return 0
 
 
