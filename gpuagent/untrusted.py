@@ -112,9 +112,9 @@ def k8s_name_problem(kind: str, name: str) -> str | None:
     if not name:
         return f"an empty {kind} name"
     if len(name) > longest:
-        return f"{kind} name {shown(name[:40])!r}... is {len(name)} characters (at most {longest})"
+        return f"{kind} name '{shown(name[:40])}'... is {len(name)} characters (at most {longest})"
     if pattern.fullmatch(name) is None:
-        return f"{kind} name {shown(name)!r} is not {what} (lower-case letters, digits, '-'" + (
+        return f"{kind} name '{shown(name)}' is not {what} (lower-case letters, digits, '-'" + (
             ", '.')" if rule == "subdomain" else ")")
     return None
 
@@ -124,9 +124,9 @@ def qualified_name_problem(name: str) -> str | None:
     or None."""
     prefix, slash, local = name.rpartition("/")
     if slash and (not prefix or len(prefix) > SUBDOMAIN_MAX or _DNS1123_SUBDOMAIN.fullmatch(prefix) is None):
-        return f"key {shown(name)!r} has a prefix that is not a DNS-1123 subdomain"
+        return f"key '{shown(name)}' has a prefix that is not a DNS-1123 subdomain"
     if not local or len(local) > LABEL_MAX or _QUALIFIED_NAME.fullmatch(local) is None:
-        return f"key {shown(name)!r} is not a qualified name"
+        return f"key '{shown(name)}' is not a qualified name"
     return None
 
 
@@ -139,12 +139,12 @@ def path_inside(directory: Path, name: str) -> Path:
     """``directory / name`` where ``name`` is one plain file name and the path (symbolic links followed)
     stays directly inside ``directory``; ``ValueError`` saying why otherwise."""
     if not name or name in (".", "..") or "/" in name or "\0" in name or "\\" in name:
-        raise ValueError(f"{shown(name)!r} is not a plain file name")
+        raise ValueError(f"'{shown(name)}' is not a plain file name")
     if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX_BYTES:
-        raise ValueError(f"{shown(name[:40])!r}... is longer than {NAME_MAX_BYTES} bytes")
+        raise ValueError(f"'{shown(name[:40])}'... is longer than {NAME_MAX_BYTES} bytes")
     path = directory / name
     if path.resolve().parent != directory.resolve():
-        raise ValueError(f"{shown(name)!r} leads outside {directory}")
+        raise ValueError(f"'{shown(name)}' leads outside {directory}")
     return path
 
 

@@ -11,6 +11,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpuagent.recommend.collect import Request, collect
     from gpuagent.recommend.formats import renderer
     from gpuagent.recommend.model import Options
-    from gpuagent.recommend.patches import Refused, write_patches
+    from gpuagent.recommend.patches import write_patches
     from gpuagent.report.cliargs import prices_from, progress_from, source_from, write_output
     from gpuagent.report.timerange import default_step_seconds, parse_duration_seconds
 
@@ -117,17 +118,25 @@ def _run(args: argparse.Namespace) -> int:
             print(shown(f"gpuagent recommend: warning: {warning}"), file=sys.stderr)
     if patch_dir is not None:
         written, skipped = write_patches(result.rows, patch_dir)
-        refused = [(row, why) for row, why in skipped if isinstance(why, Refused)]
-        others = [(row, why) for row, why in skipped if not isinstance(why, Refused)]
-        print(shown(f"gpuagent recommend: {len(written)} patch(es) in {patch_dir}"
-                    + (f"; none for {len(others)} workload(s): " + "; ".join(f"{row.stats.key}: {why}"
-                                                                           for row, why in others)
-                       if others else "")), file=sys.stderr)
-        if refused:  # one line for them all: a hostile target can send thousands
-            print(shown(f"gpuagent recommend: warning: refused {len(refused)} workload(s) whose names "
-                        f"Kubernetes would refuse, no patch written for them (first: {refused[0][1]})"),
-                  file=sys.stderr)
+        for line in patch_summary(len(written), skipped, patch_dir):
+            print(line, file=sys.stderr)
     return 0
+
+
+def patch_summary(written: int, skipped: Sequence[tuple[Any, str]], directory: Path) -> list[str]:
+    """What ``--patch`` says on stderr: the patches written and why the others got none; the workloads
+    refused for their names in one line however many (a hostile target can send thousands), with the
+    first reason. Names shown with their controls as escapes."""
+    from gpuagent.recommend.patches import Refused
+
+    refused = [why for _, why in skipped if isinstance(why, Refused)]
+    others = [f"{row.stats.key}: {why}" for row, why in skipped if not isinstance(why, Refused)]
+    lines = [f"gpuagent recommend: {written} patch(es) in {directory}"
+             + (f"; none for {len(others)} workload(s): " + "; ".join(others) if others else "")]
+    if refused:
+        lines.append(f"gpuagent recommend: warning: refused {len(refused)} workload(s) whose names "
+                     f"Kubernetes would refuse, no patch written for them (first: {refused[0]})")
+    return [shown(line) for line in lines]
 
 
 def parse_percent(text: str, what: str, *, upper: float, zero: bool = False) -> float:
