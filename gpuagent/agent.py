@@ -39,7 +39,7 @@ from gpuagent.enforce.timeslice import DutyCycler, ShareController
 from gpuagent.export import build_registry
 from gpuagent.hints.engine import HintsEngine
 from gpuagent.hints.publisher import StatePublisher
-from gpuagent.httperrors import json_errors
+from gpuagent.httperrors import json_errors, server_logger
 from gpuagent.network.podnet import pod_pids
 from gpuagent.network.source import network_source
 from gpuagent.pods.cgroup import CgroupReader
@@ -307,12 +307,12 @@ class Agent:
         app = build_app(lambda: self.latest, self.registry, clock=self._clock, admin=admin,
                         admin_token_file=self.config.admin_token_file)
         drain = min(HTTP_DRAIN_SECONDS, self.config.shutdown_timeout / 4)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain, logger=server_logger())
         await runner.setup()
         admin_runner = None
         if admin is not None and self.config.admin_socket:
             admin_runner = web.AppRunner(build_admin_app(admin, (json_errors,)), access_log=None,
-                                         shutdown_timeout=drain)
+                                         shutdown_timeout=drain, logger=server_logger())
         tasks: list[asyncio.Task[Any]] = []
         try:
             if admin_runner is not None:

@@ -21,6 +21,7 @@ from gpuagent.hints import extender_config
 from gpuagent.recommend.cli import add_recommend_parser
 from gpuagent.report.cli import add_report_parser
 from gpuagent.top.cli import add_top_parser
+from gpuagent.untrusted import shown
 
 EXIT_CONFIG_ERROR = 2  # also argparse's exit status for bad usage
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return command(args)
     except ConfigError as err:
-        print(str(err), file=sys.stderr)
+        print(shown(str(err)), file=sys.stderr)
         return EXIT_CONFIG_ERROR
 
 
@@ -111,6 +112,15 @@ def load_from_args(args: argparse.Namespace) -> Config:
     return load_config(args.config, overrides=overrides)
 
 
+class ShownFormatter(logging.Formatter):
+    """Records whose outside names cannot forge a line or drive a terminal: every control, bidi character
+    and separator shown as an escape (``gpuagent.untrusted.shown``), and a record of several lines (a
+    traceback, a thread dump) with its continuation lines indented, so none reads as a record of its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n  ".join(shown(line) for line in super().format(record).split("\n"))
+
+
 def setup_logging(level: str) -> None:
     """One line per record on stderr, on the root logger; calling it again replaces our handler only."""
     root = logging.getLogger()
@@ -118,7 +128,7 @@ def setup_logging(level: str) -> None:
         if getattr(handler, "_gpuagent", False):
             root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(ShownFormatter(LOG_FORMAT))
     handler._gpuagent = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())

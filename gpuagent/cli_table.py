@@ -1,6 +1,8 @@
 """``gpuagent snapshot --format table``: a node snapshot as a compact text table (pure, no I/O).
 
-Unknown or unsupported values (``None`` in the model) print as ``-``, never as 0.
+Unknown or unsupported values (``None`` in the model) print as ``-``, never as 0. Names (processes, GPUs,
+health details) are shown with their controls as escapes (``gpuagent.untrusted.shown``), cells before their
+widths are measured.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import datetime
 from collections.abc import Sequence
 
 from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
+from gpuagent.untrusted import shown
 
 _GIB = 1024**3
 _MIB = 1024**2
@@ -23,7 +26,7 @@ _PROC_RIGHT = {1, 3, 4}
 def format_table(snapshot: NodeSnapshot) -> str:
     """The snapshot as text: a header line, one row per GPU (MIG instances indented under it), then the
     processes, one row each."""
-    lines = [_summary(snapshot), ""]
+    lines = [shown(_summary(snapshot)), ""]
     if not snapshot.gpus:
         lines.append("no GPUs")
         return "\n".join(lines) + "\n"
@@ -65,7 +68,7 @@ def format_table(snapshot: NodeSnapshot) -> str:
             )
 
     lines += _render(_GPU_HEADER, gpu_rows, _GPU_RIGHT)
-    lines += notes
+    lines += map(shown, notes)
     lines.append("")
     if proc_rows:
         lines += _render(_PROC_HEADER, proc_rows, _PROC_RIGHT)
@@ -124,6 +127,7 @@ def _memory(used_bytes: int | None, total_bytes: int | None) -> str:
 
 
 def _render(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    rows = [tuple(map(shown, row)) for row in rows]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
     return [
         "  ".join(

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from gpuagent.untrusted import shown
+
 ENV_PREFIX = "GPUAGENT_"
 CONFIG_ENV = "GPUAGENT_CONFIG"  # names the config file when no path is given
 NODE_NAME_ENV = "NODE_NAME"  # the Kubernetes downward-API node name, preferred over gethostname()
@@ -705,7 +707,9 @@ def load_config(
 
 def read_yaml_mapping(path: str) -> dict[Any, Any]:
     """A YAML file that must hold a mapping, read strictly (a key given twice is an error); every problem
-    is a ``ConfigError`` whose source is ``path``."""
+    is a ``ConfigError`` whose source is ``path``. A file that is not such a mapping is named with what kind
+    of problem it has and where, never with its content: the path may be any file the caller can read
+    (``/etc/passwd`` as a ``web_config``), and the message goes to logs and terminals."""
     try:
         with open(path, encoding="utf-8") as stream:
             text = stream.read()
@@ -718,14 +722,29 @@ def read_yaml_mapping(path: str) -> dict[Any, Any]:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError("", f"invalid YAML{where}: {err.problem or err.context}", path) from None
+        problem = shown(str(err.problem or err.context or "a syntax error"))  # PyYAML's words for the kind
+        raise ConfigError("", f"invalid YAML{where}: {problem[:100]}", path) from None
+    except yaml.reader.ReaderError as err:  # a character YAML does not allow (a control, say)
+        char = err.character if isinstance(err.character, int) else -1
+        raise ConfigError("", f"invalid YAML at character {err.position + 1}: character #x{char:04x} is not "
+                              f"allowed", path) from None
     except yaml.YAMLError as err:
-        raise ConfigError("", f"invalid YAML: {err}", path) from None
+        raise ConfigError("", f"invalid YAML: {type(err).__name__}", path) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError("", f"expected a mapping of keys to values, got {_describe_value(data)}", path)
+        raise ConfigError("", f"expected a mapping of keys to values, got {_kind_of(data)}", path)
     return data
+
+
+def _kind_of(value: Any) -> str:
+    """What kind of YAML value ``value`` is, without any of its content."""
+    if isinstance(value, list):
+        return f"a list of {len(value)} item(s)"
+    if isinstance(value, str):
+        return f"a string of {len(value)} character(s) (not YAML keys and values)"
+    return "a boolean" if isinstance(value, bool) else "a number" if isinstance(value, int | float) else (
+        f"a {type(value).__name__}")
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -2,15 +2,18 @@
 words for a failed request of its HTTP clients (the extender's and ``gpuagent top``'s, both aiohttp).
 
 Errors are ``{"error": ..., "field": ...}`` with a 4xx/5xx status, never an HTML page; the middleware turns
-aiohttp's own 404/405/413 into the same shape.
+aiohttp's own 404/405/413 into the same shape. A request aiohttp cannot even parse is answered 400 by
+aiohttp and logged as one line (:func:`server_logger`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -66,3 +69,29 @@ async def read_body(response: aiohttp.ClientResponse, limit: int) -> bytes | Non
         if len(body) > limit:
             return None
     return bytes(body)
+
+
+class _OneLineBadRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a 100 KB header line, a malformed request line) with its
+    whole traceback at ERROR: anyone who can connect fills the log. Such a record becomes one WARNING line
+    naming the client and what was wrong (its outside bytes escaped by the handler's formatter); any other
+    record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args = "bad request from %s: %d %s: %.120s", (
+                remote, exc.code, type(exc).__name__, str(exc.message).replace("\n", " "))
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
+def server_logger(name: str = "gpuagent.http") -> logging.Logger:
+    """The logger an aiohttp ``AppRunner`` (``logger=``) logs its request errors to: as aiohttp's own, but a
+    request it could not parse is one line."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _OneLineBadRequests) for f in logger.filters):
+        logger.addFilter(_OneLineBadRequests())
+    return logger

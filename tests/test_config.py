@@ -283,8 +283,8 @@ def test_config_error_pickles() -> None:
         ("poll_interval: 1\n\tlisten: x\n", "invalid YAML at line 2"),
         ("poll_interval: 1\npoll_interval: 2\n", "duplicate key 'poll_interval'"),
         ("- poll_interval\n- listen\n", "expected a mapping of keys to values, got a list"),
-        ("just a string\n", "expected a mapping of keys to values, got 'just a string'"),
-        ("42\n", "got 42"),
+        ("just a string\n", "expected a mapping of keys to values, got a string of 13 character(s)"),
+        ("42\n", "got a number"),
     ],
 )
 def test_bad_files_name_the_problem(tmp_path: Path, text: str, fragment: str) -> None:

@@ -463,8 +463,8 @@ def test_one_patch_per_workload_to_change_and_a_kustomize_component(patches: Pat
                        "limits": {"nvidia.com/gpu": None, "nvidia.com/mig-2g.20gb": "1"},
                        "requests": {"nvidia.com/gpu": None, "nvidia.com/mig-2g.20gb": "1"}}}]}}}}
     text = (patches / "serving.deployment.llm-api.yaml").read_text()
-    assert text.startswith("# gpuagent recommend: serving/Deployment/llm-api: MIG 2g.20gb\n")
-    assert "# kubectl patch deployment llm-api -n serving --type strategic --patch-file " in text
+    assert text.startswith("# gpuagent recommend: serving/Deployment/llm-api\n# recommendation: MIG 2g.20gb\n")
+    assert "# apply: kubectl patch deployment llm-api -n serving --type strategic --patch-file " in text
 
 
 def _kubernetes_validate():

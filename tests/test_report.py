@@ -508,7 +508,9 @@ def test_command_prints_each_format(prometheus: FakePrometheus, capsys: pytest.C
     assert code == 0 and out == "" and page.read_text().startswith("<!DOCTYPE html>")
     code, out, err = run_cli(capsys, *base[:-1], "--format", "csv", "--progress")
     assert code == 0 and out.startswith("level,namespace,pod,")
-    assert re.match(r"\[1/15\] \[\.+\]\s+\d+\.\ds  gpuagent_pod_gpu_allocated_seconds_total", err)
+    first, progress = err.split("\n", 1)
+    assert first == 'gpuagent report: reading series {job=~"gpuagent"}'
+    assert re.match(r"\[1/15\] \[\.+\]\s+\d+\.\ds  gpuagent_pod_gpu_allocated_seconds_total", progress)
     assert err.splitlines()[-1].startswith("15 queries in ")
 
 

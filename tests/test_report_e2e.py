@@ -336,7 +336,8 @@ def test_chunked_queries_add_up_to_the_whole_range(run: Run, reports: dict[str, 
                                                                     abs=pieces * 3 / 3600), key
     total = json.loads(reports["json"])["total"]["allocated_gpu_hours"]
     assert document["total"]["allocated_gpu_hours"] == pytest.approx(total, abs=len(whole) * pieces * 3 / 3600)
-    progress = done.stderr.splitlines()
+    selector, *progress = done.stderr.splitlines()
+    assert selector == 'gpuagent report: reading series {job=~"gpuagent"}'
     assert re.match(r"\[1/\d+\] ", progress[0]) and progress[-1].endswith("s") and "queries in" in progress[-1]
 
 

@@ -1,9 +1,16 @@
-"""Process names (``/proc/PID/comm``) for GPU processes, cached while the PID stays on a GPU."""
+"""Process names (``/proc/PID/comm``) for GPU processes, cached while the PID stays on a GPU.
+
+A process names itself (``prctl(PR_SET_NAME)``, no privilege needed): its controls and bidi characters are
+shown as visible escapes here, where the name enters the snapshot (``gpuagent.untrusted.label_value``), so
+no label value, API answer, table or log line carries them; bytes that are not UTF-8 read as U+FFFD.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from gpuagent.untrusted import label_value
 
 
 class ProcessNames:
@@ -15,7 +22,7 @@ class ProcessNames:
     def __call__(self, pid: int) -> str:
         name = self._cache.get(pid)
         if name is None:
-            name = self._read(pid)
+            name = label_value(self._read(pid))  # once per PID: the cache keeps the poll path free of it
             self._cache[pid] = name
         return name
 

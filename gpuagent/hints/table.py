@@ -1,6 +1,7 @@
 """``gpuagent hints --format table``: a node's hints as a compact text table (pure, no I/O).
 
-Unknown values (``None``) print as ``-``, never as 0.
+Unknown values (``None``) print as ``-``, never as 0. Names (tenants, models) are shown with their controls
+as escapes (``gpuagent.untrusted.shown``), cells before their widths are measured.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import datetime
 
 from gpuagent.snapshot import GpuHints, NodeHints
+from gpuagent.untrusted import shown
 
 _GIB = 1024**3
 _NONE = "-"
@@ -31,6 +33,7 @@ def _row(gpu: GpuHints) -> tuple[str, ...]:
 
 
 def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    rows = [tuple(map(shown, row)) for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for row in rows:
@@ -50,7 +53,7 @@ def format_hints_table(hints: NodeHints) -> str:
         "",
     ]
     if not hints.gpus:
-        return "\n".join([*lines, "no GPUs"]) + "\n"
+        return "\n".join(map(shown, [*lines, "no GPUs"])) + "\n"
     lines.extend(_columns([_HEADER, *(_row(g) for g in hints.gpus)]))
     details = []
     for gpu in hints.gpus:
@@ -65,4 +68,4 @@ def format_hints_table(hints: NodeHints) -> str:
                            f"{profile.creatable_count} can be created")
     if details:
         lines.extend(["", *details])
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(shown, lines)) + "\n"

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from gpuagent.pods.environ import Environ
 from gpuagent.pods.evidence import Evidence
 from gpuagent.snapshot import MPS_SERVER, ContainerUse, GpuSample, MigSample, PodUse, ProcessSample, Workload
+from gpuagent.untrusted import label_value
 
 PodKey = tuple[str, str]  # (namespace, pod name)
 
@@ -264,7 +265,9 @@ def _containers_by_id(
 
 def _workload(identity: Identity, resolved: _Resolved) -> Workload:
     if not (identity.is_k8s and identity.pod_uid):
-        name = identity.unit or (identity.container_id or "")[:12] or identity.workload_kind
+        # a unit or scope name is a cgroup directory any user with a delegated subtree can create: its
+        # controls are shown as escapes here, where it becomes a name (the path itself stays exact)
+        name = label_value(identity.unit or (identity.container_id or "")[:12] or identity.workload_kind)
         return Workload(kind=identity.workload_kind, name=name, container_id=identity.container_id,
                         cgroup=identity.path, cgroup_v2=identity.unified_path,
                         cgroup_freezer=identity.freezer_path)

@@ -11,6 +11,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from gpuagent.report.cliargs import (
     guarded,
 )
 from gpuagent.report.errors import ReportError
+from gpuagent.untrusted import shown
 
 DEFAULT_SINCE = "7d"
 STEP_POINTS = 2016  # samples per workload over the range: 7 days at 5 minutes
@@ -108,18 +110,34 @@ def _run(args: argparse.Namespace) -> int:
     if request.prices.kwh is not None:
         print("gpuagent recommend: warning: the kWh price is not used: energy follows use, not allocation, "
               "so no energy is counted as freed", file=sys.stderr)
+    if args.output or args.format != "table":  # the table's header says it
+        print(shown(f"gpuagent recommend: reading series {{{', '.join(source.matchers)}}}"), file=sys.stderr)
     result = collect(source.client, request, progress_from(args))
     write_output(render(result), args.output)
     if args.output or args.format != "table":  # the table shows them itself
         for warning in result.warnings:
-            print(f"gpuagent recommend: warning: {warning}", file=sys.stderr)
+            print(shown(f"gpuagent recommend: warning: {warning}"), file=sys.stderr)
     if patch_dir is not None:
         written, skipped = write_patches(result.rows, patch_dir)
-        print(f"gpuagent recommend: {len(written)} patch(es) in {patch_dir}"
-              + (f"; none for {len(skipped)} workload(s): " + "; ".join(f"{row.stats.key}: {why}"
-                                                                      for row, why in skipped)
-                 if skipped else ""), file=sys.stderr)
+        for line in patch_summary(len(written), skipped, patch_dir):
+            print(line, file=sys.stderr)
     return 0
+
+
+def patch_summary(written: int, skipped: Sequence[tuple[Any, str]], directory: Path) -> list[str]:
+    """What ``--patch`` says on stderr: the patches written and why the others got none; the workloads
+    refused for their names in one line however many (a hostile target can send thousands), with the
+    first reason. Names shown with their controls as escapes."""
+    from gpuagent.recommend.patches import Refused
+
+    refused = [why for _, why in skipped if isinstance(why, Refused)]
+    others = [f"{row.stats.key}: {why}" for row, why in skipped if not isinstance(why, Refused)]
+    lines = [f"gpuagent recommend: {written} patch(es) in {directory}"
+             + (f"; none for {len(others)} workload(s): " + "; ".join(others) if others else "")]
+    if refused:
+        lines.append(f"gpuagent recommend: warning: refused {len(refused)} workload(s) whose names "
+                     f"Kubernetes would refuse, no patch written for them (first: {refused[0]})")
+    return [shown(line) for line in lines]
 
 
 def parse_percent(text: str, what: str, *, upper: float, zero: bool = False) -> float:

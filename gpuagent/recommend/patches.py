@@ -20,20 +20,33 @@ None for: keep, release (a process change, not a field), too little history, wor
 owners that are not built-in kinds (their pod template is theirs to say), workloads grouped by pod name
 (their kind is unknown), and container changes without the containers' names or on a bare Pod (whose
 containers cannot change). :func:`write_patches` says why for each.
+
+Every name in a patch comes from Prometheus label values, which any scrape target can set: the namespace,
+the owner's name, the containers' and the MIG profile's. Each is checked as the API server would check it
+(``gpuagent.untrusted``) before it names a file or goes into a patch; a workload with one that fails is
+refused (:class:`Refused`), never written under some other name. File names are built from the checked
+names only and every path is checked to stay inside DIR; the YAML, the header comment included, is written
+by the serializer alone.
 """
 
 from __future__ import annotations
 
-import textwrap
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuagent.recommend.model import Action, Row
 from gpuagent.report.errors import ReportError
+from gpuagent.untrusted import (
+    NAME_MAX_BYTES,
+    k8s_name_problem,
+    path_inside,
+    qualified_name_problem,
+    yaml_comment,
+    yaml_text,
+)
 
 API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
                 "ReplicaSet": "apps/v1", "Job": "batch/v1", "CronJob": "batch/v1", "Pod": "v1"}
@@ -45,6 +58,11 @@ class Patch:
     row: Row
     file_name: str
     text: str
+
+
+class Refused(str):
+    """Why a workload gets no patch when the reason is a name Kubernetes would refuse (counted apart: one
+    warning for them all, not one line each)."""
 
 
 def patch_for(row: Row) -> Patch | str:
@@ -64,6 +82,9 @@ def patch_for(row: Row) -> Patch | str:
         return f"a bare Pod's containers cannot change: recreate it with {_what(row)}"
     if (rec.env or rec.resources) and not containers:
         return f"no container names in Prometheus: set {_what(row)} by hand"
+    problem = names_problem(row)
+    if problem is not None:
+        return Refused(problem)
     body = {"apiVersion": API_VERSIONS[key.kind], "kind": key.kind,
             "metadata": {"name": key.name, "namespace": key.namespace}}
     template: dict[str, Any] = {}
@@ -77,12 +98,30 @@ def patch_for(row: Row) -> Patch | str:
         body["spec"] = {"jobTemplate": {"spec": {"template": template}}}
     else:
         body["spec"] = {"template": template}
-    file_name = f"{key.namespace}.{key.kind.lower()}.{key.name}.yaml"
-    header = [f"gpuagent recommend: {key}: {rec.short}", *textwrap.wrap(rec.reason, 100),
-              f"kubectl patch {key.kind.lower()} {key.name} -n {key.namespace} --type strategic "
-              f"--patch-file {file_name}"]
-    text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(body, sort_keys=False)
-    return Patch(row, file_name, text)
+    file_name = _file_name(key.namespace, key.kind, key.name)
+    header = {"gpuagent recommend": str(key), "recommendation": rec.short, "why": rec.reason,
+              "apply": f"kubectl patch {key.kind.lower()} {key.name} -n {key.namespace} --type strategic "
+                       f"--patch-file {file_name}"}
+    return Patch(row, file_name, yaml_comment(header, width=100) + yaml_text(body))
+
+
+def names_problem(row: Row) -> str | None:
+    """The first name in ``row``'s patch that Kubernetes would refuse, and why; None when all pass."""
+    key, rec = row.stats.key, row.recommendation
+    containers = row.stats.containers if (rec.env or rec.resources) else ()
+    checks = [k8s_name_problem("Namespace", key.namespace), k8s_name_problem(key.kind, key.name),
+              *(k8s_name_problem("Container", c) for c in containers),
+              *(qualified_name_problem(k) for k in (*rec.annotations, *rec.resources))]
+    return next((problem for problem in checks if problem is not None), None)
+
+
+def _file_name(namespace: str, kind: str, name: str) -> str:
+    """``<namespace>.<kind>.<name>.yaml`` of checked names (no '/', no '..' component: a DNS-1123 name has
+    neither); when a 253-character name would pass the file system's limit, its hash stands for it."""
+    file_name = f"{namespace}.{kind.lower()}.{name}.yaml"
+    if len(file_name.encode()) <= NAME_MAX_BYTES:
+        return file_name
+    return f"{namespace}.{kind.lower()}.{hashlib.sha256(name.encode()).hexdigest()[:32]}.yaml"
 
 
 def _what(row: Row) -> str:
@@ -117,14 +156,26 @@ def write_patches(rows: Iterable[Row], directory: Path) -> tuple[list[Patch], li
             patches.append(patch)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        names: set[str] = set()
         for patch in patches:
-            (directory / patch.file_name).write_text(patch.text, encoding="utf-8")
+            if patch.file_name in names or patch.file_name == KUSTOMIZATION:  # one workload, one file
+                skipped.append((patch.row, f"a second workload named as {patch.file_name}"))
+                continue
+            try:
+                path = path_inside(directory, patch.file_name)
+            except ValueError as err:  # a checked name cannot, but a symbolic link already there can
+                skipped.append((patch.row, Refused(str(err))))
+                continue
+            path.write_text(patch.text, encoding="utf-8")
+            names.add(patch.file_name)
             written.append(patch)
         component = {"apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
                      "patches": [{"path": p.file_name} for p in written]}
-        (directory / KUSTOMIZATION).write_text(
+        path_inside(directory, KUSTOMIZATION).write_text(
             "# gpuagent recommend's patches: add this directory under `components:` of a kustomization\n"
-            + yaml.safe_dump(component, sort_keys=False), encoding="utf-8")
+            + yaml_text(component), encoding="utf-8")
+    except ValueError as err:
+        raise ReportError(f"--patch: {err}") from None
     except OSError as err:
         raise ReportError(f"--patch: cannot write in {directory}: {err.strerror or err}") from None
     return written, skipped

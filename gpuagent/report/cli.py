@@ -18,6 +18,7 @@ from gpuagent.report.cliargs import (
     guarded,
 )
 from gpuagent.report.formats import FORMATS
+from gpuagent.untrusted import shown
 
 EPILOG = """\
 examples:
@@ -67,9 +68,11 @@ def _run(args: argparse.Namespace) -> int:
     prices = prices_from(args)
     request = Request(source.time_range, step, source.chunk_seconds, source.matchers, source.namespaces,
                       prices)
+    if args.output or args.format != "table":  # the table's header says it
+        print(shown(f"gpuagent report: reading series {{{', '.join(source.matchers)}}}"), file=sys.stderr)
     report = collect(source.client, request, progress_from(args))
     write_output(render(report), args.output)
     if args.output or args.format != "table":  # the table shows them itself
         for warning in report.warnings:
-            print(f"gpuagent report: warning: {warning}", file=sys.stderr)
+            print(shown(f"gpuagent report: warning: {warning}"), file=sys.stderr)
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,10 +20,16 @@ from gpuagent.report.errors import ReportError
 from gpuagent.report.prices import Prices, load_prices, parse_price
 from gpuagent.report.progress import Progress
 from gpuagent.report.prometheus import Auth, PrometheusClient, parse_headers
-from gpuagent.report.queries import check_matchers
+from gpuagent.report.queries import check_matchers, promql_string
 from gpuagent.report.timerange import TimeRange, parse_duration_seconds, resolve_range
+from gpuagent.untrusted import shown
 
 DEFAULT_CHUNK = "1d"
+# The agents' scrape job as the shipped manifests name it: deploy/servicemonitor.yaml's job is its Service's
+# name, and docs/runbooks.md asks a static scrape config to use the same. Any other target can expose series
+# named gpuagent_* with any labels: reading only this job keeps their names out of reports and patches.
+DEFAULT_JOB = "gpuagent"
+_JOB_MATCHER_RE = re.compile(r'(?:^|[\s,{])job\s*(?:=~|!~|!=|=)\s*"')
 EXIT_ERROR = 2
 
 
@@ -32,7 +39,7 @@ def guarded(command: str, run: Callable[[argparse.Namespace], int], args: argpar
     try:
         return run(args)
     except ReportError as err:
-        print(f"gpuagent {command}: {err}", file=sys.stderr)
+        print(shown(f"gpuagent {command}: {err}"), file=sys.stderr)  # errors quote what Prometheus said
         return EXIT_ERROR
 
 
@@ -51,6 +58,10 @@ def add_source_arguments(parser: argparse.ArgumentParser, *, default_since: str 
     where.add_argument("--end", metavar="TIME", help="end (default now)")
     where.add_argument("--namespace", metavar="NS", action="append", default=[],
                        help="only this namespace (repeat for more); leaves out non-Kubernetes workloads")
+    where.add_argument("--job", metavar="REGEX",
+                       help=f"read only the series of this scrape job (a PromQL regex, matched whole): the "
+                            f"agents' (default {DEFAULT_JOB}, as deploy/servicemonitor.yaml names it, unless "
+                            f"--selector has a job matcher); '' reads every job's")
     where.add_argument("--selector", metavar="MATCHERS",
                        help='extra label matchers for every series read, e.g. cluster="prod"')
     where.add_argument("--chunk", metavar="DURATION", default=DEFAULT_CHUNK,
@@ -100,7 +111,7 @@ class Source:
     client: PrometheusClient
     time_range: TimeRange
     chunk_seconds: float
-    matchers: tuple[str, ...]  # --selector, applied to every series read
+    matchers: tuple[str, ...]  # --job and --selector, applied to every series read
     namespaces: tuple[str, ...]
 
 
@@ -115,7 +126,7 @@ def source_from(args: argparse.Namespace, now_unix: float) -> Source:
     namespaces = tuple(ns.strip() for ns in args.namespace)
     if any(not ns for ns in namespaces):
         raise ReportError("--namespace: expected a namespace name, got an empty one")
-    matchers = (check_matchers(args.selector),) if args.selector else ()
+    matchers = job_matchers(getattr(args, "job", None), args.selector)
     auth = Auth(username=args.username, password=read_secret(args.password_file, "--password-file"),
                 bearer_token=read_secret(args.bearer_token_file, "--bearer-token-file"),
                 ca_file=args.ca_file, insecure_skip_verify=args.insecure_skip_verify,
@@ -126,6 +137,15 @@ def source_from(args: argparse.Namespace, now_unix: float) -> Source:
         check_writable(Path(args.output), "--output")
     client = PrometheusClient(args.prometheus, timeout_seconds=timeout, auth=auth)
     return Source(client, time_range, chunk, matchers, namespaces)
+
+
+def job_matchers(job: str | None, selector: str | None) -> tuple[str, ...]:
+    """The matchers ``--job`` and ``--selector`` make: the job's (``job=~"gpuagent"`` by default; none when
+    the selector names a job itself and ``--job`` is not given, or for ``--job ''``), then the selector's."""
+    extra = (check_matchers(selector),) if selector else ()
+    if job is None:
+        job = "" if extra and _JOB_MATCHER_RE.search(extra[0]) else DEFAULT_JOB
+    return ((f'job=~"{promql_string(job)}"',) if job else ()) + extra
 
 
 def prices_from(args: argparse.Namespace) -> Prices:

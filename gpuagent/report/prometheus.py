@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuagent.report.errors import ReportError
+from gpuagent.untrusted import encodable
 
 _ERROR_BODY_CHARS = 200
 
@@ -81,7 +82,7 @@ class PrometheusClient:
         if data.get("resultType") != "vector":
             raise ReportError(f"{self.base_url}: expected a vector from {expr!r}, "
                               f"got {data.get('resultType')!r}")
-        return [Sample(item["metric"], float(item["value"][1])) for item in data["result"]]
+        return [Sample(_labels(item["metric"]), float(item["value"][1])) for item in data["result"]]
 
     def query_range(self, expr: str, start_unix: float, end_unix: float, step_seconds: float) -> list[Series]:
         """A range query; its result must be a matrix."""
@@ -90,7 +91,7 @@ class PrometheusClient:
         if data.get("resultType") != "matrix":
             raise ReportError(f"{self.base_url}: expected a matrix from {expr!r}, "
                               f"got {data.get('resultType')!r}")
-        return [Series(item["metric"], tuple((float(t), float(v)) for t, v in item["values"]))
+        return [Series(_labels(item["metric"]), tuple((float(t), float(v)) for t, v in item["values"]))
                 for item in data["result"]]
 
     def _call(self, endpoint: str, form: Mapping[str, str]) -> dict[str, Any]:
@@ -168,3 +169,9 @@ def parse_headers(values: Sequence[str]) -> dict[str, str]:
             raise ReportError(f"--header: expected 'Name: value', got {value!r}")
         headers[name.strip()] = text.strip()
     return headers
+
+
+def _labels(metric: Mapping[str, str]) -> Mapping[str, str]:
+    """A series' labels as read: any target sets them, and a JSON ``\\udcff`` escape decodes to a lone
+    surrogate that no output could encode; those become U+FFFD (``gpuagent.untrusted.encodable``)."""
+    return {name: encodable(value) for name, value in metric.items()}

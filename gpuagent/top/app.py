@@ -80,7 +80,7 @@ class LineView(ScrollView, can_focus=True):
         if index >= len(self.lines):
             return Strip.blank(width)
         line = self.lines[index]
-        text = line.text
+        text = render.guarded(line.text)
         if line.key is not None and line.key == self.cursor and self.has_focus:
             text = text.copy()
             text.stylize("reverse")
@@ -195,7 +195,8 @@ class ViewScreen(Screen[None]):
 
     def set_header(self, header: Sequence[Line], titles: Text) -> None:
         self.header_text = render.plain(header)
-        self.query_one("#header", Static).update(Text("\n").join(line.text for line in header))
+        shown_header = Text("\n").join(render.guarded(line.text) for line in header)
+        self.query_one("#header", Static).update(shown_header)
         self.query_one("#titles", Static).update(titles)
 
     # -- keys both views share ---------------------------------------------------------------------------

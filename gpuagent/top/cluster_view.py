@@ -28,6 +28,7 @@ from gpuagent.top.render import (
     right_aligned,
     view_state,
 )
+from gpuagent.untrusted import shown
 
 NODE_MIN, NODE_MAX = 16, 30
 _BY_KEY = {c.key: c for c in CLUSTER_COLUMNS}
@@ -68,14 +69,14 @@ def cluster_header(source: str, rows: Sequence[NodeRow], error: str | None, opti
     free = sum(r.free or 0 for r in rows)
     idle = sum(r.idle_held or 0.0 for r in rows)
     bad = sum(1 for r in rows if r.state != OK)
-    first = Text.assemble(("cluster", TITLE), f"  {len(rows)} nodes from {source}  ·  {gpus} GPUs, "
-                          f"{free} free, {idle:.1f} idle-held")
+    first = Text.assemble(("cluster", TITLE), shown(f"  {len(rows)} nodes from {source}  ·  {gpus} GPUs, "
+                                                    f"{free} free, {idle:.1f} idle-held"))
     if bad:
         first.append(f"  ·  {bad} not fresh", style=WARN)
     lines = [Line(right_aligned(first, Text(clock), width))]
     title = next(c.title for c in CLUSTER_COLUMNS if c.key == options.sort)
     state = view_state(title, options.descending, options.text, paused)
-    second = (Text(f" NO ANSWER: {error} ", style=ALARM) if error
+    second = (Text(shown(f" NO ANSWER: {error} "), style=ALARM) if error
               else Text("enter: the node's view", style=DIM))
     lines.append(Line(right_aligned(second, state, width)))
     return lines
@@ -98,7 +99,7 @@ def node_line(row: NodeRow, width: int) -> Text:
     def number(value: float | None, digits: int = 0) -> Text:
         return Text("-" if value is None else f"{value:.{digits}f}")
 
-    health = row.health or "-"
+    health = shown(row.health or "-")
     health_style = GOOD if health == "ok" else DIM if health == "-" else BAD
     state = Text(row.state.upper() if row.state != OK else "ok",
                  style=GOOD if row.state == OK else ALARM)
@@ -108,12 +109,12 @@ def node_line(row: NodeRow, width: int) -> Text:
         "sm": Text(percent(row.sm_ratio)), "age": Text(duration(row.age_seconds)), "state": state,
     }
     line = Text("  ")
-    line.append_text(cell(Text(row.node, style=TITLE), node_width(width), right=False))
+    line.append_text(cell(Text(shown(row.node), style=TITLE), node_width(width), right=False))
     for column in CLUSTER_COLUMNS[1:]:
         line.append(" ")
         line.append_text(cell(cells[column.key], column.width))
     if row.message:
-        line.append(f"  {row.message}", style=DIM if row.state == OK else WARN)
+        line.append(shown(f"  {row.message}"), style=DIM if row.state == OK else WARN)
     line.truncate(width, overflow="ellipsis")
     return line
 

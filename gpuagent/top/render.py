@@ -4,6 +4,11 @@ The TUI shows these lines (with a cursor) and ``--once`` prints them as plain te
 what the screen showed. Every state is spelled out in words (``STALE``, ``LOST``, ``IDLE 31m``, ``OVER``)
 and bars are drawn with glyphs inside brackets, so the view reads the same in a monochrome terminal:
 colour only repeats what the words say. A figure the agent did not give is "-", never 0.
+
+Every name shown (processes, tenants, GPUs, hosts, the agent's messages) is from outside: any process can
+name itself with escape sequences. Each goes through ``gpuagent.untrusted.shown`` as it becomes text, so its
+controls and bidi characters show as escapes (``\x1b``) and the columns are measured on what is shown;
+:func:`guarded` is the last check before a line reaches the terminal (the live view and ``--once``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from gpuagent.top.arrange import COLUMNS, Row, ViewOptions
 from gpuagent.top.client import NO_ANSWER, OK, AgentStatus
 from gpuagent.top.history import History, sparkline
 from gpuagent.top.model import GpuView, MigView, NodeView, ProcessView, TenantView
+from gpuagent.untrusted import has_unsafe, shown
 
 GIB = 2**30
 KINDS = {"systemd_service": "unit", "user_session": "session", "slurm_job": "slurm"}  # short labels
@@ -92,23 +98,23 @@ def header(node: NodeView | None, status: AgentStatus, url: str, options: ViewOp
     """Two lines: who and how fresh; then what is wrong, or the node's summary, and the view's state."""
     clock = time.strftime("%H:%M:%S", time.localtime(now_unix if now_unix is not None else time.time()))
     if node is None:
-        first = Text.assemble((url, TITLE), "  ", ("no snapshot", DIM))
+        first = Text.assemble((shown(url), TITLE), "  ", ("no snapshot", DIM))
     else:
-        facts = [node.backend or "?", f"driver {node.driver_version or '-'}",
-                 f"CUDA {node.cuda_version or '-'}", f"mode {node.mode}"]
+        facts = [shown(node.backend or "?"), shown(f"driver {node.driver_version or '-'}"),
+                 shown(f"CUDA {node.cuda_version or '-'}"), shown(f"mode {node.mode}")]
         if node.poll_interval_seconds is not None:
             facts.append(f"poll {node.poll_interval_seconds:g}s")
         age = status.snapshot_age_seconds
-        first = Text.assemble((node.hostname, TITLE), "  ", " · ".join(facts), "  ",
+        first = Text.assemble((shown(node.hostname), TITLE), "  ", " · ".join(facts), "  ",
                               (f"snapshot {age:.1f}s old" if age is not None else "snapshot age -",
                                "" if status.state == OK else ALARM))
     first = right_aligned(first, Text(clock), width)
     if status.state != OK:
-        second = Text(f" {status.state.upper()}: {status.message} ", style=ALARM)
+        second = Text(shown(f" {status.state.upper()}: {status.message} "), style=ALARM)
     elif node is not None:
         second = Text(summary(node))
         if node.failing_sources:
-            second.append("  sources failing: " + "; ".join(node.failing_sources), style=WARN)
+            second.append(shown("  sources failing: " + "; ".join(node.failing_sources)), style=WARN)
     else:
         second = Text("")
     title = next(c.title for c in COLUMNS if c.key == options.sort)
@@ -134,9 +140,9 @@ def view_state(title: str, descending: bool, text: str, paused: bool, namespace:
     """The right end of the second header line: the sort, the filters, PAUSED."""
     out = Text(f"sort {title} {'▼' if descending else '▲'}")
     if namespace is not None:
-        out.append(f"  ns={namespace}", style=TITLE)
+        out.append(shown(f"  ns={namespace}"), style=TITLE)
     if text.strip():
-        out.append(f"  /{text.strip()}", style=TITLE)
+        out.append(shown(f"  /{text.strip()}"), style=TITLE)
     if paused:
         out.append("  PAUSED", style="bold reverse")
     return out
@@ -183,11 +189,12 @@ def body(rows: Sequence[Row], options: ViewOptions, history: History, width: int
 
 def gpu_block(gpu: GpuView, history: History, width: int, collapsed: bool = False) -> list[Text]:
     spark_width = max(0, min(40, width // 4))
-    title = Text.assemble(("▸ " if collapsed else "  "), (f"GPU {gpu.index}", TITLE), "  ", gpu.model, "  ")
+    title = Text.assemble(("▸ " if collapsed else "  "), (f"GPU {gpu.index}", TITLE), "  ", shown(gpu.model),
+                          "  ")
     title.append_text(health_words(gpu))
     if gpu.sharing_mode is not None:
         tenants = len(gpu.all_tenants())
-        title.append(f"  {gpu.sharing_mode.replace('_', '-')}, {tenants} tenant{'s' * (tenants != 1)}")
+        title.append(shown(f"  {gpu.sharing_mode.replace('_', '-')}, {tenants} tenant{'s' * (tenants != 1)}"))
     title.append_text(tenant_sm_timing(gpu))
     spark = Text(sparkline(history.of(gpu.uuid), spark_width), style="cyan")
     first = right_aligned(title, spark, width)
@@ -234,7 +241,7 @@ def health_words(gpu: GpuView) -> Text:
         words.append("ok", style=GOOD)
     else:
         detail = f" ({gpu.health_detail})" if gpu.health_detail else ""
-        words.append(f" {gpu.health.upper()}{detail} ", style=ALARM)
+        words.append(shown(f" {gpu.health.upper()}{detail} "), style=ALARM)
     if gpu.stale:
         words.append("  ")
         stale = " STALE: figures from an earlier poll " if gpu.health == "ok" else " STALE "
@@ -246,7 +253,7 @@ def health_words(gpu: GpuView) -> Text:
 
 
 def mig_line(mig: MigView, width: int) -> Text:
-    line = Text.assemble("    ", (f"MIG {mig.gpu_instance_id} {mig.profile}", TITLE), "  GPM ")
+    line = Text.assemble("    ", (shown(f"MIG {mig.gpu_instance_id} {mig.profile}"), TITLE), "  GPM ")
     line.append_text(bar(mig.activity_ratio, 12))
     line.append(f" {percent(mig.activity_ratio):>4}  MEM ")
     memory = (mig.memory_used_bytes / mig.memory_total_bytes
@@ -260,9 +267,9 @@ def mig_line(mig: MigView, width: int) -> Text:
 
 def tenant_line(tenant: TenantView, width: int, *, expanded: bool) -> Text:
     marker = ("▾ " if expanded else "▸ ") if tenant.processes else "  "
-    name = Text(tenant.name)
+    name = Text(shown(tenant.name))
     if tenant.kind not in ("pod", "unknown"):
-        name.append(f" ({KINDS.get(tenant.kind, tenant.kind)})", style=DIM)
+        name.append(shown(f" ({KINDS.get(tenant.kind, tenant.kind)})"), style=DIM)
     elif tenant.kind == "pod" and not tenant.allocated:  # it runs on a GPU the kubelet did not give it
         name.append(" (not allocated)", style=WARN)
     over = (tenant.memory_limit_bytes is not None and tenant.memory_used_bytes is not None
@@ -270,7 +277,7 @@ def tenant_line(tenant: TenantView, width: int, *, expanded: bool) -> Text:
     memory = f"{gib(tenant.memory_used_bytes)}/{gib(tenant.memory_limit_bytes)}"
     share = f"{percent(tenant.share_limit_ratio)}/{percent(tenant.share_achieved_ratio)}"
     frozen = tenant.frozen_ratio
-    stage = tenant.ladder_stage or "-"
+    stage = shown(tenant.ladder_stage or "-")
     return _row("    " + marker, name, width, {
         "procs": Text(str(len(tenant.processes))),
         "sm": Text(percent(tenant.sm_ratio)),
@@ -306,7 +313,7 @@ def idle_words(tenant: TenantView) -> Text:
 
 def process_line(process: ProcessView, width: int) -> Text:
     who = f"{process.pid} {process.comm or '?'}" + (f" [{process.container}]" if process.container else "")
-    line = _row("        ", Text(who), width, {
+    line = _row("        ", Text(shown(who)), width, {
         "sm": Text(percent(process.sm_ratio)), "memory": Text(gib(process.memory_bytes)),
     })
     line.stylize(DIM)
@@ -316,11 +323,17 @@ def process_line(process: ProcessView, width: int) -> Text:
 def no_data(status: AgentStatus) -> list[Line]:
     """What the body says when no snapshot was ever had: the reason, never an empty table of zeros."""
     if status.state == NO_ANSWER:
-        return [Line(Text(f"  no data: {status.message}", style=BAD))]
-    return [Line(Text(f"  waiting for the agent: {status.message or 'first answer'}", style=DIM))]
+        return [Line(Text(shown(f"  no data: {status.message}"), style=BAD))]
+    return [Line(Text(shown(f"  waiting for the agent: {status.message or 'first answer'}"), style=DIM))]
+
+
+def guarded(text: Text) -> Text:
+    """``text`` as it may reach a terminal: unchanged when it holds no control (every name was shown as it
+    became text); else, should a name have come another way, as plain text with its controls shown."""
+    return text if not has_unsafe(text.plain) else Text(shown(text.plain))
 
 
 def plain(lines: Sequence[Line | Text]) -> str:
-    """The lines as plain text, trailing spaces trimmed (``--once``)."""
+    """The lines as plain text, trailing spaces trimmed (``--once``), no control in them."""
     texts = [line.text if isinstance(line, Line) else line for line in lines]
-    return "\n".join(t.plain.rstrip() for t in texts) + "\n"
+    return "\n".join(shown(t.plain.rstrip()) for t in texts) + "\n"

@@ -13,6 +13,8 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from gpuagent.untrusted import shown
+
 ALL_NAMESPACES = "(all namespaces)"
 
 NODE_KEYS = (
@@ -119,7 +121,8 @@ class NamespaceScreen(ModalScreen[str | None]):
         self.current = current
 
     def compose(self) -> ComposeResult:
-        options = [Option(ALL_NAMESPACES, id="")] + [Option(ns, id=ns) for ns in self.namespaces]
+        # a name as text (never markup), its controls shown; the id keeps the name itself
+        options = [Option(ALL_NAMESPACES, id="")] + [Option(Text(shown(ns)), id=ns) for ns in self.namespaces]
         chooser = OptionList(*options)
         chooser.border_title = "namespace"
         if self.current in self.namespaces:

@@ -1,5 +1,6 @@
 """The recommendations as CSV: one line per workload, figures in full precision (names as in the JSON
-document, nested ones joined with ``_``)."""
+document, nested ones joined with ``_``). Text cells hold label values any scrape target can set: one that
+starts a formula is neutralised (``gpuagent.untrusted.csv_cell``); figures stay numbers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from gpuagent.recommend.formats.json_doc import recommendation_dict, savings_dict, stats_dict
 from gpuagent.recommend.model import Recommendations
 from gpuagent.report.timerange import format_time
+from gpuagent.untrusted import csv_cell
 
 _LISTS = ("pods", "containers")
 _MAPS = ("annotations", "env", "resources")
@@ -38,7 +40,8 @@ def render_csv(result: Recommendations) -> str:
     for line in rows:
         columns += [c for c in line if c not in columns]
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns or ["start", "end", "workload"], lineterminator="\n")
+    # RFC 4180 CRLF: the writer then quotes a cell holding a lone CR (with "\n" a name could split a row)
+    writer = csv.DictWriter(out, fieldnames=columns or ["start", "end", "workload"], lineterminator="\r\n")
     writer.writeheader()
     for line in rows:
         writer.writerow({c: _cell(c, v) for c, v in line.items()})
@@ -49,9 +52,11 @@ def _cell(column: str, value: Any) -> str:
     if value is None:
         return ""
     if column in _LISTS:
-        return " ".join(value)
+        return csv_cell(" ".join(value))
     if isinstance(value, dict):
         return json.dumps(value, separators=(",", ":"), sort_keys=True) if value else ""
     if isinstance(value, float):
         return repr(value)
-    return str(value)
+    if isinstance(value, str):
+        return csv_cell(value)
+    return str(value)  # an int or a bool

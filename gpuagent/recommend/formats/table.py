@@ -7,6 +7,7 @@ from gpuagent.recommend.model import Recommendations, Row, gib_text, percent_tex
 from gpuagent.report.formats.layout import render_columns
 from gpuagent.report.formats.numbers import NONE, money, quantity
 from gpuagent.report.timerange import format_duration, format_time
+from gpuagent.untrusted import shown
 
 
 def render_table(result: Recommendations) -> str:
@@ -31,7 +32,7 @@ def render_table(result: Recommendations) -> str:
             [[p.gpu_model, "", str(p.gpus_now), str(p.gpus_after), str(p.whole), str(p.shared), str(p.mps),
               str(p.mig), str(p.released)] for p in result.packing])
     lines += [f"warning: {w}" for w in result.warnings]
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(shown, lines)) + "\n"  # the reasons, the header and the warnings carry names
 
 
 def header_lines(result: Recommendations) -> list[str]:

@@ -1,5 +1,6 @@
 """The report as CSV: one line per namespace, pod, other workload and the total, figures in full precision
-(for spreadsheets and billing systems)."""
+(for spreadsheets and billing systems). Names are label values any scrape target can set: one that starts a
+formula is neutralised (``gpuagent.untrusted.csv_cell``); figures stay numbers."""
 
 from __future__ import annotations
 
@@ -8,19 +9,20 @@ import io
 
 from gpuagent.report.model import FIGURES, Report, Usage
 from gpuagent.report.timerange import format_time
+from gpuagent.untrusted import csv_cell
 
 COLUMNS = ("level", "namespace", "pod", "workload_kind", "workload", "start", "end", *FIGURES)
 
 
 def render_csv(report: Report) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a CR in a name is quoted too
     writer.writerow(COLUMNS)
     start, end = format_time(report.time_range.start_unix), format_time(report.time_range.end_unix)
 
     def row(level: str, namespace: str, pod: str, kind: str, workload: str, usage: Usage) -> None:
         figures = usage.figures()
-        writer.writerow([level, namespace, pod, kind, workload, start, end,
+        writer.writerow([level, *map(csv_cell, (namespace, pod, kind, workload)), start, end,
                          *("" if figures[n] is None else repr(figures[n]) for n in FIGURES)])
 
     for ns in report.namespaces:

@@ -7,6 +7,7 @@ from gpuagent.report.formats.layout import render_columns
 from gpuagent.report.formats.numbers import figure
 from gpuagent.report.model import Report, Usage, total_of
 from gpuagent.report.timerange import format_duration, format_time
+from gpuagent.untrusted import shown
 
 
 def render_table(report: Report) -> str:
@@ -31,7 +32,7 @@ def render_table(report: Report) -> str:
                                        for row in report.workloads])]
     lines += ["", *render_columns(["", "", *titles], [["ALL", "", *cells(report.total)]])]
     lines += [f"warning: {w}" for w in report.warnings]
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(shown, lines)) + "\n"  # names in the header and warnings too
 
 
 def _upper(text: str) -> str:
