@@ -1,0 +1,285 @@
+"""Makes the Node show the plan: conditions, Events, taints, cordon, drain and the remediation hand-off.
+
+A task of its own (:meth:`NodeWriter.run`): the poll only hands it the latest plan (:meth:`submit`, no
+waiting), so an API server that is slow or away never holds a poll up; the writer catches up with the newest
+plan when it answers again, and re-checks the Node every ``resync_seconds`` (a person's change, a lost
+write). Every write (patch, Event, Eviction) spends a token of the node's write budget
+(:class:`gpuagent.kubeapi.WriteBudget`); what it refuses waits for the next round. Only ``enforce`` writes.
+
+The order of a round: Events for what is new; the conditions (``PATCH nodes/<node>/status``, a strategic
+merge by condition type); then, when the plan asks for a quarantine, a slot of the cluster-wide budget
+(:mod:`gpuagent.health.budget`), the taints, cordon and annotations (one JSON merge patch carrying the
+resourceVersion read, so a concurrent change makes it fail with 409 and the next round reads again), and
+the drain of the pods on the faulty GPUs through the Eviction API, by namespace mode: ``evict`` (a
+PodDisruptionBudget's 429 is "blocked", tried again next round), ``wait`` (the pod is left to finish) or
+``skip``. When the faults clear, it undoes what is its own and gives the slot back.
+RBAC: ``get``, ``patch`` on nodes and ``patch`` on nodes/status; ``create`` on pods/eviction and
+events.events.k8s.io; the Lease of the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from gpuagent.health import node as nodes
+from gpuagent.health.budget import BudgetError, QuarantineBudget
+from gpuagent.health.plan import Plan, PodRef
+from gpuagent.kubeapi import ApiConnection, WriteBudget, event_body
+from gpuagent.snapshot import GpuFault
+
+log = logging.getLogger(__name__)
+
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+EVICT_AGAIN_SECONDS = 60.0
+
+
+@dataclass
+class WriterStatus:
+    """What the writer last managed; the monitor reports it in the snapshot."""
+
+    api: str = "idle"
+    taints: tuple[str, ...] = ()
+    cordoned: bool = False
+    quarantined: bool = False
+    budget_deferred: bool = False
+    override: bool = False
+    drain: str = "none"
+    remediation: str | None = None
+    actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class _Notice:
+    fault: GpuFault
+    pods: tuple[PodRef, ...]
+
+
+class NodeWriter:
+    """Writes one Node's health through ``connection``; ``budget`` None: quarantine without a cluster
+    limit (tests, a single node)."""
+
+    def __init__(self, node: str, connection: ApiConnection, *, settings_namespace_mode: Callable[[str], str],
+                 budget: QuarantineBudget | None, events: bool = True, write_burst: int = 20,
+                 write_refill_seconds: float = 2.0, resync_seconds: float = 30.0,
+                 heartbeat_seconds: float = 60.0, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self._api = connection
+        self._namespace_mode = settings_namespace_mode
+        self._budget = budget
+        self._events = events
+        self._writes = WriteBudget(write_burst, write_refill_seconds)
+        self._resync = resync_seconds
+        self._heartbeat = heartbeat_seconds
+        self._clock = clock
+        self._monotonic = monotonic
+        self._plan: Plan | None = None
+        self._notices: list[_Notice] = []
+        self._wake = asyncio.Event()
+        self._evicted: dict[tuple[str, str], float] = {}
+        self._blocked: set[tuple[str, str]] = set()
+        self.status = WriterStatus()
+        self._problem = ""
+
+    def submit(self, plan: Plan, new_faults: Iterable[GpuFault], pods_by_gpu: Mapping[str, tuple[PodRef, ...]]
+               ) -> None:
+        """The latest plan, and Events to post for the faults new this poll; never waits."""
+        if plan != self._plan:
+            self._wake.set()
+        self._plan = plan
+        for fault in new_faults:
+            if self._events and len(self._notices) < 256:
+                self._notices.append(_Notice(fault, pods_by_gpu.get(fault.gpu_uuid or "", ())))
+                self._wake.set()
+
+    async def aclose(self) -> None:
+        """At shutdown: what is on the Node stays (the fault outlives the agent); the connection closes."""
+        await self._api.aclose()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._resync)
+            self._wake.clear()
+            await self.round()
+
+    async def round(self) -> None:
+        """One reconciliation; failures are reported in the status and logged once per change."""
+        try:
+            await self._round()
+        except Exception as exc:  # unreachable, TLS, a bad kubeconfig, a refusal: reported, tried again
+            self._fail(str(exc) or type(exc).__name__)
+            return
+        if self.status.api.startswith("failing") or self.status.api == "idle":
+            if self._problem:
+                log.info("writing node %s's GPU health works again", self.node)
+            self._problem = ""
+            self.status.api = "ok"
+
+    def _fail(self, message: str) -> None:
+        self.status.api = f"failing: {message}"[:300]
+        if message != self._problem:
+            log.warning("cannot write node %s's GPU health: %s (tried again)", self.node, message)
+            self._problem = message
+
+    def _spend(self) -> bool:
+        return self._writes.take(self._monotonic())
+
+    async def _round(self) -> None:
+        plan = self._plan
+        if plan is None:
+            return
+        await self._post_notices()
+        path = f"api/v1/nodes/{quote(self.node, safe='')}"
+        status, node, message = await self._api.get_json(path)
+        if status != 200 or not isinstance(node, dict):
+            raise RuntimeError(f"GET node {self.node}: HTTP {status} {message}".strip())
+        now = self._clock()
+        patch = nodes.conditions_patch(node, plan.conditions, now, self._heartbeat)
+        if patch is not None and self._spend():
+            _, answer = await self._send("conditions", "PATCH", f"{path}/status", patch, STRATEGIC)
+            if isinstance(answer, dict):
+                node = answer  # the Node as patched: its new resourceVersion guards the next patch
+        holding = await self._slot(plan)
+        outcome = nodes.spec_patch(node, plan, quarantine=holding, remediation=True, now=now)
+        if outcome.patch is not None:
+            if not self._spend():
+                return
+            code, _ = await self._send("quarantine" if holding else "release", "PATCH", path, outcome.patch,
+                                       MERGE)
+            if code == 409:
+                self._wake.set()  # the Node changed since it was read: read it again
+                return
+        s = self.status
+        s.taints, s.cordoned, s.override = outcome.taints, outcome.cordoned, outcome.override
+        s.remediation = str(plan.remediation["action"]) if plan.remediation else None
+        if not plan.quarantine and self._budget is not None and self._budget.held:
+            await self._budget.release()
+            self._count("budget", "released")
+        s.quarantined = holding
+        if holding and plan.drain and not outcome.override:
+            s.drain = await self._drain(plan.pods)
+        else:
+            s.drain = "none"
+            self._evicted.clear()
+            self._blocked.clear()
+
+    async def _slot(self, plan: Plan) -> bool:
+        """Whether this node may be quarantined now (taking a slot of the budget when it is free)."""
+        s = self.status
+        if not plan.quarantine:
+            s.budget_deferred = False
+            return False
+        if self._budget is None:
+            return True
+        try:
+            held = await self._budget.acquire()
+        except BudgetError as exc:
+            self._count("budget", "failed")
+            raise RuntimeError(str(exc)) from exc
+        if not held and not s.budget_deferred:
+            self._count("budget", "deferred")
+            log.warning("not quarantining node %s: the cluster-wide budget (%d nodes) is spent by %s",
+                        self.node, self._budget.limit, ", ".join(self._budget.holders))
+        elif held and not s.quarantined:
+            self._count("budget", "acquired")
+        s.budget_deferred = not held
+        return held
+
+    async def _send(self, action: str, method: str, path: str, body: Any,
+                    content_type: str) -> tuple[int, Any]:
+        status, answer, message = await self._api.send_json(method, path, body, content_type=content_type)
+        if 200 <= status < 300:
+            self._count(action, "done")
+        elif status == 409:
+            self._count(action, "conflict")
+        else:
+            self._count(action, "failed")
+            raise RuntimeError(f"{method} {path}: HTTP {status} {message}".strip())
+        return status, answer
+
+    async def _drain(self, pods: tuple[PodRef, ...]) -> str:
+        now = self._monotonic()
+        waiting = evicting = False
+        self._blocked &= {(p.namespace, p.name) for p in pods}
+        for pod in pods:
+            key = (pod.namespace, pod.name)
+            mode = self._namespace_mode(pod.namespace)
+            if mode == "skip":
+                continue
+            if mode == "wait":
+                waiting = True
+                continue
+            evicting = True
+            last = self._evicted.get(key)
+            if last is not None and now - last < EVICT_AGAIN_SECONDS:
+                continue  # evicted: the pod is terminating
+            if not self._spend():
+                continue
+            body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": pod.name, "namespace": pod.namespace}}
+            url = (f"api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/{quote(pod.name, safe='')}"
+                   "/eviction")
+            status, _, message = await self._api.send_json("POST", url, body)
+            if 200 <= status < 300:
+                self._evicted[key] = now
+                self._blocked.discard(key)
+                self._count("evict", "done")
+            elif status == 429:
+                self._blocked.add(key)
+                self._count("evict", "blocked")
+                log.info("eviction of %s/%s blocked: %s", pod.namespace, pod.name, message or "429")
+            elif status == 404:
+                self._count("evict", "gone")
+            else:
+                self._count("evict", "failed")
+                raise RuntimeError(f"evicting {pod.namespace}/{pod.name}: HTTP {status} {message}".strip())
+        if self._blocked:
+            return "blocked"
+        if evicting:
+            return "draining"
+        return "waiting" if waiting else "done"
+
+    async def _post_notices(self) -> None:
+        while self._notices:
+            if not self._spend():
+                self._count("event", "rate_limited")
+                self._notices.pop(0)
+                continue
+            notice = self._notices.pop(0)
+            f = notice.fault
+            kind = "Warning" if f.severity != "ok" else "Normal"
+            where = f"GPU {f.gpu_index} ({f.gpu_uuid})" if f.gpu_uuid else "the node's GPUs"
+            note = f"{where}: {f.message}; severity {f.severity}, recommended action: {f.action}"
+            targets: list[dict[str, Any]] = []
+            if f.condition is not None:  # the node's own fault; a workload's error goes on its pods only
+                targets.append({"kind": "Node", "apiVersion": "v1", "name": self.node})
+            for pod in notice.pods:
+                ref = {"kind": "Pod", "apiVersion": "v1", "namespace": pod.namespace, "name": pod.name}
+                if pod.uid:
+                    ref["uid"] = pod.uid
+                targets.append(ref)
+            for regarding in targets:
+                body = event_body(regarding=regarding, reason=f.reason, action="DetectGpuFault", note=note,
+                                  event_type=kind, reporting_instance=self.node, now_unix=self._clock(),
+                                  related={"kind": "Node", "apiVersion": "v1", "name": self.node}
+                                  if regarding["kind"] == "Pod" else None)
+                namespace = quote(body["metadata"]["namespace"], safe="")
+                path = f"apis/events.k8s.io/v1/namespaces/{namespace}/events"
+                status, message = await self._api.post_json(path, body)
+                self._count("event", "posted" if 200 <= status < 300 else "failed")
+                if not 200 <= status < 300:
+                    log.warning("Event %s on %s refused: HTTP %d %s", f.reason, regarding["name"], status,
+                                message)
+
+    def _count(self, action: str, outcome: str) -> None:
+        self.status.actions[(action, outcome)] += 1
