@@ -24,7 +24,6 @@ from gpuagent.export.hints import HintsCollector
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL
 from gpuagent.export.mig import MigCollector
 from gpuagent.export.network import NetworkCollector
-from gpuagent.export.node_health import NodeHealthCollector
 from gpuagent.export.pods import PodCollector
 from gpuagent.export.processes import ProcessCollector
 from gpuagent.export.scrape import Response, SnapshotRegistry, scrape
@@ -58,7 +57,6 @@ def build_registry(
         EnforcementCollector(hostname_label=hostname_label),
         AccountingCollector(hostname_label=hostname_label),
         HintsCollector(hostname_label=hostname_label),
-        NodeHealthCollector(hostname_label=hostname_label),
         HealthCollector(clock=clock, hostname_label=hostname_label),
     )
     registry = SnapshotRegistry()
