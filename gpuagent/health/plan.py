@@ -84,7 +84,8 @@ def conditions_of(faults: Iterable[GpuFault], previous: Mapping[str, NodeConditi
         if not found:
             cond = NodeCondition(name, "True", HEALTHY_REASON, "gpuagent sees no fault of this kind")
         else:
-            worst = max(found, key=lambda f: table.SEVERITIES.index(f.severity))
+            # the worst: by severity, then by how drastic its action is (a replacement over a reset)
+            worst = max(found, key=lambda f: (table.SEVERITIES.index(f.severity), _ACTION_RANK[f.action]))
             gpus = tuple(dict.fromkeys(f.gpu_uuid for f in found if f.gpu_uuid))
             message = "; ".join(_describe(f) for f in found)
             cond = NodeCondition(name, "False", worst.reason, message[:1024], gpus, worst.severity)
