@@ -84,16 +84,8 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: maps merged recursively, null deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
+    """RFC 7386: maps merged recursively, null deletes, anything else (lists too) replaces."""
+    return _patch(target, patch, {})
 
 
 _MERGE_KEYS = {"conditions": "type", "addresses": "type"}  # NodeStatus' patchMergeKey lists
@@ -101,25 +93,27 @@ _MERGE_KEYS = {"conditions": "type", "addresses": "type"}  # NodeStatus' patchMe
 
 def strategic_merge_patch(target: Any, patch: Any) -> Any:
     """The part of Kubernetes' strategic merge Node uses: lists with a merge key merged item by item."""
+    return _patch(target, patch, _MERGE_KEYS)
+
+
+def _patch(target: Any, patch: Any, merge_keys: Mapping[str, str]) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif key in _MERGE_KEYS and isinstance(value, list):
-            merge_key = _MERGE_KEYS[key]
+        elif key in merge_keys and isinstance(value, list):
             items = [dict(i) for i in out.get(key) or []]
             for item in value:
-                for i, old in enumerate(items):
-                    if old.get(merge_key) == item.get(merge_key):
-                        items[i] = strategic_merge_patch(old, item)
-                        break
+                same = [i for i, old in enumerate(items) if old.get(merge_keys[key]) == item.get(merge_keys[key])]
+                if same:
+                    items[same[0]] = _patch(items[same[0]], item, merge_keys)
                 else:
                     items.append(copy.deepcopy(item))
             out[key] = items
         else:
-            out[key] = strategic_merge_patch(out.get(key), value)
+            out[key] = _patch(out.get(key), value, merge_keys)
     return out
 
 

@@ -209,7 +209,8 @@ def test_the_monitor_in_audit_mode_reports_what_enforce_would_do() -> None:
 
 
 # --- the Node patches -----------------------------------------------------------------------------------------
-def _validate(node: dict[str, Any]) -> None:
+def validate_node(node: dict[str, Any]) -> None:
+    """Fails the test when ``node`` is not a valid Kubernetes 1.30 Node (strict: no unknown field)."""
     kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (test extra)")
     try:
         kv.validate(node, "1.30", strict=True)
@@ -230,7 +231,7 @@ def _apply(node: dict[str, Any], plan: Any, *, quarantine: bool = True, now: flo
 def test_patched_nodes_validate_and_keep_the_kubelets_conditions() -> None:
     node, outcome = _apply(make_node("gpu-node-1"), _plan(gpu(0, health=Health.LOST),
                                                           settings=HealthSettings(no_execute=True)))
-    _validate(node)
+    validate_node(node)
     types = [c["type"] for c in node["status"]["conditions"]]
     assert types[:4] == ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
     assert set(types[4:]) == set(table.CONDITIONS)
@@ -240,7 +241,7 @@ def test_patched_nodes_validate_and_keep_the_kubelets_conditions() -> None:
     handoff = json.loads(node["metadata"]["annotations"][REMEDIATION_ANNOTATION])
     assert handoff["action"] == "reboot" and handoff["node"] == "gpu-node-1" and handoff["gpus"] == [UUIDS[0]]
     recovered, outcome = _apply(node, _plan(gpu(0)), now=T0 + 10)
-    _validate(recovered)
+    validate_node(recovered)
     assert "taints" not in recovered["spec"] and "unschedulable" not in recovered["spec"]
     assert QUARANTINE_ANNOTATION not in recovered["metadata"]["annotations"]
     assert REMEDIATION_ANNOTATION not in recovered["metadata"]["annotations"]
@@ -269,7 +270,7 @@ def test_a_manual_uncordon_is_respected_until_the_faults_change() -> None:
 
 def test_no_quarantine_slot_means_conditions_only() -> None:
     node, outcome = _apply(make_node("gpu-node-1"), _plan(gpu(0, health=Health.LOST)), quarantine=False)
-    _validate(node)
+    validate_node(node)
     assert "unschedulable" not in node["spec"] and not outcome.taints
     assert QUARANTINE_ANNOTATION not in node["metadata"]["annotations"]
     assert REMEDIATION_ANNOTATION in node["metadata"]["annotations"]  # the hand-off does not wait for a slot

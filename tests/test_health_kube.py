@@ -16,6 +16,7 @@ import pytest
 from fake_apiserver import NODE, FakeApiServer
 from fake_cluster import make_node
 from test_health import UUIDS, gpu, snap
+from test_health import validate_node as _validate
 
 from gpuagent.health import HealthMonitor, HealthSettings, table
 from gpuagent.health.budget import ANNOTATION, LEASE_NAME, QuarantineBudget
@@ -53,14 +54,6 @@ class Rig:
         for _ in range(rounds):
             await self.writer.round()
         return self.monitor.update(snapshot) if rounds else state
-
-
-def _validate(node: dict[str, Any]) -> None:
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (test extra)")
-    try:
-        kv.validate(node, "1.30", strict=True)
-    except kv.ValidationError as err:
-        pytest.fail(f"{'.'.join(map(str, err.path))}: {err.message}")
 
 
 def _conditions(node: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,13 @@ def _conditions(node: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in node["status"]["conditions"]}
 
 
+def _agent(api: FakeApiServer, tmp_path: Path, clock: FakeClock, mode: str, **overrides: Any) -> Any:
+    agent, _ = make_agent(HEALTH, clock, health_mode=mode, kubernetes_api="on", hostname=NODE,
+                          kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+                          pod_resources_socket=None, **overrides)
+    return agent
+
+
 async def _poll_at(agent: Any, clock: FakeClock, t: float) -> Any:
     clock.t = t
     await asyncio.sleep(0.06)  # past slow_poll_interval: ECC, remapped rows and NVLink are read again
@@ -39,9 +46,7 @@ async def test_the_health_scenario_in_enforce_mode(tmp_path: Path) -> None:
     async with FakeApiServer() as api:
         api.cluster.add_node(make_node(NODE))
         clock = FakeClock(start=0.0)
-        agent, _ = make_agent(HEALTH, clock, health_mode="enforce", kubernetes_api="on", hostname=NODE,
-                              kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig")),
-                              pod_resources_socket=None, health_clear_after=0.01, health_quarantine_budget=5)
+        agent = _agent(api, tmp_path, clock, "enforce", health_clear_after=0.01, health_quarantine_budget=5)
         try:
             snap = await _poll_at(agent, clock, 5.0)
             assert snap.health.severity == "ok" and agent.health.writer.status.api == "ok"
@@ -93,9 +98,7 @@ async def test_the_health_scenario_in_audit_mode_writes_nothing(tmp_path: Path) 
     async with FakeApiServer() as api:
         api.cluster.add_node(make_node(NODE))
         clock = FakeClock(start=0.0)
-        agent, _ = make_agent(HEALTH, clock, health_mode="audit", kubernetes_api="on", hostname=NODE,
-                              kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig")),
-                              pod_resources_socket=None)
+        agent = _agent(api, tmp_path, clock, "audit")
         try:
             await _poll_at(agent, clock, 21.0)  # the XID watcher starts with the first poll
             clock.t = 46.0
