@@ -319,6 +319,8 @@ def _node_of(selector: str | None) -> str | None:
     """``spec.nodeName=<node>`` (or ``==``) -> node; no selector -> None (all pods)."""
     if not selector:
         return None
+    # kubectl describe node adds status.phase!=Succeeded,status.phase!=Failed: the fake's pods all run
+    selector = ",".join(t for t in selector.split(",") if not t.startswith("status.phase!="))
     key, _, value = selector.partition("=")
     if key != "spec.nodeName" or not value or "," in value:
         raise ValueError(f"unsupported field selector {selector!r} (this fake knows spec.nodeName=<node>)")

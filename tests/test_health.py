@@ -299,3 +299,34 @@ def test_a_garbled_quarantine_annotation_is_treated_as_none() -> None:
     assert outcome.patch is None  # not knowing what it says, the agent undoes nothing
     outcome = spec_patch(node, _plan(gpu(0, health=Health.LOST)), quarantine=True, remediation=True, now=T0)
     assert json.loads(outcome.patch["metadata"]["annotations"][QUARANTINE_ANNOTATION])["cordoned"] is True
+
+
+# --- its configuration ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("GPUAGENT_HEALTH_MODE", "quarantine", "one of off, audit, enforce"),
+    ("GPUAGENT_HEALTH_CORDON", "always", "one of degraded, fatal, never"),
+    ("GPUAGENT_HEALTH_DRAIN_NAMESPACES", "ml=evict,Bad_NS=skip", "'Bad_NS': not a namespace name"),
+    ("GPUAGENT_HEALTH_DRAIN_NAMESPACES", "ml=delete", "'ml': not a namespace name with one of evict, wait, skip"),
+    ("GPUAGENT_HEALTH_QUARANTINE_BUDGET", "-1", "a whole number >= 0"),
+    ("GPUAGENT_HEALTH_BUDGET_NAMESPACE", "Kube System", "a Kubernetes namespace name"),
+])
+def test_bad_health_settings_are_refused_naming_the_key(key: str, value: str, words: str) -> None:
+    from gpuagent.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, env={key: value})
+    assert key in str(caught.value) and words in str(caught.value)
+
+
+def test_health_settings_from_a_file(tmp_path: Path) -> None:
+    from gpuagent.agent import build_health
+    from gpuagent.config import load_config
+
+    path = tmp_path / "gpuagent.yaml"
+    path.write_text("health_mode: audit\nhealth_drain_namespaces: {ml: wait, kube-system: skip}\n"
+                    "health_quarantine_budget: 3\nhealth_no_execute: true\n")
+    monitor = build_health(load_config(str(path), env={}))
+    assert monitor is not None and monitor.writer is None
+    assert monitor.settings.namespace_mode("ml") == "wait" and monitor.settings.namespace_mode("web") == "evict"
+    assert monitor.settings.quarantine_budget == 3 and monitor.settings.no_execute
+    assert build_health(load_config(None, env={"GPUAGENT_HEALTH_MODE": "off"})) is None

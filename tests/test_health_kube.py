@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -220,7 +221,7 @@ async def test_the_api_server_away_never_blocks_the_poll_and_writes_resume() -> 
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-async def test_kubectl_shows_the_conditions_and_taints(tmp_path: Path) -> None:
+async def test_kubectl_get_and_describe_show_the_conditions_and_taints(tmp_path: Path) -> None:
     async with FakeApiServer(token=None) as api:  # kubectl sends no bearer token over plain HTTP
         api.cluster.add_node(make_node(NODE))
         await Rig(api).poll(snap(gpu(0, remapped_rows=RemappedRows(0, 1, False, True)), gpu(1)))
@@ -238,3 +239,7 @@ async def test_kubectl_shows_the_conditions_and_taints(tmp_path: Path) -> None:
                                           "custom-columns=NAME:.metadata.name,HW:.status.conditions[?(@.type=="
                                           "'GpuHardwareHealthy')].reason")
         assert "RowRemapFailure" in columns
+        described = await asyncio.to_thread(kubectl, "describe", "node", NODE)
+        assert re.search(rf"Taints:\s+{TAINT_KEY}=fatal:NoSchedule", described)
+        assert re.search(r"Unschedulable:\s+true", described)
+        assert re.search(r"GpuHardwareHealthy\s+False .* RowRemapFailure\s+GPU 0 ", described)
