@@ -78,7 +78,8 @@ async def test_enforce_sets_conditions_events_taint_cordon_and_handoff_then_reco
         assert {"key": TAINT_KEY, "value": "fatal", "effect": "NoSchedule"} in node["spec"]["taints"]
         assert json.loads(node["metadata"]["annotations"][REMEDIATION_ANNOTATION])["action"] == "reboot"
         events = [(e.body["regarding"]["kind"], e.body["reason"], e.status) for e in api.events]
-        assert events == [("Node", "XidFallenOffBus", 201), ("Pod", "XidFallenOffBus", 201)]
+        assert events == [("Node", "XidFallenOffBus", 201), ("Pod", "XidFallenOffBus", 201),
+                          ("Node", "GpuQuarantined", 201)]
         assert api.events[1].namespace == "ml" and api.events[0].namespace == "default"
         assert state.cordoned and state.quarantined and state.api == "ok" and state.remediation == "reboot"
         # the GPU is lost, then comes back after a reset: everything the agent set goes, the rest stays
@@ -90,6 +91,7 @@ async def test_enforce_sets_conditions_events_taint_cordon_and_handoff_then_reco
         assert node["spec"]["taints"] == [human] and "unschedulable" not in node["spec"]
         assert not {QUARANTINE_ANNOTATION, REMEDIATION_ANNOTATION} & set(node["metadata"]["annotations"])
         assert not state.cordoned and not state.quarantined and state.severity == "ok"
+        assert [e.body["reason"] for e in api.events][-2:] == ["GpuLost", "GpuQuarantineLifted"]
 
 
 async def test_audit_mode_reports_and_writes_nothing() -> None:
@@ -192,6 +194,8 @@ async def test_the_cluster_budget_stops_a_fleet_wide_fault_at_its_limit() -> Non
         cordoned = [n for n in nodes if api.cluster.nodes[n]["spec"].get("unschedulable")]
         assert len(cordoned) == 3
         assert sum(s.quarantined for s in states) == 3 and sum(s.budget_deferred for s in states) == 9
+        deferred = [e for e in api.events if e.body["reason"] == "GpuQuarantineDeferred"]
+        assert len(deferred) == 9 and "budget (3 nodes)" in deferred[0].body["note"]
         assert all(_conditions(api.cluster.nodes[n])["GpuHardwareHealthy"]["status"] == "False" for n in nodes)
         lease = api.cluster.leases[("gpuagent", LEASE_NAME)]
         assert sorted(json.loads(lease["metadata"]["annotations"][ANNOTATION])) == sorted(cordoned)

@@ -9,10 +9,9 @@ write). Every write (patch, Event, Eviction) spends a token of the node's write 
 The order of a round: Events for what is new; the conditions (``PATCH nodes/<node>/status``, a strategic
 merge by condition type); then, when the plan asks for a quarantine, a slot of the cluster-wide budget
 (:mod:`gpuagent.health.budget`), the taints, cordon and annotations (one JSON merge patch carrying the
-resourceVersion read, so a concurrent change makes it fail with 409 and the next round reads again), and
-the drain of the pods on the faulty GPUs through the Eviction API, by namespace mode: ``evict`` (a
-PodDisruptionBudget's 429 is "blocked", tried again next round), ``wait`` (the pod is left to finish) or
-``skip``. When the faults clear, it undoes what is its own and gives the slot back.
+resourceVersion read, so a concurrent change makes it fail with 409 and the next round reads again), with
+an Event on the Node when they change, and the drain of the pods on the faulty GPUs
+(:mod:`gpuagent.health.drain`). When the faults clear, it undoes what is its own and gives the slot back.
 RBAC: ``get``, ``patch`` on nodes and ``patch`` on nodes/status; ``create`` on pods/eviction and
 events.events.k8s.io; the Lease of the budget.
 """
@@ -31,6 +30,7 @@ from urllib.parse import quote
 
 from gpuagent.health import node as nodes
 from gpuagent.health.budget import BudgetError, QuarantineBudget
+from gpuagent.health.drain import Drain
 from gpuagent.health.plan import Plan, PodRef
 from gpuagent.kubeapi import ApiConnection, WriteBudget, event_body
 from gpuagent.snapshot import GpuFault
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
-EVICT_AGAIN_SECONDS = 60.0
 
 
 @dataclass
@@ -85,8 +84,8 @@ class NodeWriter:
         self._plan: Plan | None = None
         self._notices: list[_Notice] = []
         self._wake = asyncio.Event()
-        self._evicted: dict[tuple[str, str], float] = {}
-        self._blocked: set[tuple[str, str]] = set()
+        self._drain = Drain(connection, settings_namespace_mode, spend=self._spend, count=self._count,
+                            monotonic=monotonic)
         self.status = WriterStatus()
         self._problem = ""
 
@@ -160,6 +159,7 @@ class NodeWriter:
                 self._wake.set()  # the Node changed since it was read: read it again
                 return
         s = self.status
+        await self._say_quarantine(s.taints, s.cordoned, outcome, plan)
         s.taints, s.cordoned, s.override = outcome.taints, outcome.cordoned, outcome.override
         s.remediation = str(plan.remediation["action"]) if plan.remediation else None
         if not plan.quarantine and self._budget is not None and self._budget.held:
@@ -167,11 +167,24 @@ class NodeWriter:
             self._count("budget", "released")
         s.quarantined = holding
         if holding and plan.drain and not outcome.override:
-            s.drain = await self._drain(plan.pods)
+            s.drain = await self._drain.step(plan.pods)
         else:
             s.drain = "none"
-            self._evicted.clear()
-            self._blocked.clear()
+            self._drain.reset()
+
+    async def _say_quarantine(self, taints: tuple[str, ...], cordoned: bool,
+                              outcome: nodes.SpecOutcome, plan: Plan) -> None:
+        """An Event on the Node when the agent's taints or cordon change (what ``describe node`` lists)."""
+        if (taints, cordoned) == (outcome.taints, outcome.cordoned):
+            return
+        if outcome.taints or outcome.cordoned:
+            done = [*outcome.taints, *(["cordoned"] if outcome.cordoned else [])]
+            await self._post_event(None, "GpuQuarantined", "Quarantine",
+                                   f"{', '.join(done)} for GPU faults {plan.signature}")
+        else:
+            await self._post_event(None, "GpuQuarantineLifted", "Quarantine",
+                                   "the agent's taints and cordon are lifted: its GPU faults cleared",
+                                   "Normal")
 
     async def _slot(self, plan: Plan) -> bool:
         """Whether this node may be quarantined now (taking a slot of the budget when it is free)."""
@@ -188,8 +201,12 @@ class NodeWriter:
             raise RuntimeError(str(exc)) from exc
         if not held and not s.budget_deferred:
             self._count("budget", "deferred")
+            holders = ", ".join(self._budget.holders) or "none"
             log.warning("not quarantining node %s: the cluster-wide budget (%d nodes) is spent by %s",
-                        self.node, self._budget.limit, ", ".join(self._budget.holders))
+                        self.node, self._budget.limit, holders)
+            await self._post_event(None, "GpuQuarantineDeferred", "Quarantine",
+                                   f"not tainted or cordoned: the cluster-wide quarantine budget "
+                                   f"({self._budget.limit} nodes) is held by {holders}")
         elif held and not s.quarantined:
             self._count("budget", "acquired")
         s.budget_deferred = not held
@@ -207,79 +224,40 @@ class NodeWriter:
             raise RuntimeError(f"{method} {path}: HTTP {status} {message}".strip())
         return status, answer
 
-    async def _drain(self, pods: tuple[PodRef, ...]) -> str:
-        now = self._monotonic()
-        waiting = evicting = False
-        self._blocked &= {(p.namespace, p.name) for p in pods}
-        for pod in pods:
-            key = (pod.namespace, pod.name)
-            mode = self._namespace_mode(pod.namespace)
-            if mode == "skip":
-                continue
-            if mode == "wait":
-                waiting = True
-                continue
-            evicting = True
-            last = self._evicted.get(key)
-            if last is not None and now - last < EVICT_AGAIN_SECONDS:
-                continue  # evicted: the pod is terminating
-            if not self._spend():
-                continue
-            body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": pod.name, "namespace": pod.namespace}}
-            url = (f"api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/{quote(pod.name, safe='')}"
-                   "/eviction")
-            status, _, message = await self._api.send_json("POST", url, body)
-            if 200 <= status < 300:
-                self._evicted[key] = now
-                self._blocked.discard(key)
-                self._count("evict", "done")
-            elif status == 429:
-                self._blocked.add(key)
-                self._count("evict", "blocked")
-                log.info("eviction of %s/%s blocked: %s", pod.namespace, pod.name, message or "429")
-            elif status == 404:
-                self._count("evict", "gone")
-            else:
-                self._count("evict", "failed")
-                raise RuntimeError(f"evicting {pod.namespace}/{pod.name}: HTTP {status} {message}".strip())
-        if self._blocked:
-            return "blocked"
-        if evicting:
-            return "draining"
-        return "waiting" if waiting else "done"
-
     async def _post_notices(self) -> None:
         while self._notices:
-            if not self._spend():
-                self._count("event", "rate_limited")
-                self._notices.pop(0)
-                continue
             notice = self._notices.pop(0)
             f = notice.fault
-            kind = "Warning" if f.severity != "ok" else "Normal"
             where = f"GPU {f.gpu_index} ({f.gpu_uuid})" if f.gpu_uuid else "the node's GPUs"
             note = f"{where}: {f.message}; severity {f.severity}, recommended action: {f.action}"
-            targets: list[dict[str, Any]] = []
             if f.condition is not None:  # the node's own fault; a workload's error goes on its pods only
-                targets.append({"kind": "Node", "apiVersion": "v1", "name": self.node})
+                await self._post_event(None, f.reason, "DetectGpuFault", note)
             for pod in notice.pods:
-                ref = {"kind": "Pod", "apiVersion": "v1", "namespace": pod.namespace, "name": pod.name}
-                if pod.uid:
-                    ref["uid"] = pod.uid
-                targets.append(ref)
-            for regarding in targets:
-                body = event_body(regarding=regarding, reason=f.reason, action="DetectGpuFault", note=note,
-                                  event_type=kind, reporting_instance=self.node, now_unix=self._clock(),
-                                  related={"kind": "Node", "apiVersion": "v1", "name": self.node}
-                                  if regarding["kind"] == "Pod" else None)
-                namespace = quote(body["metadata"]["namespace"], safe="")
-                path = f"apis/events.k8s.io/v1/namespaces/{namespace}/events"
-                status, message = await self._api.post_json(path, body)
-                self._count("event", "posted" if 200 <= status < 300 else "failed")
-                if not 200 <= status < 300:
-                    log.warning("Event %s on %s refused: HTTP %d %s", f.reason, regarding["name"], status,
-                                message)
+                await self._post_event(pod, f.reason, "DetectGpuFault", note)
+
+    async def _post_event(self, pod: PodRef | None, reason: str, action: str, note: str,
+                          event_type: str = "Warning") -> None:
+        """One Event on the Node (``pod`` None) or on a pod, related to the Node; within the write budget."""
+        if not self._events:
+            return
+        if not self._spend():
+            self._count("event", "rate_limited")
+            return
+        node_ref = {"kind": "Node", "apiVersion": "v1", "name": self.node}
+        regarding = node_ref
+        if pod is not None:
+            regarding = {"kind": "Pod", "apiVersion": "v1", "namespace": pod.namespace, "name": pod.name}
+            if pod.uid:
+                regarding["uid"] = pod.uid
+        body = event_body(regarding=regarding, reason=reason, action=action, note=note, event_type=event_type,
+                          reporting_instance=self.node, now_unix=self._clock(),
+                          related=node_ref if pod is not None else None)
+        namespace = quote(body["metadata"]["namespace"], safe="")
+        path = f"apis/events.k8s.io/v1/namespaces/{namespace}/events"
+        status, message = await self._api.post_json(path, body)
+        self._count("event", "posted" if 200 <= status < 300 else "failed")
+        if not 200 <= status < 300:
+            log.warning("Event %s on %s refused: HTTP %d %s", reason, regarding["name"], status, message)
 
     def _count(self, action: str, outcome: str) -> None:
         self.status.actions[(action, outcome)] += 1
