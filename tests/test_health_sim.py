@@ -119,3 +119,48 @@ def _uuid_of(snapshot: Any, index: int) -> str:
 
 def _message(node: dict[str, Any], condition: str) -> str:
     return next(c["message"] for c in node["status"]["conditions"] if c["type"] == condition)
+
+
+async def test_the_serving_agent_polls_on_while_the_api_server_is_away_then_catches_up(tmp_path: Path) -> None:
+    import aiohttp
+    import yaml
+    from test_faults import free_port
+
+    from gpuagent.agent import Agent
+    from gpuagent.config import load_config
+    from gpuagent.devices.sim import SimulatedNvml, load_scenario
+
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(yaml.safe_dump({"version": 1, "name": "remap", "gpus": [{"model": "H100-SXM5-80GB",
+                                        "count": 2}], "faults": [{"row_remap_failure": {"gpu": 1, "at": 0}}]}))
+    api = FakeApiServer()
+    await api.start()
+    api.cluster.add_node(make_node(NODE))
+    await api.stop()  # away from the start: its port refuses
+    port = free_port()
+    config = load_config(None, env={}, overrides={
+        "backend": "sim", "scenario": str(scenario), "listen": f"127.0.0.1:{port}", "poll_interval": 0.1,
+        "hostname": NODE, "health_mode": "enforce", "kubernetes_api": "on", "pod_resources_socket": None,
+        "kubeconfig": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "idle_events": "off",
+        "journal_path": str(tmp_path / "journal.json")})
+    agent = Agent(config, nvml=SimulatedNvml(load_scenario(scenario)), backend="sim")
+    agent.health.writer.retry_seconds = 0.1
+    stop = asyncio.Event()
+    serving = asyncio.create_task(agent.serve(stop))
+
+    async def state() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/v1/state") as response:
+            return await response.json() if response.status == 200 else {}
+    try:
+        await wait_for(lambda: agent.latest is not None and agent.latest.polls_total >= 5, timeout=20)
+        first = await state()
+        assert first["health"]["severity"] == "fatal" and first["health"]["api"].startswith("failing")
+        await wait_for(lambda: agent.latest.polls_total >= first["polls_total"] + 5, timeout=20)  # polls go on
+        await api.start()  # back, on the same port
+        await wait_for(lambda: api.cluster.nodes[NODE]["spec"].get("unschedulable") is True, timeout=20)
+        conditions = _conditions(api.cluster.nodes[NODE])
+        assert conditions["GpuHardwareHealthy"] == ("False", "RowRemapFailure")
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 30)
+        await api.stop()

@@ -2,8 +2,8 @@
 
 A task of its own (:meth:`NodeWriter.run`): the poll only hands it the latest plan (:meth:`submit`, no
 waiting), so an API server that is slow or away never holds a poll up; the writer catches up with the newest
-plan when it answers again, and re-checks the Node every ``resync_seconds`` (a person's change, a lost
-write). Every write (patch, Event, Eviction) spends a token of the node's write budget
+plan when it answers again (a failed round is tried again after ``retry_seconds``, doubling up to
+``resync_seconds``), and re-checks the Node every ``resync_seconds`` (a person's change, a lost write). Every write (patch, Event, Eviction) spends a token of the node's write budget
 (:class:`gpuagent.kubeapi.WriteBudget`); what it refuses waits for the next round. Only ``enforce`` writes.
 
 The order of a round: Events for what is new; the conditions (``PATCH nodes/<node>/status``, a strategic
@@ -69,7 +69,8 @@ class NodeWriter:
     def __init__(self, node: str, connection: ApiConnection, *, settings_namespace_mode: Callable[[str], str],
                  budget: QuarantineBudget | None, events: bool = True, write_burst: int = 20,
                  write_refill_seconds: float = 2.0, resync_seconds: float = 30.0,
-                 heartbeat_seconds: float = 60.0, clock: Callable[[], float] = time.time,
+                 heartbeat_seconds: float = 60.0, retry_seconds: float = 2.0,
+                 clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self._api = connection
@@ -78,6 +79,8 @@ class NodeWriter:
         self._events = events
         self._writes = WriteBudget(write_burst, write_refill_seconds)
         self._resync = resync_seconds
+        self.retry_seconds = retry_seconds  # after a failed round; doubled each failure, up to resync_seconds
+        self._failures = 0
         self._heartbeat = heartbeat_seconds
         self._clock = clock
         self._monotonic = monotonic
@@ -106,8 +109,10 @@ class NodeWriter:
 
     async def run(self) -> None:
         while True:
+            wait = self._resync if not self._failures else min(
+                self._resync, self.retry_seconds * 2 ** min(self._failures - 1, 10))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._resync)
+                await asyncio.wait_for(self._wake.wait(), wait)
             self._wake.clear()
             await self.round()
 
@@ -116,8 +121,10 @@ class NodeWriter:
         try:
             await self._round()
         except Exception as exc:  # unreachable, TLS, a bad kubeconfig, a refusal: reported, tried again
+            self._failures += 1
             self._fail(str(exc) or type(exc).__name__)
             return
+        self._failures = 0
         if self.status.api.startswith("failing") or self.status.api == "idle":
             if self._problem:
                 log.info("writing node %s's GPU health works again", self.node)
