@@ -3,7 +3,8 @@
 A task of its own (:meth:`NodeWriter.run`): the poll only hands it the latest plan (:meth:`submit`, no
 waiting), so an API server that is slow or away never holds a poll up; the writer catches up with the newest
 plan when it answers again (a failed round is tried again after ``retry_seconds``, doubling up to
-``resync_seconds``), and re-checks the Node every ``resync_seconds`` (a person's change, a lost write). Every write (patch, Event, Eviction) spends a token of the node's write budget
+``resync_seconds``), and re-checks the Node every ``resync_seconds`` (a person's change, a lost write).
+Every write (patch, Event, Eviction) spends a token of the node's write budget
 (:class:`gpuagent.kubeapi.WriteBudget`); what it refuses waits for the next round. Only ``enforce`` writes.
 
 The order of a round: Events for what is new; the conditions (``PATCH nodes/<node>/status``, a strategic
