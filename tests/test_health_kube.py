@@ -50,11 +50,14 @@ class Rig:
         self.now = T0
 
     async def poll(self, snapshot: NodeSnapshot, rounds: int = 1) -> Any:
+        """As the agent: a poll (the monitor's update), the writer's round, ``rounds`` times; then the state
+        of one more poll of the same snapshot (what the writer achieved)."""
         self.now = snapshot.taken_at_unix
         state = self.monitor.update(snapshot)
         for _ in range(rounds):
             await self.writer.round()
-        return self.monitor.update(snapshot) if rounds else state
+            state = self.monitor.update(snapshot)
+        return state
 
 
 def _conditions(node: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -247,3 +250,30 @@ async def test_kubectl_get_and_describe_show_the_conditions_and_taints(tmp_path:
         assert re.search(rf"Taints:\s+{TAINT_KEY}=fatal:NoSchedule", described)
         assert re.search(r"Unschedulable:\s+true", described)
         assert re.search(r"GpuHardwareHealthy\s+False .* RowRemapFailure\s+GPU 0 ", described)
+
+
+async def test_a_restarted_agent_keeps_holding_until_a_reset_and_a_reboot_is_one() -> None:
+    xid119 = gpu(0, xid=XidRecord(119, T0, {119: 1}, {119: 1}))
+    async with FakeApiServer() as api:
+        api.cluster.add_node(make_node(NODE))
+        first = Rig(api)
+        await first.poll(snap(xid119, gpu(1)))
+        await first.poll(snap(xid119, gpu(1), at=T0 + 5))  # no new XID: held, waiting for a reset
+        node = api.cluster.nodes[NODE]
+        _validate(node)
+        driver = _conditions(node)["GpuDriverHealthy"]
+        assert (driver["status"], driver["reason"]) == ("False", "XidGspTimeout")
+        assert "gpuagent.io/held-faults" in node["metadata"]["annotations"]
+        # the agent restarts (a DaemonSet rollout): its memory is empty, the GPU answers, no reset happened
+        second = Rig(api)
+        state = await second.poll(snap(gpu(0), gpu(1), at=T0 + 60), rounds=2)
+        node = api.cluster.nodes[NODE]
+        assert _conditions(node)["GpuDriverHealthy"]["status"] == "False" and node["spec"]["unschedulable"]
+        assert [f.reason for f in state.faults] == ["XidGspTimeout"] and state.faults[0].held_until_reset
+        # the node reboots (a new bootID): that is the reset; the next agent clears what the last one set
+        api.cluster.update_node(NODE, lambda n: n["status"]["nodeInfo"].update(bootID="after-the-reboot"))
+        third = Rig(api)
+        state = await third.poll(snap(gpu(0), gpu(1), at=T0 + 600), rounds=2)
+        node = api.cluster.nodes[NODE]
+        assert _conditions(node)["GpuDriverHealthy"]["status"] == "True" and "unschedulable" not in node["spec"]
+        assert "gpuagent.io/held-faults" not in node["metadata"]["annotations"] and state.faults == ()

@@ -9,6 +9,7 @@ fault is not offered). In audit mode the state says what enforce would do and no
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from gpuagent.health import table
@@ -17,6 +18,8 @@ from gpuagent.health.plan import HealthSettings, PodRef, conditions_of, plan_for
 from gpuagent.health.tracker import FaultTracker
 from gpuagent.health.writer import NodeWriter
 from gpuagent.snapshot import HealthState, NodeCondition, NodeSnapshot
+
+log = logging.getLogger(__name__)
 
 
 class HealthMonitor:
@@ -28,6 +31,13 @@ class HealthMonitor:
         self._conditions: dict[str, NodeCondition] = {}
         self._audit: Counter[tuple[str, str]] = Counter()
         self._last_signature = ""
+        if writer is not None:
+            writer.on_held = self._adopt
+
+    def _adopt(self, held: list[tuple[str, str, int | None, float]]) -> None:
+        adopted = self._tracker.adopt(held)
+        if adopted:
+            log.warning("holding %d GPU fault(s) a previous run held until a GPU reset (same boot)", adopted)
 
     def update(self, snapshot: NodeSnapshot) -> HealthState:
         now = snapshot.taken_at_unix

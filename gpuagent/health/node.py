@@ -22,6 +22,30 @@ from gpuagent.snapshot import NodeCondition
 
 QUARANTINE_ANNOTATION = "gpuagent.io/quarantine"
 REMEDIATION_ANNOTATION = "gpuagent.io/remediation"
+HELD_ANNOTATION = "gpuagent.io/held-faults"  # faults held until a reset, kept across agent restarts
+
+
+def held_of(node: Mapping[str, Any]) -> list[tuple[str, str, int | None, float]]:
+    """The faults a previous run held until a reset, when the node has not rebooted since (same bootID);
+    [] otherwise (a reboot is a reset) or when the annotation cannot be read."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(HELD_ANNOTATION)
+    try:
+        mark = json.loads(text) if text else None
+        boot = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+        if not isinstance(mark, dict) or not boot or mark.get("bootID") != boot:
+            return []
+        return [(str(f["reason"]), str(f["gpu"]), f.get("index") if isinstance(f.get("index"), int) else None,
+                 float(f.get("since", 0.0))) for f in mark.get("faults", []) if isinstance(f, dict)]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def _held_annotation(node: Mapping[str, Any], plan: Plan) -> str | None:
+    boot = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+    if not plan.held or not boot:
+        return None
+    faults = [{"reason": r, "gpu": u, "index": i, "since": round(t, 3)} for r, u, i, t in sorted(plan.held)]
+    return json.dumps({"bootID": boot, "faults": faults}, sort_keys=True)
 
 
 def rfc3339(unix: float) -> str:
@@ -120,6 +144,9 @@ def spec_patch(node: Mapping[str, Any], plan: Plan, *, quarantine: bool, remedia
             {**json.loads(handoff), "since": rfc3339(now)}, sort_keys=True)
     elif handoff is None and old_handoff is not None:
         changed_annotations[REMEDIATION_ANNOTATION] = None
+    held = _held_annotation(node, plan)
+    if held != annotations.get(HELD_ANNOTATION):
+        changed_annotations[HELD_ANNOTATION] = held
     if changed_annotations:
         patch.setdefault("metadata", {})["annotations"] = changed_annotations
     spec_changes: dict[str, Any] = {}

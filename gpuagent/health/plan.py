@@ -62,6 +62,9 @@ class Plan:
     pods: tuple[PodRef, ...]  # pods using the GPUs of fatal faults: the drain's
     remediation: Mapping[str, object] | None
     signature: str  # the faults that ask for a quarantine: a person's override holds while it is the same
+    # the occurrences held until a GPU reset, as the Node keeps them across agent restarts:
+    # (reason, GPU UUID, GPU index, since)
+    held: tuple[tuple[str, str, int | None, float], ...] = ()
 
     @property
     def quarantine(self) -> bool:
@@ -132,4 +135,6 @@ def plan_for(faults: Sequence[GpuFault], conditions: tuple[NodeCondition, ...], 
     quarantining = [f for f in node_faults if _reaches(f.severity, settings.taint_at)
                     or _reaches(f.severity, settings.cordon_at)]
     signature = ",".join(sorted({f"{f.reason}@{f.gpu_uuid or 'node'}" for f in quarantining}))
-    return Plan(conditions, severity, tuple(taints), cordon, drain, pods, remediation, signature)
+    held = tuple((f.reason, f.gpu_uuid, f.gpu_index, f.since_unix or 0.0) for f in node_faults
+                 if f.held_until_reset and not f.active and f.gpu_uuid)
+    return Plan(conditions, severity, tuple(taints), cordon, drain, pods, remediation, signature, held)

@@ -144,3 +144,8 @@ def worst(severities: object) -> str:
     """The worst of some severities ("ok" for none)."""
     rank = {s: i for i, s in enumerate(SEVERITIES)}
     return max((s for s in severities if s in rank), key=rank.__getitem__, default="ok")  # type: ignore[union-attr]
+
+
+def rules_by_reason() -> dict[str, Rule]:
+    """Every rule by its reason (XID rules and the others)."""
+    return {r.reason: r for r in (*XID_RULES.values(), *OTHER_RULES)}

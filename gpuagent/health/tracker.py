@@ -86,6 +86,21 @@ class FaultTracker:
         faults = tuple(e.fault() for e in sorted(self._entries.values(), key=_order))
         return faults, tuple(e.fault() for e in new)
 
+    def adopt(self, held: Iterable[tuple[str, str, int | None, float]]) -> int:
+        """Faults a previous run of the agent held until a reset (from the Node, on the same boot): held
+        again, as if seen before this run started. Unknown reasons are left out. Returns how many."""
+        rules = table.rules_by_reason()
+        adopted = 0
+        for reason, uuid, index, since in held:
+            rule = rules.get(reason)
+            if rule is None or not rule.needs_reset or (reason, uuid) in self._entries:
+                continue
+            self._entries[(reason, uuid)] = _Entry(rule, index, uuid, rule.message.format(code="?", detail="",
+                                                   links="", reasons="") + " (before the agent restarted)",
+                                                   since, since, occurrence=True)
+            adopted += 1
+        return adopted
+
     def _resets(self, snapshot: NodeSnapshot) -> tuple[set[str], set[str]]:
         """The GPUs answering now (every one of them, when NVML itself is failing: none), and those whose
         volatile DBE counter went down since the last poll."""

@@ -91,6 +91,8 @@ class NodeWriter:
         self._drain = Drain(connection, settings_namespace_mode, spend=self._spend, count=self._count,
                             monotonic=monotonic)
         self.status = WriterStatus()
+        self.on_held: Callable[[list[tuple[str, str, int | None, float]]], None] | None = None
+        self._adopted = False
         self._problem = ""
 
     def submit(self, plan: Plan, new_faults: Iterable[GpuFault], pods_by_gpu: Mapping[str, tuple[PodRef, ...]]
@@ -150,6 +152,13 @@ class NodeWriter:
         status, node, message = await self._api.get_json(path)
         if status != 200 or not isinstance(node, dict):
             raise RuntimeError(f"GET node {self.node}: HTTP {status} {message}".strip())
+        if not self._adopted:  # once: what a previous run held until a reset, on this boot, is held again
+            self._adopted = True
+            held = nodes.held_of(node)
+            if held and self.on_held is not None:
+                self.on_held(held)
+                self._plan = None  # made without them: wait for the next poll's plan, which has them
+                return
         now = self._clock()
         patch = nodes.conditions_patch(node, plan.conditions, now, self._heartbeat)
         if patch is not None and self._spend():
