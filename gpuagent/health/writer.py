@@ -70,7 +70,7 @@ class NodeWriter:
     def __init__(self, node: str, connection: ApiConnection, *, settings_namespace_mode: Callable[[str], str],
                  budget: QuarantineBudget | None, events: bool = True, write_burst: int = 20,
                  write_refill_seconds: float = 2.0, resync_seconds: float = 30.0,
-                 heartbeat_seconds: float = 60.0, retry_seconds: float = 2.0,
+                 heartbeat_seconds: float = 300.0, retry_seconds: float = 2.0,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.node = node
