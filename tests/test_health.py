@@ -85,9 +85,22 @@ def test_levels_are_classified_from_one_sample() -> None:
     sick = gpu(0, ecc=EccCounts(dbe_volatile_total=2, retired_pages_pending=True),
                remapped_rows=RemappedRows(0, 2, False, True), links_down=(3, 7),
                clock_event_reasons=table.CLOCKS_EVENT_HW_THERMAL | table.CLOCKS_EVENT_HW_POWER_BRAKE | 0x4)
-    found = reasons(Classifier().observe(snap(sick, gpu(1, health=Health.LOST, health_detail="GPU_IS_LOST"))))
+    classifier = Classifier()
+    classifier.observe(snap(gpu(0), gpu(1)))  # every link up at the first read
+    found = reasons(classifier.observe(snap(sick, gpu(1, health=Health.LOST, health_detail="GPU_IS_LOST"))))
     assert found == [("EccUncorrectable", 0), ("PageRetirementPending", 0), ("RowRemapFailure", 0),
                      ("NvlinkDown", 0), ("ThermalSlowdown", 0), ("PowerBrakeSlowdown", 0), ("GpuLost", 1)]
+
+
+def test_a_link_never_up_since_start_is_not_a_fault_and_one_that_goes_down_is() -> None:
+    classifier = Classifier()
+    assert classifier.observe(snap(gpu(0, links_down=(10, 11)))) == []  # a PCIe card's missing bridge
+    assert classifier.observe(snap(gpu(0, links_down=(10, 11)))) == []
+    [obs] = classifier.observe(snap(gpu(0, links_down=(2, 10, 11))))
+    assert obs.rule is table.NVLINK_DOWN and obs.message == "NVLink links down: 2"
+    classifier.observe(snap(gpu(0, links_down=(2,))))  # link 10 came up: from now on it counts
+    [obs] = classifier.observe(snap(gpu(0, links_down=(10,))))
+    assert obs.message == "NVLink links down: 10"
 
 
 def test_the_power_cap_and_idle_clocks_are_not_faults() -> None:
@@ -177,7 +190,7 @@ def test_conditions_name_the_worst_reason_and_the_gpus() -> None:
 
 
 def test_a_degraded_node_is_tainted_not_cordoned_and_application_errors_change_nothing() -> None:
-    plan = _plan(gpu(0, links_down=(2,)))
+    plan = _plan(gpu(0, clock_event_reasons=table.CLOCKS_EVENT_SW_THERMAL))
     assert plan.severity == "degraded" and plan.taints == ((TAINT_KEY, "degraded", "NoSchedule"),)
     assert not plan.cordon and not plan.drain and plan.remediation is None
     app = _plan(gpu(0, xid=XidRecord(31, T0, {31: 1}, {31: 1})))

@@ -223,7 +223,7 @@ async def test_the_api_server_away_never_blocks_the_poll_and_writes_resume() -> 
         state = await rig.poll(snap(LOST, at=T0 + 5))
         assert state.api == "ok" and api.cluster.nodes[NODE]["spec"]["unschedulable"] is True
         api.cluster.fail_node_writes(503)
-        state = await rig.poll(snap(LOST, gpu(1, links_down=(3,)), at=T0 + 9))
+        state = await rig.poll(snap(LOST, gpu(1, clock_event_reasons=table.CLOCKS_EVENT_HW_THERMAL), at=T0 + 9))
         assert "503" in state.api
 
 

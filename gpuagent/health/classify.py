@@ -38,6 +38,7 @@ class Classifier:
 
     def __init__(self) -> None:
         self._xid_totals: dict[str, Mapping[int, int]] = {}
+        self._never_up: dict[str, frozenset[int]] = {}  # GPU -> links down since the first read
 
     def observe(self, snapshot: NodeSnapshot) -> list[Observation]:
         out: list[Observation] = []
@@ -47,8 +48,18 @@ class Classifier:
                                    table.NVML_FAILING.message.format(detail=nvml.error or "no GPU answers")))
         for gpu in snapshot.gpus:
             out += self._xids(gpu)
-            out += gpu_levels(gpu)
+            out += gpu_levels(gpu, self._links_went_down(gpu))
         return out
+
+    def _links_went_down(self, gpu: GpuSample) -> tuple[int, ...]:
+        """The NVLink links down now that were up at some read since the agent started: a link never up
+        (a PCIe card's missing bridge) is how the GPU is built, not a fault."""
+        if gpu.health is not Health.OK:
+            return ()
+        down = frozenset(gpu.info.nvlink_links_down)
+        uuid = gpu.info.uuid
+        never_up = self._never_up[uuid] = self._never_up.get(uuid, down) & down
+        return tuple(sorted(down - never_up))
 
     def _xids(self, gpu: GpuSample) -> list[Observation]:
         uuid = gpu.info.uuid
@@ -64,8 +75,8 @@ class Classifier:
         return out
 
 
-def gpu_levels(gpu: GpuSample) -> list[Observation]:
-    """The level faults one GPU shows in this sample."""
+def gpu_levels(gpu: GpuSample, links_down: tuple[int, ...] = ()) -> list[Observation]:
+    """The level faults one GPU shows in this sample (``links_down``: the NVLink links that went down)."""
     index, uuid = gpu.info.index, gpu.info.uuid
 
     def seen(rule: Rule, **fill: str) -> Observation:
@@ -93,8 +104,8 @@ def gpu_levels(gpu: GpuSample) -> list[Observation]:
             out.append(seen(table.ROW_REMAP_FAILURE))
         elif rows.pending:
             out.append(seen(table.ROW_REMAP_PENDING))
-    if gpu.info.nvlink_links_down:
-        out.append(seen(table.NVLINK_DOWN, links=", ".join(map(str, gpu.info.nvlink_links_down))))
+    if links_down:
+        out.append(seen(table.NVLINK_DOWN, links=", ".join(map(str, links_down))))
     reasons = gpu.clock_event_reasons
     if reasons:
         thermal = [name for bit, name in table.THERMAL_BITS.items() if reasons & bit]

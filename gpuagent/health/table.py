@@ -14,7 +14,9 @@ healthy after a reset (``needs_reset``). docs/health.md renders this table; the 
   replaced), NVML's ``nvmlDeviceGetRemappedRows`` and ``nvmlDeviceGetRetiredPagesPendingStatus``.
 - Clock slowdowns: NVML's ``nvmlClocksEventReasons`` bits (``nvml.h``): thermal slowdowns (software and
   hardware) and the power brake are faults; the software power cap, idle and application clocks are normal.
-- NVLink: ``nvmlDeviceGetNvLinkState`` answering disabled for a link of a GPU whose other links are up.
+- NVLink: ``nvmlDeviceGetNvLinkState`` answering disabled for a link that was up at some read since the agent
+  started, on a GPU whose other links are up (a link never up, e.g. a PCIe card's missing bridge, is not a
+  fault).
 - The agent's own view: a GPU NVML calls lost (``NVML_ERROR_GPU_IS_LOST``: off the bus), unresponsive (a call
   hung past its timeout), failing reads, and NVML itself failing.
 """
