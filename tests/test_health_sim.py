@@ -164,3 +164,17 @@ async def test_the_serving_agent_polls_on_while_the_api_server_is_away_then_catc
         stop.set()
         await asyncio.wait_for(serving, 30)
         await api.stop()
+
+
+def test_the_new_fault_kinds_are_checked_against_the_gpus() -> None:
+    from gpuagent.devices.sim.scenario import ScenarioError, parse_scenario
+
+    def problems(faults: list[dict[str, Any]], model: str = "H100-SXM5-80GB") -> str:
+        with pytest.raises(ScenarioError) as caught:
+            parse_scenario({"version": 1, "name": "bad", "gpus": [{"model": model}], "faults": faults})
+        return str(caught.value)
+
+    assert "has 18 NVLink links (0-based): no link 18" in problems([{"nvlink_down": {"gpu": 0, "at": 1,
+                                                                                       "links": [2, 18]}}])
+    assert "faults[0].row_remap_failure" in problems([{"row_remap_failure": {"gpu": 0, "at": 1}}], model="T4")
+    assert "faults[0].nvlink_down" in problems([{"nvlink_down": {"gpu": 0, "at": 1}}])  # links required
