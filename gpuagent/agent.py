@@ -37,6 +37,7 @@ from gpuagent.enforce.journal import Journal
 from gpuagent.enforce.memory import LadderSettings, MemoryLadder
 from gpuagent.enforce.timeslice import DutyCycler, ShareController
 from gpuagent.export import build_registry
+from gpuagent.health import HealthMonitor, HealthSettings
 from gpuagent.hints.engine import HintsEngine
 from gpuagent.hints.publisher import StatePublisher
 from gpuagent.httperrors import json_errors, server_logger
@@ -56,6 +57,7 @@ from gpuagent.snapshot import (
     AccountingState,
     DraDevice,
     EnforcementState,
+    HealthState,
     NodeHints,
     NodeSnapshot,
     PodUse,
@@ -136,6 +138,8 @@ class Agent:
         self.accountant = build_accountant(config)
         self.publisher = build_publisher(config, monotonic=monotonic, wall_clock=clock)
         self._accounting_failure = ""
+        self.health = build_health(config)  # None with health_mode: off
+        self._health_failure = ""
         self.hints = HintsEngine()  # moving averages of SM use: 10 s and 5 min time constants
         self._hints_failure = ""
         self.latest: NodeSnapshot | None = None
@@ -211,6 +215,8 @@ class Agent:
             # the share controller closes its loop on per-process use: read it every poll where it acts
             self.devices.read_process_utilization_every_poll(self.enforcer.contended_gpus)
         snapshot = replace(snapshot, accounting=self._account(snapshot))
+        if self.health is not None:  # before the hints: a GPU with a fault is not offered
+            snapshot = replace(snapshot, health=self._health(snapshot))
         snapshot = replace(snapshot, hints=self._hints(snapshot))  # last: it reads everything above
         if self.publisher is not None:
             self.publisher.offer(snapshot.hints)
@@ -253,6 +259,20 @@ class Agent:
             return None
         self._hints_failure = ""
         return hints
+
+    def _health(self, snapshot: NodeSnapshot) -> HealthState | None:
+        """This poll's GPU faults and what is done about them (the Node's writes are queued, never awaited);
+        its failure costs the health state, not the poll."""
+        assert self.health is not None
+        try:
+            state = self.health.update(snapshot)
+        except Exception as exc:
+            if repr(exc) != self._health_failure:
+                log.exception("classifying GPU health failed")
+                self._health_failure = repr(exc)
+            return None
+        self._health_failure = ""
+        return state
 
     def _account(self, snapshot: NodeSnapshot) -> AccountingState | None:
         """This poll's accounting (counters, idle flags; Events queued, never awaited); its failure costs
@@ -342,6 +362,8 @@ class Agent:
                 tasks.append(asyncio.create_task(self.accountant.events.run(), name="idle-events"))
             if self.publisher is not None:
                 tasks.append(asyncio.create_task(self.publisher.run(), name="publish-state"))
+            if self.health is not None and self.health.writer is not None:
+                tasks.append(asyncio.create_task(self.health.writer.run(), name="gpu-health-writer"))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task.get_name() == "stop" or task.cancelled():
@@ -359,6 +381,8 @@ class Agent:
                 *([Step("network", self.network.close)] if self.network is not None else []),
                 Step("idle-events", self.accountant.close),
                 *([Step("publish-state", self.publisher.close)] if self.publisher is not None else []),
+                *([Step("gpu-health", self.health.writer.aclose)]
+                  if self.health is not None and self.health.writer is not None else []),
             ])
             log.info("stopped" if clean else "stopped, leaving the above unfinished")
         return clean
@@ -404,6 +428,36 @@ def build_publisher(config: Config, *, monotonic: Callable[[], float] = time.mon
     return StatePublisher(config.hostname, ApiConnection(kubeconfig_path=config.kubeconfig),
                           min_interval=config.publish_min_interval, heartbeat=config.publish_heartbeat,
                           monotonic=monotonic, wall_clock=wall_clock)
+
+
+def build_health(config: Config) -> HealthMonitor | None:
+    """GPU faults classified every poll (``health_mode`` audit or enforce); in enforce, written to this Node
+    where the API server is used (``kubernetes_api``), within the cluster-wide quarantine budget."""
+    if config.health_mode == "off":
+        return None
+    modes = dict(item.split("=", 1) for item in config.health_drain_namespaces)
+    settings = HealthSettings(
+        mode=config.health_mode, taint_at=config.health_taint, no_execute=config.health_no_execute,
+        cordon_at=config.health_cordon, drain_at=config.health_drain, namespace_modes=modes,
+        default_namespace_mode=config.health_drain_default, quarantine_budget=config.health_quarantine_budget,
+        budget_namespace=config.health_budget_namespace, clear_after=config.health_clear_after,
+        events=config.health_events,
+    )
+    writer = None
+    if config.health_mode == "enforce":
+        connection = api_connection(config)
+        if connection is None:
+            log.warning("health_mode is enforce but the API server is not used (kubernetes_api): GPU faults "
+                        "are classified and reported, nothing is written to the Node")
+        else:
+            from gpuagent.health.budget import QuarantineBudget
+            from gpuagent.health.writer import NodeWriter
+
+            budget = QuarantineBudget(connection, config.hostname, namespace=settings.budget_namespace,
+                                      limit=settings.quarantine_budget)
+            writer = NodeWriter(config.hostname, connection, settings_namespace_mode=settings.namespace_mode,
+                                budget=budget, events=settings.events)
+    return HealthMonitor(settings, writer)
 
 
 def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.monotonic) -> Enforcer | None:

@@ -35,6 +35,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBERNETES_API_MODES = ("auto", "on", "off")
 MODES = ("off", "audit", "enforce")
 MEMORY_ACTIONS = ("warn", "kill", "evict")
+HEALTH_THRESHOLDS = ("degraded", "fatal", "never")  # the least severity that gets an action (gpuagent.health)
+DRAIN_MODES = ("evict", "wait", "skip")
 # Network links left out by default: the loopback and what a node has one of per pod or per CNI.
 NETWORK_LINK_EXCLUDE = (
     "lo", "veth*", "cali*", "cni*", "flannel*", "docker*", "br-*", "lxc*", "cilium_*", "weave*", "vxlan*",
@@ -343,6 +345,44 @@ def _link_globs(value: Any, ctx: _Ctx) -> tuple[str, ...]:
     return tuple(value)
 
 
+_K8S_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _drain_namespaces(value: Any, ctx: _Ctx) -> tuple[str, ...]:
+    """Namespace -> drain mode, as ``namespace=mode`` words: a YAML mapping or list, or ``a=skip,b=wait``."""
+    expected = "a mapping of namespace to " + "|".join(DRAIN_MODES) + " (or namespace=mode, comma-separated)"
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, str) and ctx.text:
+        pairs = [item.partition("=")[::2] for item in value.split(",") if item.strip()]
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        pairs = [item.partition("=")[::2] for item in value]
+    else:
+        raise _Invalid(expected)
+    out = []
+    for namespace, mode in pairs:
+        namespace, mode = str(namespace).strip(), choice_word(mode, DRAIN_MODES)
+        if not _K8S_NAME.fullmatch(namespace) or mode is None:
+            raise _Invalid(expected, f"{namespace!r}: not a namespace name with one of "
+                           + ", ".join(DRAIN_MODES))
+        out.append(f"{namespace}={mode}")
+    return tuple(out)
+
+
+def _count(value: Any, ctx: _Ctx) -> int:
+    if ctx.text and isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise _Invalid("a whole number >= 0")
+
+
+def _namespace(value: Any, ctx: _Ctx) -> str:
+    if isinstance(value, str) and _K8S_NAME.fullmatch(value.strip()):
+        return value.strip()
+    raise _Invalid("a Kubernetes namespace name")
+
+
 def _rules(value: Any, ctx: _Ctx) -> tuple[Mapping[str, Any], ...]:
     """The raw ``policies`` list; each item's keys and values are checked by the enforcer's policy parser."""
     if ctx.text:
@@ -616,6 +656,51 @@ class Config:
         "/sys", _path, "where sysfs is (link speeds, /sys/class/infiniband)", "PATH"
     )
     log_level: str = _key("info", _choice(*LOG_LEVELS), "log level", "{" + ",".join(LOG_LEVELS) + "}")
+    health_mode: str = _key(
+        "audit", _choice(*MODES),
+        "GPU faults on the Node: off, audit (classify and report in /v1/state and metrics, write nothing) or "
+        "enforce (node conditions, Events, taints, cordon, drain, remediation annotation)",
+        "{" + ",".join(MODES) + "}",
+    )
+    health_taint: str = _key(
+        "degraded", _choice(*HEALTH_THRESHOLDS),
+        "least fault severity that taints the node gpuagent.io/gpu-unhealthy:NoSchedule",
+        "{degraded,fatal,never}",
+    )
+    health_no_execute: bool = _key(
+        False, _bool, "also taint NoExecute for a fatal fault (pods without a toleration are evicted)", "BOOL"
+    )
+    health_cordon: str = _key(
+        "fatal", _choice(*HEALTH_THRESHOLDS), "least fault severity that cordons the node",
+        "{degraded,fatal,never}",
+    )
+    health_drain: str = _key(
+        "fatal", _choice(*HEALTH_THRESHOLDS),
+        "least fault severity that drains the pods on the faulty GPUs (Eviction API)",
+        "{degraded,fatal,never}",
+    )
+    health_drain_namespaces: tuple[str, ...] = _key(
+        ("kube-system=skip",), _drain_namespaces,
+        "drain mode by namespace: evict, wait (for the pod to finish) or skip; others: health_drain_default",
+        "NS=MODE,...",
+    )
+    health_drain_default: str = _key(
+        "evict", _choice(*DRAIN_MODES), "drain mode of namespaces not in health_drain_namespaces",
+        "{" + ",".join(DRAIN_MODES) + "}",
+    )
+    health_quarantine_budget: int = _key(
+        1, _count, "nodes that agents may taint, cordon or drain at once, cluster-wide (a shared Lease)", "N"
+    )
+    health_budget_namespace: str = _key(
+        "gpuagent", _namespace, "namespace of the quarantine budget's Lease (the agents' own)", "NAMESPACE"
+    )
+    health_clear_after: float = _key(
+        300.0, _number(0), "seconds a fault must be gone before its condition and taint clear (hysteresis); "
+        "faults needing a GPU reset are held until one is seen", "SECONDS",
+    )
+    health_events: bool = _key(
+        True, _bool, "post an Event on the node and its pods for each new fault (enforce)", "BOOL"
+    )
 
     config_file: str | None = field(default=None, compare=False)  # the YAML file read, None when none
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # key -> where from

@@ -2,8 +2,9 @@
 and the node-wide budget that keeps its writes (Evictions, Events) from flooding the server.
 
 Used by the Eviction client (``enforce.actions``), the idle-GPU Event poster (``accounting.events``), the
-publisher of the node's GPU state (``hints.publisher``), the
-watchers of this node's pods and ResourceSlices (``reflector``) and the extender's ResourceClaim reads.
+publisher of the node's GPU state (``hints.publisher``), the GPU health writer (``health.writer``: Node
+conditions, taints, cordon, its Lease, drains), the watchers of this node's pods and ResourceSlices
+(``reflector``) and the extender's ResourceClaim reads.
 Where the API server is and how to authenticate come from lightkube, as for the pods watcher: ``config``
 (a lightkube ``KubeConfig`` or ``SingleConfig``), else ``kubeconfig_path``, else ``KubeConfig.from_env()``
 (the in-cluster service account, ``$KUBECONFIG``, ``~/.kube/config``). Nothing of lightkube is imported
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -103,6 +105,20 @@ class ApiConnection:
         except ValueError as exc:
             return 200, None, f"the answer is not JSON: {exc}"
 
+    async def send_json(self, method: str, path: str, body: Any, *,
+                        content_type: str = "application/json") -> tuple[int, Any, str]:
+        """A PUT, PATCH or POST of ``body`` -> (HTTP status, the decoded answer when 2xx, the API server's
+        message otherwise). ``content_type`` names a patch's kind (``application/merge-patch+json``,
+        ``application/strategic-merge-patch+json``)."""
+        response = await self.open().request(method, path, content=json.dumps(body).encode(),
+                                             headers={"Content-Type": content_type})
+        if not 200 <= response.status_code < 300:
+            return response.status_code, None, status_message(response.content)
+        try:
+            return response.status_code, json.loads(response.content), ""
+        except ValueError as exc:
+            return response.status_code, None, f"the answer is not JSON: {exc}"
+
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
@@ -137,3 +153,35 @@ def status_message(body: bytes) -> str:
     if isinstance(details, dict) and isinstance(details.get("causes"), list):
         parts += [str(c["message"]) for c in details["causes"] if isinstance(c, dict) and c.get("message")]
     return "; ".join(p for p in parts if p)
+
+
+MAX_EVENT_NOTE = 1024
+MAX_EVENT_NAME = 253
+MAX_REPORTING_INSTANCE = 128
+
+
+def event_body(*, regarding: Mapping[str, Any], reason: str, action: str, note: str, event_type: str,
+               reporting_instance: str, now_unix: float, related: Mapping[str, Any] | None = None,
+               reporting_controller: str = "gpuagent.io/agent") -> dict[str, Any]:
+    """An events.k8s.io/v1 Event about ``regarding`` (an ObjectReference: kind, apiVersion, name, and
+    namespace for a namespaced object), in its namespace ("default" for a Node, as the kubelet's), named as
+    client-go names Events (``<object name>.<hex unix nanoseconds>``), the note cut to the API's 1024."""
+    moment = datetime.fromtimestamp(now_unix, tz=timezone.utc)
+    suffix = f".{int(now_unix * 1e9):x}"
+    name = str(regarding["name"])[: MAX_EVENT_NAME - len(suffix)].rstrip("-.") + suffix
+    body: dict[str, Any] = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": regarding.get("namespace") or "default"},
+        "eventTime": moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": reporting_controller,
+        "reportingInstance": reporting_instance[:MAX_REPORTING_INSTANCE],
+        "action": action,
+        "reason": reason,
+        "regarding": dict(regarding),
+        "note": note if len(note) <= MAX_EVENT_NOTE else note[: MAX_EVENT_NOTE - 3] + "...",
+        "type": event_type,
+    }
+    if related is not None:
+        body["related"] = dict(related)
+    return body

@@ -175,6 +175,9 @@ class GpuInfo:
     power_limit_watts: float | None
     mig_enabled: bool
     nvlink_peers: tuple[str, ...] = ()  # PCI bus ids of the NVLink peers of active links
+    # NVLink links answering "disabled" on a GPU whose other links are up (a GPU with none up has no NVLink
+    # in use, and reports nothing here)
+    nvlink_links_down: tuple[int, ...] = ()
     gpm_supported: bool = False
     numa_node: int | None = None  # the CPU NUMA node it is attached to; None: unknown or not NUMA
     compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"; None: unsupported
@@ -485,7 +488,9 @@ class GpuHints:
     uuid: str
     index: int
     model: str
-    health: str  # a Health value: "ok", "lost", "unresponsive", "error"
+    # a Health value ("ok", "lost", "unresponsive", "error"), or the severity of a fault the health
+    # classification found on a GPU that answers ("degraded", "fatal"): anything but "ok" is not offered
+    health: str
     pci_bus_id: str
     numa_node: int | None
     memory_total_bytes: int | None
@@ -504,6 +509,7 @@ class GpuHints:
     free_mig_profiles: tuple[MigProfileHint, ...] = ()  # profiles with an idle instance or room for one
     nvlink_peers: tuple[str, ...] = ()  # UUIDs (PCI bus ids when not on this node) of active NVLink peers
     stale: bool = False  # its last read did not finish in time
+    fault: str | None = None  # the reason of its worst fault (gpuagent.health), e.g. "RowRemapPending"
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,6 +643,57 @@ class AccountingState:
     day_started_at_unix: float | None = None  # what "today" counts from: 00:00 UTC, or the agent's first poll
 
 
+@dataclass(frozen=True, slots=True)
+class GpuFault:
+    """One fault seen on a GPU (or on the node, ``gpu_index`` None), classified by ``gpuagent.health``'s
+    table: which node condition it bears on, how bad it is and what to do about it."""
+
+    reason: str  # CamelCase, e.g. "XidFallenOffBus", "RowRemapFailure", "ThermalSlowdown"
+    condition: str | None  # the node condition it sets, e.g. "GpuHardwareHealthy"; None: an Event only
+    severity: str  # "info", "degraded" or "fatal"
+    action: str  # recommended: "none", "restart_workload", "reset_gpu", "reboot", "replace"
+    message: str
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    since_unix: float | None = None  # when it was first seen (this episode)
+    active: bool = True  # seen this poll; False: gone, held by hysteresis or until a reset is seen
+    held_until_reset: bool = False  # needs a GPU reset (or reboot) and none was seen since
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    """One node condition as the agent means it to be on its Node (``status`` "True" = healthy)."""
+
+    type: str
+    status: str  # "True" or "False"
+    reason: str
+    message: str
+    gpus: tuple[str, ...] = ()  # UUIDs concerned
+    severity: str = "ok"  # the worst of its faults: "ok", "degraded" or "fatal"
+    since_unix: float | None = None  # last transition as the agent saw it
+
+
+@dataclass(frozen=True, slots=True)
+class HealthState:
+    """What ``gpuagent.health`` concluded at the last poll, and what it did (or, in audit, would do) about
+    it on the Node: its conditions, taints, cordon, drain and the remediation asked for."""
+
+    mode: str  # "off", "audit" or "enforce"
+    faults: tuple[GpuFault, ...] = ()
+    conditions: tuple[NodeCondition, ...] = ()
+    severity: str = "ok"  # the node's worst: "ok", "degraded", "fatal"
+    unhealthy_gpus: tuple[str, ...] = ()  # UUIDs not to offer to new work (degraded or fatal)
+    taints: tuple[str, ...] = ()  # "key=value:Effect" the agent holds (or would, in audit)
+    cordoned: bool = False  # the agent cordoned the node (or would)
+    quarantined: bool = False  # holds a slot of the cluster-wide quarantine budget
+    budget_deferred: bool = False  # would quarantine but the cluster-wide budget is spent
+    manual_override: bool = False  # a person undid its cordon or taint: respected until the faults change
+    drain: str = "none"  # "none", "draining", "waiting", "done", "blocked" (PDB), "deferred"
+    remediation: str | None = None  # the action handed off (the node's annotation), None: none asked
+    api: str = "idle"  # the API server writer: "idle", "ok", "failing: ...", "off"
+    actions_total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (action, outcome) -> count
+
+
 # A weak reference slot (Python 3.11+): the exporter remembers the snapshot it last rendered without keeping
 # it alive past the next poll.
 _WEAKREF_SLOT: dict[str, Any] = {"weakref_slot": True} if sys.version_info >= (3, 11) else {}
@@ -667,6 +724,7 @@ class NodeSnapshot:
     accounting: AccountingState | None = None  # per-workload GPU-seconds, memory, energy, idle (None: off)
     hints: NodeHints | None = None  # capacity and load figures for schedulers
     dra: tuple[DraDevice, ...] = ()  # devices of pods' ResourceClaims (DRA) and the GPUs they map to
+    health: HealthState | None = None  # faults classified, node conditions, quarantine (None: health off)
 
     @property
     def stale(self) -> bool:

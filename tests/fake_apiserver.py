@@ -28,6 +28,7 @@ watch, as the real watch cache does), ``timeoutSeconds`` (the stream ends cleanl
         api.fail_owner_gets(403, times=2)              # the next two owner GETs get a Status error
         api.owner_gets                                 # owner GETs seen (not in api.requests)
         api.owner_delay = 0.5                          # owner GETs answered after this long
+        api.cluster.add_node(make_node("gpu-1"))        # Nodes and Leases: tests/fake_cluster.py
 
 For the agent's watcher against it: ``async with metadata_runner(api) as start: metadata = start()`` (a
 running ``PodMetadata`` of NODE with quick retries, cancelled on exit), and ``await eventually(predicate)``.
@@ -73,6 +74,7 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+from fake_cluster import ClusterObjects
 from fixture_files import kubernetes_body
 
 NODE = "gpu-node-1"
@@ -317,6 +319,8 @@ def _node_of(selector: str | None) -> str | None:
     """``spec.nodeName=<node>`` (or ``==``) -> node; no selector -> None (all pods)."""
     if not selector:
         return None
+    # kubectl describe node adds status.phase!=Succeeded,status.phase!=Failed: the fake's pods all run
+    selector = ",".join(t for t in selector.split(",") if not t.startswith("status.phase!="))
     key, _, value = selector.partition("=")
     if key != "spec.nodeName" or not value or "," in value:
         raise ValueError(f"unsupported field selector {selector!r} (this fake knows spec.nodeName=<node>)")
@@ -360,6 +364,7 @@ class FakeApiServer:
         self.owner_gets: list[SeenRequest] = []
         self._owner_failures: list[int] = []
         self.owner_delay = 0.0  # seconds before an owner GET is answered
+        self.cluster = ClusterObjects(self)  # Nodes, Leases and discovery (tests/fake_cluster.py)
 
     # lifecycle
     async def __aenter__(self) -> FakeApiServer:
@@ -375,6 +380,7 @@ class FakeApiServer:
         app.router.add_get("/apis/resource.k8s.io/v1/resourceslices", self._resource_slices)
         app.router.add_get(STATES_PATH, self._gpu_node_states)
         app.router.add_patch(STATES_PATH + "/{name}", self._apply_state)
+        self.cluster.add_routes(app)  # before the owners' catch-all GET
         app.router.add_get("/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}", self._owner)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict)
         app.router.add_post("/apis/events.k8s.io/v1/namespaces/{namespace}/events", self._event)

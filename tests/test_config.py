@@ -112,6 +112,17 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "network_links_exclude",
         "sysfs_root",
         "log_level",
+        "health_mode",
+        "health_taint",
+        "health_no_execute",
+        "health_cordon",
+        "health_drain",
+        "health_drain_namespaces",
+        "health_drain_default",
+        "health_quarantine_budget",
+        "health_budget_namespace",
+        "health_clear_after",
+        "health_events",
     ]
     assert KEYS_BY_NAME["poll_interval"].env == "GPUAGENT_POLL_INTERVAL"
     assert KEYS_BY_NAME["poll_interval"].flag == "--poll-interval"

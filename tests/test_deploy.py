@@ -82,6 +82,10 @@ AGENT_RBAC = {
     # its node's GPUNodeState, by server-side apply (which needs both verbs)
     ("gpuagent.io", "gpunodestates", "create"),
     ("gpuagent.io", "gpunodestates", "patch"),
+    # health_mode enforce: its node's GPU conditions (status), taint, cordon and annotations
+    ("", "nodes", "get"),
+    ("", "nodes", "patch"),
+    ("", "nodes/status", "patch"),
 }
 NOT_CORE = {"ServiceMonitor", "Kustomization"}
 
@@ -283,8 +287,9 @@ def test_documents_outside_core_kubernetes_match_their_minimal_schema(kind: str,
 def test_every_document_kind_is_checked_by_some_schema() -> None:
     kinds = {doc["kind"] for _, doc in _all_docs()}
     core = kinds - NOT_CORE
-    assert core <= {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
-                    "Deployment", "Service", "CustomResourceDefinition"}, "a new kind: make sure kubernetes-validate has its schema"
+    assert core <= {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                    "ConfigMap", "DaemonSet", "Deployment", "Service", "CustomResourceDefinition"}, \
+        "a new kind: make sure kubernetes-validate has its schema"
 
 
 # --- the node agent -----------------------------------------------------------------------------------------
@@ -313,7 +318,25 @@ def test_daemonset_service_account_exists_and_is_bound_to_the_least_privilege_ro
                     granted.add((group, resource, verb))
     assert granted == AGENT_RBAC
     # Only the node agent holds a role: nothing else in deploy/ is bound to anything.
-    assert [doc["metadata"]["name"] for _, doc in _all_docs() if doc["kind"] in {"ClusterRoleBinding", "RoleBinding"}] == ["gpuagent"]
+    assert [doc["metadata"]["name"] for _, doc in _all_docs() if doc["kind"] in {"ClusterRoleBinding", "RoleBinding"}] == [
+        "gpuagent", "gpuagent-quarantine-budget"]
+
+
+def test_the_quarantine_budget_role_grants_its_one_lease_in_the_agents_namespace(daemonset: dict) -> None:
+    from gpuagent.config import Config
+    from gpuagent.health.budget import LEASE_NAME
+
+    role = _one("Role", "gpuagent-quarantine-budget")
+    assert role["metadata"]["namespace"] == NAMESPACE == Config().health_budget_namespace
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]
+    binding = _one("RoleBinding", "gpuagent-quarantine-budget")
+    account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["roleRef"]["kind"] == "Role"
 
 
 def test_the_role_allows_a_get_of_every_owner_kind_the_agent_walks() -> None:

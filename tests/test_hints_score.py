@@ -276,13 +276,18 @@ def test_lost_gpu_is_not_schedulable(lost_gpu: NodeHints) -> None:
     lost = lost_gpu.gpus[3]
     assert lost.health == "lost" and lost.uuid  # seen before it fell off the bus: still named
     assert lost.memory_free_bytes == 0 and lost.schedulable_share_ratio == 0.0 and lost.sm_util_ratio is None
-    assert lost_gpu.healthy_gpu_count == 3 and lost_gpu.gpu_count == 4
+    # GPU 2's double-bit ECC error (XID 48, t = 40) is a fatal fault by the health classification: not offered
+    assert lost_gpu.gpus[2].health == "fatal" and lost_gpu.gpus[2].fault is not None
+    assert lost_gpu.healthy_gpu_count == 2 and lost_gpu.gpu_count == 4
     assert lost_gpu.free_gpu_count == 1  # GPU 1: its only process stopped at t = 21
     four = fit(lost_gpu, gpus=4, memory="10Gi")
     assert not four.fits and four.reasons[lost.uuid] == "unhealthy (lost)"
-    assert four.reasons["node"] == "needs 4 GPUs, 3 can take it"
+    assert four.reasons["node"] == "needs 4 GPUs, 2 can take it"
+    assert four.reasons[lost_gpu.gpus[2].uuid] == "unhealthy (fatal)"
     three = fit(lost_gpu, gpus=3, memory="10Gi")
-    assert three.fits and lost.uuid not in three.gpus
+    assert not three.fits
+    two = fit(lost_gpu, gpus=2, memory="10Gi")
+    assert two.fits and lost.uuid not in two.gpus and lost_gpu.gpus[2].uuid not in two.gpus
     exclusive = fit(lost_gpu, exclusive=True)
     assert exclusive.fits and exclusive.gpus == (lost_gpu.gpus[1].uuid,)
 

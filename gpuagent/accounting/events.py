@@ -20,11 +20,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
-from gpuagent.kubeapi import ApiConnection, WriteBudget
+from gpuagent.kubeapi import ApiConnection, WriteBudget, event_body
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +32,6 @@ REASON = "GpuIdle"
 ACTION = "FlagIdle"
 EVENT_TYPE = "Warning"
 OUTCOMES = ("posted", "failed", "unreachable", "rate_limited", "dropped")
-MAX_NOTE = 1024
-MAX_INSTANCE = 128
-MAX_NAME = 253
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +48,6 @@ class IdleNotice:
 
 def idle_event(notice: IdleNotice, *, node: str, now_unix: float) -> dict[str, Any]:
     """The events.k8s.io/v1 Event body for ``notice``."""
-    moment = datetime.fromtimestamp(now_unix, tz=timezone.utc)
-    suffix = f".{int(now_unix * 1e9):x}"  # client-go names Events <object name>.<hex unix nanoseconds>
-    name = notice.pod[: MAX_NAME - len(suffix)].rstrip("-.") + suffix
     regarding: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1", "namespace": notice.namespace,
                                  "name": notice.pod}
     if notice.pod_uid:
@@ -62,20 +55,9 @@ def idle_event(notice: IdleNotice, *, node: str, now_unix: float) -> dict[str, A
     minutes = notice.idle_seconds / 60
     note = (f"{', '.join(notice.gpus)} held for {minutes:.0f} min with SM use under "
             f"{notice.threshold_ratio * 100:g}% of what the pod holds; nothing is stopped (report only)")
-    return {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": name, "namespace": notice.namespace},
-        "eventTime": moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "reportingController": REPORTING_CONTROLLER,
-        "reportingInstance": node[:MAX_INSTANCE],
-        "action": ACTION,
-        "reason": REASON,
-        "regarding": regarding,
-        "related": {"kind": "Node", "apiVersion": "v1", "name": node},
-        "note": note if len(note) <= MAX_NOTE else note[: MAX_NOTE - 3] + "...",
-        "type": EVENT_TYPE,
-    }
+    return event_body(regarding=regarding, reason=REASON, action=ACTION, note=note, event_type=EVENT_TYPE,
+                      reporting_instance=node, now_unix=now_unix, reporting_controller=REPORTING_CONTROLLER,
+                      related={"kind": "Node", "apiVersion": "v1", "name": node})
 
 
 _NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")

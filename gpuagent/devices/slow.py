@@ -85,6 +85,7 @@ class SlowReader:
             limit_mw = g.call("nvmlDeviceGetPowerManagementLimit", h, scope=s)
         mig_mode = g.call("nvmlDeviceGetMigMode", h, scope=s)
         mig_enabled = bool(mig_mode) and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE
+        peers, down = self._nvlink_peers()
         if self.info is not None and self.info.mig_enabled != mig_enabled:
             g.forget(s)  # what is unsupported changes with MIG mode (e.g. GPU utilization)
         support = g.call("nvmlGpmQueryDeviceSupport", h, scope=s)
@@ -100,7 +101,8 @@ class SlowReader:
             memory_total_bytes=memory.total if memory is not None else None,
             power_limit_watts=limit_mw / 1000.0 if limit_mw is not None else None,
             mig_enabled=mig_enabled,
-            nvlink_peers=self._nvlink_peers(),
+            nvlink_peers=peers,
+            nvlink_links_down=down,
             gpm_supported=bool(support is not None and support.isSupportedDevice),
             numa_node=self._numa_node(bus_id),
             compute_mode=_COMPUTE_MODES.get(mode) if mode is not None else None,
@@ -110,9 +112,12 @@ class SlowReader:
         self.migs = self._enumerate_migs() if mig_enabled else ()
         return info
 
-    def _nvlink_peers(self) -> tuple[str, ...]:
+    def _nvlink_peers(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The PCI bus ids of active links' peers, and the links down (only where some link is up)."""
         g, nvml = self.guard, self.nvml
         peers: list[str] = []
+        down: list[int] = []
+        up = 0
         for link in range(nvml.NVML_NVLINK_MAX_LINKS):
             state = g.call(
                 "nvmlDeviceGetNvLinkState", self.handle, link, scope=self.index,
@@ -121,13 +126,15 @@ class SlowReader:
             if state is None:
                 break  # unsupported, or past the last link
             if state != nvml.NVML_FEATURE_ENABLED:
+                down.append(link)
                 continue
+            up += 1
             remote = g.call("nvmlDeviceGetNvLinkRemotePciInfo", self.handle, link, scope=self.index)
             if remote is not None:
                 bus = text(remote.busId)
                 if bus not in peers:
                     peers.append(bus)
-        return tuple(peers)
+        return tuple(peers), tuple(down) if up else ()
 
     def _numa_node(self, bus_id: str) -> int | None:
         """NVML's answer (drivers from 545), else the PCI device's ``numa_node`` in sysfs; -1 means none."""

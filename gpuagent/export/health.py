@@ -35,6 +35,7 @@ from gpuagent.export.families import (
 )
 from gpuagent.export.held import Held, hold
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, describe
+from gpuagent.export.node_health import node_health_families
 from gpuagent.snapshot import Health, NodeSnapshot, PollHistogram
 
 NVML_SOURCE = "nvml"
@@ -74,7 +75,9 @@ class HealthCollector:
         """The families before the age and those after it, which depend on the snapshot alone."""
         up = self._kept.family("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.", GAUGE, [""],
                                [flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources))])
-        return [up, _build_info()], [*self._poll(snapshot), *self._nvml(snapshot), *self._gpus(snapshot)]
+        faults = node_health_families(snapshot, GpuLabels.of(snapshot, self._hostname_label))
+        return [up, _build_info()], [*self._poll(snapshot), *self._nvml(snapshot), *self._gpus(snapshot),
+                                     *faults]
 
     def _poll(self, snapshot: NodeSnapshot) -> list[Metric]:
         kept = self._kept

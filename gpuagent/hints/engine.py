@@ -98,11 +98,12 @@ class HintsEngine:
         limits = node_limits(snapshot)
         by_bus = {g.info.pci_bus_id.upper(): g.info.uuid for g in snapshot.gpus if g.info.pci_bus_id}
         allocated = pods_by_gpu(snapshot.pods)
+        faults = gpu_faults(snapshot)
         gpus = []
         for gpu in snapshot.gpus:
             util, short, long = self._average(gpu, now)
             tenants = gpu_tenants(snapshot, gpu, limits, allocated)
-            gpus.append(_gpu_hints(gpu, tenants, util, short, long, by_bus))
+            gpus.append(_gpu_hints(gpu, tenants, util, short, long, by_bus, faults.get(gpu.info.uuid)))
         present = {g.info.uuid for g in snapshot.gpus}
         for uuid in set(self._averages) - present:  # a GPU gone from the node: forget its averages
             del self._averages[uuid]
@@ -124,6 +125,19 @@ class HintsEngine:
         )
 
 
+def gpu_faults(snapshot: NodeSnapshot) -> dict[str, tuple[str, str]]:
+    """GPU UUID -> (severity, reason) of its worst degraded or fatal fault, by the health classification
+    (``snapshot.health``; empty with health off): such a GPU is not offered to new work."""
+    out: dict[str, tuple[str, str]] = {}
+    health = snapshot.health
+    for f in health.faults if health is not None else ():
+        if f.gpu_uuid is None or f.condition is None or f.severity not in ("degraded", "fatal"):
+            continue
+        if f.gpu_uuid not in out or (out[f.gpu_uuid][0], f.severity) == ("degraded", "fatal"):
+            out[f.gpu_uuid] = (f.severity, f.reason)
+    return out
+
+
 def _gpu_hints(
     gpu: GpuSample,
     tenants: tuple[TenantHint, ...],
@@ -131,9 +145,10 @@ def _gpu_hints(
     short: float | None,
     long: float | None,
     by_bus: dict[str, str],
+    fault: tuple[str, str] | None = None,
 ) -> GpuHints:
     info = gpu.info
-    healthy = gpu.health is Health.OK
+    healthy = gpu.health is Health.OK and fault is None
     mode = sharing_mode(gpu, tenants)
     instances = _mig_instances(gpu, tenants) if info.mig_enabled else ()
     profiles = _free_profiles(gpu, instances) if info.mig_enabled and healthy else ()
@@ -145,7 +160,7 @@ def _gpu_hints(
         uuid=info.uuid,
         index=info.index,
         model=info.name,
-        health=gpu.health.value,
+        health=fault[0] if fault is not None and gpu.health is Health.OK else gpu.health.value,
         pci_bus_id=info.pci_bus_id,
         numa_node=info.numa_node,
         memory_total_bytes=info.memory_total_bytes,
@@ -164,6 +179,7 @@ def _gpu_hints(
         free_mig_profiles=profiles,
         nvlink_peers=tuple(by_bus.get(bus.upper(), bus) for bus in info.nvlink_peers),
         stale=gpu.stale,
+        fault=fault[1] if fault is not None else None,
     )
 
 

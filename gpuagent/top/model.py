@@ -96,6 +96,7 @@ class GpuView:
     # share controller does not act, so a tenant's SM can exceed its GPU's SM now.
     tenant_sm_window_seconds: float | None = None
     tenant_sm_age_seconds: float | None = None
+    fault: str | None = None  # its worst fault: "RowRemapFailure (fatal, replace)"
 
     def all_tenants(self) -> tuple[TenantView, ...]:
         return self.tenants + tuple(t for m in self.migs for t in m.tenants)
@@ -116,6 +117,10 @@ class NodeView:
     idle_window_seconds: float | None
     day_started_at_unix: float | None
     idle_gpus_held: float | None  # GPU-equivalents held by workloads flagged idle; None: no accounting
+    # the node's GPU health (gpuagent.health): failing conditions ("GpuHardwareHealthy: RowRemapFailure") and
+    # what is done about them ("cordoned, tainted, drain blocked"; "would cordon" in audit); () / "": none
+    failing_conditions: tuple[str, ...] = ()
+    quarantine: str = ""
 
     def namespaces(self) -> tuple[str, ...]:
         return tuple(sorted({t.namespace for g in self.gpus for t in g.all_tenants() if t.namespace}))
@@ -130,6 +135,8 @@ def node_view(state: Mapping[str, Any]) -> NodeView:
     joins = _Joins.of(state)
     accounting = _get(state, "accounting", dict, None)
     enforcement = _get(state, "enforcement", dict, None)
+    health = _get(state, "health", dict, None)
+    faults = _worst_faults(health)
     return NodeView(
         hostname=state["hostname"],
         backend=_get(state, "backend", str),
@@ -139,7 +146,7 @@ def node_view(state: Mapping[str, Any]) -> NodeView:
         poll_interval_seconds=_number(state, "poll_interval_seconds"),
         taken_at_unix=_number(state, "taken_at_unix"),
         gpus=tuple(_gpu(g, hints.get(_info(g).get("uuid"), {}), joins, _number(state, "taken_at_unix"),
-                        _number(state, "poll_interval_seconds")) for g in _dicts(gpus)),
+                        _number(state, "poll_interval_seconds"), faults) for g in _dicts(gpus)),
         failing_sources=tuple(
             f"{s.get('name')}: {s.get('error') or 'failed'}" for s in _dicts(state.get("sources"))
             if s.get("ok") is False
@@ -149,7 +156,44 @@ def node_view(state: Mapping[str, Any]) -> NodeView:
         day_started_at_unix=_number(accounting, "day_started_at_unix"),
         idle_gpus_held=(sum(_number(i, "allocated_gpus") or 0.0 for i in _dicts(accounting.get("idle")))
                         if accounting is not None else None),
+        failing_conditions=tuple(f"{c.get('type')}: {c.get('reason')}" for c in _dicts((health or {}).get(
+            "conditions")) if c.get("status") == "False"),
+        quarantine=_quarantine(health),
     )
+
+
+_SEVERITY = {"info": 1, "degraded": 2, "fatal": 3}
+
+
+def _worst_faults(health: Mapping[str, Any] | None) -> dict[str, str]:
+    """GPU UUID -> its worst fault, as top shows it."""
+    worst: dict[str, tuple[int, str]] = {}
+    for f in _dicts((health or {}).get("faults")):
+        uuid, severity = f.get("gpu_uuid"), f.get("severity")
+        if not isinstance(uuid, str) or severity not in _SEVERITY or f.get("condition") is None:
+            continue
+        rank = _SEVERITY[severity]
+        if uuid not in worst or rank > worst[uuid][0]:
+            worst[uuid] = (rank, f"{f.get('reason')} ({severity}, {f.get('action')})")
+    return {uuid: text for uuid, (_, text) in worst.items()}
+
+
+def _quarantine(health: Mapping[str, Any] | None) -> str:
+    """What the agent does (or, in audit, would do) to the node about its GPU faults."""
+    if not health:
+        return ""
+    flags = (("cordoned", health.get("cordoned") is True), ("tainted", bool(health.get("taints"))))
+    words = [word for word, on in flags if on]
+    drain = health.get("drain")
+    if isinstance(drain, str) and drain not in ("none", "audit"):
+        words.append(f"drain {drain}")
+    if health.get("budget_deferred") is True:
+        words.append("waiting for the cluster budget")
+    if health.get("manual_override") is True:
+        words.append("undone by a person")
+    if health.get("mode") == "audit" and words:
+        return "would be " + ", ".join(words)
+    return ", ".join(words)
 
 
 @dataclass(frozen=True)
@@ -189,7 +233,7 @@ def _tenant_name(name: Any, namespace: Any) -> str:
 
 
 def _gpu(gpu: Mapping[str, Any], hint: Mapping[str, Any], joins: _Joins, taken_at: float | None,
-         poll_interval: float | None) -> GpuView:
+         poll_interval: float | None, faults: Mapping[str, str] | None = None) -> GpuView:
     info = _info(gpu)
     uuid = str(info.get("uuid", ""))
     xid = _get(gpu, "xid", dict, {})
@@ -229,6 +273,7 @@ def _gpu(gpu: Mapping[str, Any], hint: Mapping[str, Any], joins: _Joins, taken_a
         migs=tuple(_mig(m, [t for t in tenants if t.mig_instance == m.get("uuid")]) for m in migs),
         tenants=tuple(t for t in tenants if t.mig_instance is None or t.mig_instance not in mig_ids),
         **_tenant_sm_timing(gpu, taken_at, poll_interval),
+        fault=(faults or {}).get(uuid),
     )
 
 

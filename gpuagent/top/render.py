@@ -115,6 +115,10 @@ def header(node: NodeView | None, status: AgentStatus, url: str, options: ViewOp
         second = Text(summary(node))
         if node.failing_sources:
             second.append(shown("  sources failing: " + "; ".join(node.failing_sources)), style=WARN)
+        if node.failing_conditions:
+            second.append(shown("  " + "; ".join(node.failing_conditions)), style=WARN)
+        if node.quarantine:
+            second.append(shown(f"  node {node.quarantine}"), style=WARN)
     else:
         second = Text("")
     title = next(c.title for c in COLUMNS if c.key == options.sort)
@@ -249,6 +253,9 @@ def health_words(gpu: GpuView) -> Text:
     if gpu.xid_last is not None:
         words.append("  ")
         words.append(f"XID {gpu.xid_last} (x{gpu.xid_recent})", style=BAD)
+    if gpu.fault is not None:
+        words.append("  ")
+        words.append(f" FAULT {gpu.fault} ", style=ALARM if "fatal" in gpu.fault else BAD)
     return words
 
 

@@ -164,22 +164,22 @@ class DeviceInfoCalls(SimCore):
 
     # -- NVLink and GPM support --------------------------------------------------------------------
 
-    def _link(self, g: GpuSpec, link: Any) -> tuple[bool, int | None]:
+    def _link(self, g: GpuSpec, link: Any, t: float) -> tuple[bool, int | None]:
         if not isinstance(link, int) or not 0 <= link < g.model.nvlink_links:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         peers = self._node.peers[g.index]
-        if not peers or link in g.nvlink_down:
+        if not peers or link in g.nvlink_down or self._node.link_down(g.index, link, t):
             return False, None
         return True, peers[link % len(peers)]
 
     def nvmlDeviceGetNvLinkState(self, device: Any, link: Any) -> Any:
-        g, _, _ = self._device(device)
-        up, _ = self._link(g, link)
+        g, _, t = self._device(device)
+        up, _ = self._link(g, link, t)
         return pynvml.NVML_FEATURE_ENABLED if up else pynvml.NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: Any) -> Any:
-        g, _, _ = self._device(device)
-        up, peer = self._link(g, link)
+        g, _, t = self._device(device)
+        up, peer = self._link(g, link, t)
         if not up or peer is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
         return self._pci_info(self.scenario.gpus[peer])

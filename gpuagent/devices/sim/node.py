@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 
 from gpuagent.devices.sim.cpu import CpuMeter
 from gpuagent.devices.sim.curves import FollowCpu
-from gpuagent.devices.sim.scenario import EccFault, GpuLost, GpuSpec, PcieReplayFault, ProcessSpec, Scenario
+from gpuagent.devices.sim.scenario import (
+    EccFault,
+    GpuLost,
+    GpuSpec,
+    NvlinkDownFault,
+    PcieReplayFault,
+    ProcessSpec,
+    RowRemapFailure,
+    Scenario,
+)
 
 MIB = 1024 * 1024
 MAX_SUBSTEPS = 100  # integration steps per advance; a step is at least 1 s of scenario time
@@ -89,6 +98,8 @@ class Node:
         self.lost_at: list[float] = [math.inf] * n
         self.ecc: list[list[tuple[float, bool, int]]] = [[] for _ in range(n)]  # (at, double_bit, count)
         self.replays: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.remap_failed_at: list[float] = [math.inf] * n
+        self.links_down: list[list[tuple[float, tuple[int, ...]]]] = [[] for _ in range(n)]
         for f in scenario.faults:
             if isinstance(f, GpuLost):
                 self.lost_at[f.gpu] = min(self.lost_at[f.gpu], f.at)
@@ -96,6 +107,10 @@ class Node:
                 self.ecc[f.gpu].append((f.at, f.double_bit, f.count))
             elif isinstance(f, PcieReplayFault):
                 self.replays[f.gpu].append((f.at, f.count))
+            elif isinstance(f, RowRemapFailure):
+                self.remap_failed_at[f.gpu] = min(self.remap_failed_at[f.gpu], f.at)
+            elif isinstance(f, NvlinkDownFault):
+                self.links_down[f.gpu].append((f.at, f.links))
         self.peers: list[tuple[int, ...]] = [self._peers(g) for g in scenario.gpus]
         # a day of idle power, so the energy counter reads like one on a running machine
         self.integrals = [
@@ -238,6 +253,13 @@ class Node:
         sbe = sum(c for at, dbe, c in self.ecc[gpu] if at <= t and not dbe)
         dbe = sum(c for at, d, c in self.ecc[gpu] if at <= t and d)
         return sbe, dbe
+
+    def remap_failed(self, gpu: int, t: float) -> bool:
+        return t >= self.remap_failed_at[gpu]
+
+    def link_down(self, gpu: int, link: int, t: float) -> bool:
+        """A link down by a ``nvlink_down`` fault at ``t`` (the GPU spec's ``nvlink_down``: from start)."""
+        return any(at <= t and link in links for at, links in self.links_down[gpu])
 
     def pcie_replays(self, gpu: int, t: float) -> int:
         return sum(c for at, c in self.replays[gpu] if at <= t)

@@ -195,7 +195,7 @@ class TelemetryCalls(SimCore):
             p.NVML_FI_DEV_REMAPPED_COR: (uint, 0),
             p.NVML_FI_DEV_REMAPPED_UNC: (uint, dbe),
             p.NVML_FI_DEV_REMAPPED_PENDING: (uint, 1 if dbe else 0),
-            p.NVML_FI_DEV_REMAPPED_FAILURE: (uint, 0),
+            p.NVML_FI_DEV_REMAPPED_FAILURE: (uint, 1 if self._node.remap_failed(g.index, t) else 0),
         }
         return table.get(fid)
 
@@ -204,7 +204,7 @@ class TelemetryCalls(SimCore):
     def nvmlDeviceGetRemappedRows(self, device: Any) -> Any:
         g, _, t = self._device(device)
         _, dbe = self._node.ecc_counts(g.index, t)
-        return (0, dbe, 1 if dbe else 0, 0)
+        return (0, dbe, 1 if dbe else 0, 1 if self._node.remap_failed(g.index, t) else 0)
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: Any, counterType: Any) -> Any:
         g, _, t = self._device(handle)

@@ -2,7 +2,8 @@
 
 Each entry is one kind (the schema allows exactly one key): ``gpu_lost``, ``xid`` and ``xid_storm``
 (optionally on a MIG GPU instance), ``ecc_sbe``/``ecc_dbe`` (only on a model with ECC memory),
-``pcie_replay``, ``hang`` (one pynvml function or ``any``, for some seconds) and ``init_failure``
+``pcie_replay``, ``row_remap_failure`` (a model with row remapping), ``nvlink_down`` (links of a GPU, from a
+time), ``hang`` (one pynvml function or ``any``, for some seconds) and ``init_failure``
 (``nvmlInit`` fails with an NVML error until a time; one per scenario). The checks need the GPUs: an index
 the scenario has, a GPU instance the GPU has.
 """
@@ -23,7 +24,9 @@ from gpuagent.devices.sim.scenario.spec import (
     GpuSpec,
     HangFault,
     InitFailure,
+    NvlinkDownFault,
     PcieReplayFault,
+    RowRemapFailure,
     XidFault,
 )
 
@@ -61,6 +64,19 @@ def read_faults(problems: Problems, entries: list[Mapping[str, Any]], gpus: list
                 problems.error(where, f"GPU {gpu} ({gpus[gpu].model.key}) has no ECC memory")
                 continue
             out.append(EccFault(gpu, at, f.get("count", 1), double_bit=kind == "ecc_dbe"))
+        elif kind == "row_remap_failure":
+            if not gpus[gpu].model.row_remapping:
+                problems.error(where, f"GPU {gpu} ({gpus[gpu].model.key}) has no row remapping")
+                continue
+            out.append(RowRemapFailure(gpu, at))
+        elif kind == "nvlink_down":
+            links = tuple(f["links"])
+            bad = [link for link in links if link >= gpus[gpu].model.nvlink_links]
+            if bad:
+                problems.error(f"{where}.links", f"GPU {gpu} ({gpus[gpu].model.key}) has "
+                               f"{gpus[gpu].model.nvlink_links} NVLink links (0-based): no link {bad[0]}")
+                continue
+            out.append(NvlinkDownFault(gpu, at, links))
         elif kind == "pcie_replay":
             out.append(PcieReplayFault(gpu, at, f.get("count", 1)))
         elif kind == "hang":

@@ -120,6 +120,23 @@ class EccFault:
 
 
 @dataclass(frozen=True)
+class RowRemapFailure:
+    """From ``at`` the GPU's row remapper reports a failure (no spare row left)."""
+
+    gpu: int
+    at: float
+
+
+@dataclass(frozen=True)
+class NvlinkDownFault:
+    """From ``at`` these NVLink links of the GPU answer disabled."""
+
+    gpu: int
+    at: float
+    links: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PcieReplayFault:
     gpu: int
     at: float
@@ -140,7 +157,8 @@ class InitFailure:
     error: int  # NVML_ERROR_* code
 
 
-Fault = GpuLost | XidFault | EccFault | PcieReplayFault | HangFault | InitFailure
+Fault = (GpuLost | XidFault | EccFault | PcieReplayFault | HangFault | InitFailure | RowRemapFailure
+         | NvlinkDownFault)
 
 
 @dataclass(frozen=True)
