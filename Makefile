@@ -1,12 +1,12 @@
 # Two commands on a fresh machine:
-#   make run    install the agent (its runtime dependencies only) and run it (a simulated 8xH100 node when no
-#               NVIDIA driver is present)
+#   make run    install the agent (its runtime dependencies only) and run the demo: `gpuagent demo`, a
+#               SIMULATED Kubernetes node (8xH100, eleven pods served by a kubelet and an API server of its own)
 #   make test   install the agent with the test extras and the system packages the tests use, and run lint,
 #               layer checks and the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SCENARIO ?= examples/scenarios/h100-8x-64proc.yaml
+SCENARIO ?= examples/scenarios/demo-k8s-node.yaml
 LISTEN ?= 127.0.0.1:9402
 
 .PHONY: install install-test run test lint bench gpu-check clean
@@ -29,8 +29,9 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
+# The demo node; on a GPU machine the agent itself is `$(BIN)/gpuagent run --backend nvml`.
 run: install
-	$(BIN)/gpuagent run --backend auto --scenario $(SCENARIO) --listen $(LISTEN)
+	$(BIN)/gpuagent demo --scenario $(SCENARIO) --listen $(LISTEN)
 
 lint: install-test
 	$(BIN)/ruff check .

@@ -39,7 +39,8 @@ def pip_installs(commands: list[str]) -> list[str]:
 def test_make_run_installs_the_runtime_only(tmp_path: Path) -> None:
     commands = planned("run", tmp_path)
     assert pip_installs(commands) == ["-q --upgrade pip", "-q -e ."]
-    assert commands[-1].startswith("$VENV/bin/gpuagent run ")
+    # the demo: a simulated Kubernetes node whose pods `gpuagent top` names from the first screen
+    assert commands[-1].startswith("$VENV/bin/gpuagent demo --scenario examples/scenarios/demo-k8s-node.yaml ")
 
 
 def test_make_test_adds_the_test_extras_and_the_system_packages(tmp_path: Path) -> None:
