@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make run    install the agent (its runtime dependencies only) and run the demo: `gpuagent demo`, a
-#               SIMULATED Kubernetes node (8xH100, eleven pods served by a kubelet and an API server of its own)
+#               SIMULATED Kubernetes node (8xH100, twelve pods served by a kubelet and an API server of its own)
+#   make demo   the same, scraped by a Prometheus holding a week of its history (report and recommend at once)
 #   make test   install the agent with the test extras and the system packages the tests use, and run lint,
 #               layer checks and the test suite
 PYTHON ?= python3
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 SCENARIO ?= examples/scenarios/demo-k8s-node.yaml
 LISTEN ?= 127.0.0.1:9402
 
-.PHONY: install install-test run test lint bench gpu-check clean
+.PHONY: install install-test run demo test lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,10 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(BIN)/gpuagent demo --scenario $(SCENARIO) --listen $(LISTEN)
 
+# Prometheus and promtool come from scripts/install-system-deps.sh (Debian's prometheus).
+demo: install
+	BIN=$(BIN) LISTEN=$(LISTEN) ./scripts/demo.sh
+
 lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
@@ -53,4 +58,4 @@ gpu-check:
 	$(GPU_PYTHON) bench/real_gpu.py all --out $(REPORT)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .demo

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo", help="run the agent on a SIMULATED Kubernetes GPU node: the scenario's pods served by a "
-        "kubelet and an API server of the demo's own (default scenario: an 8xH100 node with eleven pods)")
+        "kubelet and an API server of the demo's own (default scenario: an 8xH100 node with twelve pods)")
     _add_config_flags(demo, DEMO_KEYS)
     demo.set_defaults(command=_demo, keys=DEMO_KEYS)
 

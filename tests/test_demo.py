@@ -44,6 +44,7 @@ PODS = {  # namespace/name -> (owner kind, owner name)
     "research/notebook-bob-0": ("StatefulSet", "notebook-bob"),
     "batch/ocr-backfill-8hzl2": ("Job", "ocr-backfill"),
     "batch/eval-nightly-29012340-5xq7c": ("CronJob", "eval-nightly"),
+    "serving/reranker-84d5f6c7b9-t8vnx": ("Deployment", "reranker"),
 }
 
 
@@ -159,7 +160,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             assert proc.poll() is None, log.read_text()
             with contextlib.suppress(OSError, ValueError, KeyError):
                 status, body = get(url + "/v1/state")
-                if status == 200 and sum(p.get("owner_kind") is not None for p in json.loads(body)["pods"]) == 11:
+                if status == 200 and sum(p.get("owner_kind") is not None for p in json.loads(body)["pods"]) == len(PODS):
                     break
             assert time.monotonic() < deadline, "the demo's pods were not all named:\n" + log.read_text()[-3000:]
             time.sleep(0.2)

@@ -43,6 +43,16 @@ def test_make_run_installs_the_runtime_only(tmp_path: Path) -> None:
     assert commands[-1].startswith("$VENV/bin/gpuagent demo --scenario examples/scenarios/demo-k8s-node.yaml ")
 
 
+def test_make_demo_runs_the_demo_beside_a_prometheus_with_its_history(tmp_path: Path) -> None:
+    commands = planned("demo", tmp_path)
+    assert pip_installs(commands) == ["-q --upgrade pip", "-q -e ."]  # the runtime; Prometheus is Debian's
+    assert commands[-1] == "BIN=$VENV/bin LISTEN=127.0.0.1:9402 ./scripts/demo.sh"
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    steps = ["-m gpuagent.demo.history", "promtool tsdb create-blocks-from openmetrics", "prometheus --config.file",
+             '"$BIN/gpuagent" demo --listen']
+    assert [script.index(step) for step in steps] == sorted(script.index(step) for step in steps)
+
+
 def test_make_test_adds_the_test_extras_and_the_system_packages(tmp_path: Path) -> None:
     commands = planned("test", tmp_path)
     assert pip_installs(commands) == ["-q --upgrade pip", "-q -e .", "-q -e '.[test]'"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import tempfile
 import threading
 from collections.abc import Coroutine, Iterator, Mapping
@@ -76,16 +77,16 @@ def serving(node: DemoNode, workdir: Path) -> Iterator[tuple[Path, Path]]:
 
 
 def demo_config(config_file: str | None, flags: Mapping[str, object], *, scenario: str, hostname: str,
-                workdir: Path, socket: Path, kubeconfig: Path) -> Config:
-    """The agent's config: the user's (``config_file``, env, ``flags``), the demo's defaults where the user
-    set nothing, the node's wiring always."""
-    given = load_config(config_file, overrides=flags)
+                workdir: Path, socket: Path, kubeconfig: Path, env: Mapping[str, str] = os.environ) -> Config:
+    """The agent's config: the user's (``config_file``, ``env``, ``flags``), the demo's defaults where the
+    user set nothing, the node's wiring always."""
+    given = load_config(config_file, overrides=flags, env=env)
     defaults = {k: v for k, v in DEMO_DEFAULTS.items() if given.sources.get(k, "default") == "default"}
     wiring = {"backend": "sim", "scenario": scenario, "proc_root": str(workdir / "proc"),
               "pod_resources_socket": str(socket), "kubeconfig": str(kubeconfig), "kubernetes_api": "on",
               "hostname": hostname, "cgroup_root": str(workdir / "cgroup"),
               "journal_path": str(workdir / "freeze-journal.json")}
-    return load_config(config_file, overrides={**flags, **defaults, **wiring})
+    return load_config(config_file, overrides={**flags, **defaults, **wiring}, env=env)
 
 
 def run(config_file: str | None, flags: Mapping[str, object]) -> int:
