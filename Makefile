@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 SCENARIO ?= examples/scenarios/demo-k8s-node.yaml
 LISTEN ?= 127.0.0.1:9402
 
-.PHONY: install install-test run demo test lint bench gpu-check clean
+.PHONY: install install-test run demo pictures test lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ run: install
 # Prometheus and promtool come from scripts/install-system-deps.sh (Debian's prometheus).
 demo: install
 	BIN=$(BIN) LISTEN=$(LISTEN) ./scripts/demo.sh
+
+# The README's pictures (docs/top-node.svg, docs/top-cluster.svg): gpuagent top's frames of the demo node,
+# recorded afresh from `gpuagent demo` (tests/fixtures/top/demo-k8s-node.json), then drawn.
+pictures: install-test
+	$(BIN)/python tests/fixtures/top/record.py demo
+	$(BIN)/python -m pytest -q tests/test_top_snapshots.py -k readme --snapshot-update
 
 lint: install-test
 	$(BIN)/ruff check .

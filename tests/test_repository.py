@@ -53,6 +53,14 @@ def test_make_demo_runs_the_demo_beside_a_prometheus_with_its_history(tmp_path: 
     assert [script.index(step) for step in steps] == sorted(script.index(step) for step in steps)
 
 
+def test_make_pictures_draws_the_readme_pictures_from_the_demo(tmp_path: Path) -> None:
+    commands = planned("pictures", tmp_path)
+    assert commands[-2:] == ["$VENV/bin/python tests/fixtures/top/record.py demo",
+                             "$VENV/bin/python -m pytest -q tests/test_top_snapshots.py -k readme --snapshot-update"]
+    readme = (ROOT / "README.md").read_text()
+    assert "make pictures" in readme and "(docs/top-node.svg)" in readme
+
+
 def test_make_test_adds_the_test_extras_and_the_system_packages(tmp_path: Path) -> None:
     commands = planned("test", tmp_path)
     assert pip_installs(commands) == ["-q --upgrade pip", "-q -e .", "-q -e '.[test]'"]

@@ -37,11 +37,13 @@ from gpuagent.devices.sim import SimulatedNvml, kubernetes_demo_path, load_scena
 
 log = logging.getLogger(__name__)
 
-# The families kept (by name prefix): what report, recommend and the pod and accounting dashboards read.
+# The families kept (by name prefix): what report and recommend read, and the accounting dashboard.
 KEPT = ("gpuagent_pod_", "gpuagent_container_gpu_memory_used_bytes", "gpuagent_gpu_info", "gpuagent_mig_info",
-        "gpuagent_gpu_memory_total_bytes", "gpuagent_accounting_", "gpuagent_up", "gpuagent_simulated",
-        "gpuagent_build_info", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
-SKIPPED = ("gpuagent_pod_gpu_memory_limit_stage",)  # five series a pod: no reader needs their past
+        "gpuagent_gpu_memory_total_bytes", "gpuagent_accounting_idle_", "gpuagent_up", "gpuagent_simulated",
+        "gpuagent_build_info")
+# Of those, what no reader of the past needs (the live view has them): a week of it would only slow promtool.
+SKIPPED = ("gpuagent_pod_gpu_memory_limit_stage", "gpuagent_pod_gpu_processes",
+           "gpuagent_pod_gpu_frozen_ratio", "gpuagent_pod_gpu_share_achieved_ratio")
 OWNERS_TIMEOUT_S = 30.0
 
 
