@@ -131,6 +131,11 @@ async def test_the_readme_pictures_are_current_frames(name: str, request: pytest
     async with app.run_test(size=size) as pilot:
         await pilot.press(*keys)
         await pilot.pause(0.3)
+        for _ in range(100):  # a loaded machine may not have drawn the footer's keys yet: wait for them
+            if app.screen.query("FooterKey"):
+                break
+            await pilot.pause(0.1)
+        await pilot.pause(0.1)
         svg = app.export_screenshot(title="gpuagent top")
     path = DOCS / name
     if request.config.getoption("--snapshot-update", default=False):
