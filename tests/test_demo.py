@@ -135,6 +135,72 @@ def test_the_demo_sets_the_wiring_and_keeps_what_the_user_chose(tmp_path: Path) 
     assert set(WIRED_KEYS) <= {k for k, source in config.sources.items() if source.startswith("flag")}
 
 
+# -- the demo's kubelet and API server, as the agent's clients read them ---------------------------------
+
+async def test_the_kubelet_lists_every_allocation_to_the_agents_client() -> None:
+    from podresources_server import short_socket_dir
+
+    from gpuagent.demo.kubelet import KubeletServer
+    from gpuagent.pods.podresources import PodResourcesClient
+
+    node = demo_node(load_scenario(EXAMPLE))
+    with short_socket_dir() as sockets:
+        kubelet = KubeletServer(sockets / "kubelet.sock", node)
+        await kubelet.start()
+        client = PodResourcesClient(str(kubelet.socket))
+        try:
+            got = await client.fetch()
+        finally:
+            await client.close()
+            await kubelet.stop()
+    allocated = {(a.namespace, a.pod, a.container, a.device_id) for a in got.allocations}
+    expected = {(p.namespace, p.name, c.name, d.device_id) for p in node.pods for c in p.containers for d in c.devices}
+    assert allocated == expected and len(allocated) == len(PODS)  # one device a pod
+    assert set(got.allocatable) == {d.device_id for d in node.allocatable} >= {a[3] for a in allocated}
+    assert got.pods_seen == len(PODS)
+
+
+async def test_the_api_server_serves_the_pods_and_their_owner_chains() -> None:
+    import aiohttp
+
+    from gpuagent.demo.apiserver import ApiServer
+
+    api = ApiServer(demo_node(load_scenario(EXAMPLE)))
+    await api.start()
+    try:
+        async with aiohttp.ClientSession(api.url) as http:
+            async def get(path: str, **params: str) -> tuple[int, Any]:
+                async with http.get(path, params=params) as response:
+                    return response.status, await response.json()
+
+            _, pods = await get("/api/v1/pods", fieldSelector="spec.nodeName=gpu-node-1")
+            assert {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods["items"]} == set(PODS)
+            assert (await get("/api/v1/pods", fieldSelector="spec.nodeName=elsewhere"))[1]["items"] == []
+            chat = next(p for p in pods["items"] if p["metadata"]["name"] == "chat-api-6d8f7b9c4-x2kqp")
+            (owner,) = chat["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"]) == ("ReplicaSet", "chat-api-6d8f7b9c4")
+            _, replicaset = await get("/apis/apps/v1/namespaces/serving/replicasets/chat-api-6d8f7b9c4")
+            (top,) = replicaset["metadata"]["ownerReferences"]
+            assert (top["kind"], top["name"]) == ("Deployment", "chat-api")
+            status, deployment = await get("/apis/apps/v1/namespaces/serving/deployments/chat-api")
+            assert status == 200 and "ownerReferences" not in deployment["metadata"]
+            _, job = await get("/apis/batch/v1/namespaces/batch/jobs/eval-nightly-29012340")
+            assert job["metadata"]["ownerReferences"][0]["kind"] == "CronJob"
+            status, missing = await get("/apis/apps/v1/namespaces/serving/deployments/nope")
+            assert status == 404 and missing["kind"] == "Status" and missing["reason"] == "NotFound"
+            async with http.get("/api/v1/pods", params={"watch": "true", "resourceVersion": "1",
+                                                        "timeoutSeconds": "0.2"}) as watch:
+                assert watch.status == 200 and await watch.read() == b""  # nothing changes; it ends on time
+            event = {"reason": "GpuIdle", "regarding": {"kind": "Pod", "name": "x"}, "note": "idle"}
+            async with http.post("/apis/events.k8s.io/v1/namespaces/batch/events", json=event) as posted:
+                assert posted.status == 201
+            async with http.post("/apis/events.k8s.io/v1/namespaces/batch/events", data=b"[") as bad:
+                assert bad.status == 400
+    finally:
+        await api.stop()
+    assert api.events == [event]
+
+
 # -- a real demo process ---------------------------------------------------------------------------------
 
 def get(url: str) -> tuple[int, str]:

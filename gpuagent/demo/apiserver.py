@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuagent.demo.node import GPU_RESOURCE, DemoNode, Pod
+from gpuagent.demo.node import DemoNode, Pod
 
 log = logging.getLogger(__name__)
 
@@ -207,10 +207,9 @@ class ApiServer:
             event = await request.json()
             if isinstance(event, dict):
                 self.events.append(event)
-                log.info("Event %s on %s: %s", event.get("reason"), event.get("regarding", {}).get("name"),
-                         event.get("note"))
+                regarding = event.get("regarding")
+                name = regarding.get("name") if isinstance(regarding, dict) else None
+                log.info("Event %r on pod %r: %r", event.get("reason"), name, event.get("note"))
                 return web.json_response(event, status=201)
         return web.json_response(_status(400, "BadRequest", "the body is no Event"), status=400)
 
-
-__all__ = ["GPU_RESOURCE", "ApiServer", "owners_of", "pod_object"]
