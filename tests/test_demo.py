@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from agent_runner import clean_env
+from agent_runner import clean_env, run_gpuagent
 from prometheus_server import free_port
 
 from gpuagent.demo.node import demo_node
@@ -283,3 +283,30 @@ def test_top_once_shows_named_pods_on_its_first_screen(demo: str) -> None:
     for tenant in ("training/llama-pre", "serving/chat-api", "research/notebook-", "serving/embedder"):
         assert tenant in first_screen, first_screen
     assert "unattributed" not in first_screen
+
+
+WORKLOADS = {f"{key.split('/')[0]}/{kind}/{name}" for key, (kind, name) in PODS.items()}
+
+
+@pytest.mark.integration
+def test_report_and_recommend_name_the_workloads_of_a_scraped_demo_within_seconds(
+        demo: str, tmp_path: Path) -> None:
+    """A Prometheus scraping the live demo: a few seconds of it, and report bills every pod by name,
+    recommend names every workload by its owner (with too little history to size them, and says so)."""
+    from prometheus_server import run_prometheus
+
+    with run_prometheus([demo.removeprefix("http://")], tmp_path / "prometheus") as prom:
+        start = time.time()
+        prom.wait_for_samples("gpuagent_pod_gpu_allocated_seconds_total", 8)
+        end = time.time()
+        span = ("--prometheus", prom.url, "--start", f"{start:.3f}", "--end", f"{end:.3f}", "--format", "json")
+        report = run_gpuagent("report", *span, "--step", "1s")
+        assert report.returncode == 0, report.stderr
+        billed = {f"{p['namespace']}/{p['pod']}" for p in json.loads(report.stdout)["pods"]}
+        assert billed == set(PODS)
+        recommend = run_gpuagent("recommend", *span, "--step", "1s", "--chunk", "1h")
+        assert recommend.returncode == 0, recommend.stderr
+        rows = {w["workload"]: w["recommendation"]["action"] for w in json.loads(recommend.stdout)["workloads"]}
+        assert set(rows) == WORKLOADS
+        assert set(rows.values()) == {"insufficient_history"}  # seconds of it: named, not sized
+
