@@ -15,8 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from agent_runner import clean_env, run_gpuagent
+from agent_runner import http_get as get
 from prometheus_server import free_port
 
 from gpuagent.demo.node import demo_node
@@ -202,14 +201,6 @@ async def test_the_api_server_serves_the_pods_and_their_owner_chains() -> None:
 
 
 # -- a real demo process ---------------------------------------------------------------------------------
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -41,11 +41,11 @@ DEMO_DEFAULTS: Mapping[str, object] = {
 
 
 class ServerThread:
-    """An event loop in a daemon thread, for the kubelet and the API server."""
+    """An event loop in a daemon thread, for the kubelet and the API server; ``run`` a coroutine there."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "demo-node") -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="demo-node", daemon=True)
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
