@@ -61,8 +61,9 @@ def test_the_example_is_the_packaged_demo_and_has_every_kind_of_tenant() -> None
     assert len(replicas) == 5  # three on the time-sliced GPU, two MPS clients
     kinds = {p.type for p in scenario.processes}
     assert {"mps_server", "mps_client", "compute"} <= kinds
-    annotated = [p for p in scenario.pods if "gpuagent.io/gpu-share" in p.annotations]
-    assert [p.name for p in annotated] == ["notebook-alice-0"]
+    shares = {p.name: p.annotations["gpuagent.io/gpu-share"] for p in scenario.pods
+              if "gpuagent.io/gpu-share" in p.annotations}  # GPU 2's tenants: alice over her 20 %
+    assert shares == {"chat-api-6d8f7b9c4-x2kqp": "40", "chat-api-6d8f7b9c4-r7tzw": "40", "notebook-alice-0": "20"}
 
 
 BASE = """
@@ -261,6 +262,13 @@ def test_the_demos_metrics_say_simulated_and_flag_the_stray_and_the_audit(demo: 
     assert re.search(r'gpuagent_pod_info\{[^}]*pod="chat-api-6d8f7b9c4-x2kqp"[^}]*owner_kind="Deployment"'
                      r'[^}]*owner_name="chat-api"', metrics)
     assert re.search(r'gpuagent_pod_gpu_share_limit_ratio\{[^}]*pod="notebook-alice-0"[^}]*\} 0\.2', metrics)
+    # over its share on a contended GPU: throttling decided (the controller ramps up over a few polls)
+    frozen = re.compile(r'gpuagent_pod_gpu_frozen_ratio\{[^}]*pod="notebook-alice-0"[^}]*\} ([0-9.]+)')
+    deadline = time.monotonic() + 30
+    while not ((found := frozen.search(metrics)) and float(found.group(1)) > 0):
+        assert time.monotonic() < deadline, "notebook-alice-0 was never decided throttled"
+        time.sleep(0.2)
+        metrics = get(demo + "/metrics")[1]
     assert re.search(r'gpuagent_pod_gpu_mps_active_thread_ratio\{[^}]*pod="embedder-5c6b4d7f8-fq9lm"[^}]*\} 0\.4',
                      metrics)
 
