@@ -45,4 +45,6 @@ EXPOSE 9402
 # no proxy. A 503 (the poller is stuck) raises HTTPError: a non-zero exit, the container turns unhealthy.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request as r; h, _, p = os.environ.get('GPUAGENT_LISTEN', '0.0.0.0:9402').rpartition(':'); h = h.strip('[]'); h = {'': '127.0.0.1', '0.0.0.0': '127.0.0.1', '::': '::1'}.get(h, h); r.build_opener(r.ProxyHandler({})).open('http://%s:%s/healthz' % ('[%s]' % h if ':' in h else h, p), timeout=4)"]
-ENTRYPOINT ["gpuagent", "run"]
+# --backend nvml: the real driver or nothing. Without NVML the agent keeps retrying, /readyz answers 503 with
+# the reason and no GPU figure is served; it never falls back to the simulator (backend auto would).
+ENTRYPOINT ["gpuagent", "run", "--backend", "nvml"]

@@ -1,15 +1,16 @@
 # Two commands on a fresh machine:
-#   make run    install the agent (its runtime dependencies only) and run it (a simulated 8xH100 node when no
-#               NVIDIA driver is present)
+#   make run    install the agent (its runtime dependencies only) and run the demo: `gpuagent demo`, a
+#               SIMULATED Kubernetes node (8xH100, twelve pods served by a kubelet and an API server of its own)
+#   make demo   the same, scraped by a Prometheus holding a week of its history (report and recommend at once)
 #   make test   install the agent with the test extras and the system packages the tests use, and run lint,
 #               layer checks and the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SCENARIO ?= examples/scenarios/h100-8x-64proc.yaml
+SCENARIO ?= examples/scenarios/demo-k8s-node.yaml
 LISTEN ?= 127.0.0.1:9402
 
-.PHONY: install install-test run test lint bench gpu-check clean
+.PHONY: install install-test run demo pictures test lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +30,19 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
+# The demo node; on a GPU machine the agent itself is `$(BIN)/gpuagent run --backend nvml`.
 run: install
-	$(BIN)/gpuagent run --backend auto --scenario $(SCENARIO) --listen $(LISTEN)
+	$(BIN)/gpuagent demo --scenario $(SCENARIO) --listen $(LISTEN)
+
+# Prometheus and promtool come from scripts/install-system-deps.sh (Debian's prometheus).
+demo: install
+	BIN=$(BIN) LISTEN=$(LISTEN) ./scripts/demo.sh
+
+# The README's pictures (docs/top-node.svg, docs/top-cluster.svg): gpuagent top's frames of the demo node,
+# recorded afresh from `gpuagent demo` (tests/fixtures/top/demo-k8s-node.json), then drawn.
+pictures: install-test
+	$(BIN)/python tests/fixtures/top/record.py demo
+	$(BIN)/python -m pytest -q tests/test_top_snapshots.py -k readme --snapshot-update
 
 lint: install-test
 	$(BIN)/ruff check .
@@ -53,4 +65,4 @@ gpu-check:  # ONLY=plant: the plant experiment alone (docs/real-gpu.md)
 	$(GPU_PYTHON) bench/real_gpu.py all --out $(REPORT) $(if $(ONLY),--only $(ONLY))
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .demo

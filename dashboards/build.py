@@ -243,14 +243,39 @@ def table(title: str, description: str, exprs: Sequence[str], *, hide: Iterable[
                              for column, unit in (units or {}).items()])
 
 
+SIMULATED_TEXT = "SIMULATED: figures made up by gpuagent's simulator, not read from real GPUs"
+
+
+def simulated_banner() -> stat_panel.Panel:
+    """The first panel of every dashboard: red, saying SIMULATED, while any selected agent serves the
+    simulator (``gpuagent_simulated 1``); a thin green line saying the GPUs are real otherwise."""
+    expr = or_zero(f"count({sel('gpuagent_simulated', NODE)} == 1)")
+    mappings: list[dm.ValueMapping] = [
+        dm.ValueMap(options={"0": dm.ValueMappingResult(text="Real GPUs: every selected agent reads NVML",
+                                                        color="green", index=0)}),
+        dm.RangeMap(options=dm.DashboardRangeMapOptions(
+            from_val=1, to=1e9, result=dm.ValueMappingResult(text=SIMULATED_TEXT, color="red", index=1))),
+    ]
+    panel = (stat_panel.Panel().text_mode(cm.BigValueTextMode.VALUE)
+             .color_mode(cm.BigValueColorMode.BACKGROUND).graph_mode(cm.BigValueGraphMode.NONE)
+             .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+    return _panel(panel, "Simulated nodes",
+                  "Agents serving the simulator (`gpuagent_simulated 1`: backend sim, or auto on a node "
+                  "without NVML) among those selected. Their figures are not real GPUs'.",
+                  [q(expr)], "none", dm.FieldColorModeId.THRESHOLDS, RED_FROM_1, decimals=0,
+                  mappings=mappings)
+
+
 class Board:
-    """A dashboard's panels, left to right in rows of 24 columns under row headers, numbered in order. The
+    """A dashboard's panels, left to right in rows of 24 columns under row headers, numbered in order, under
+    the simulated banner (:func:`simulated_banner`). The
     SDK lays them out: it starts a new line once a line is full, so the widths of a line must add up to 24
     (``tests/test_dashboards.py`` fails on a panel past the grid's edge)."""
 
     def __init__(self) -> None:
         self.dashboard = db.Dashboard("")
         self._ids = 0
+        self.add(24, 2, simulated_banner())  # first, above every row: simulated figures never pass for real
 
     def _id(self) -> int:
         self._ids += 1

@@ -148,7 +148,8 @@ class Agent:
         self._poll_failure = ""
         self._pods_failure = ""
         self._enforce_failure = ""
-        self.registry = build_registry(lambda: self.latest, clock=clock, xid_window_seconds=config.xid_window)
+        self.registry = build_registry(lambda: self.latest, clock=clock, xid_window_seconds=config.xid_window,
+                                       backend=self.backend)
 
     async def poll_once(self) -> NodeSnapshot:
         """Poll every source once and publish the snapshot."""

@@ -1,4 +1,4 @@
-"""The ``gpuagent`` command: ``run``, ``snapshot`` and ``check-config``.
+"""The ``gpuagent`` command: ``run``, ``demo``, ``snapshot`` and ``check-config``.
 
 Flags are generated from the config key table (``gpuagent.config.KEYS``), so every flag has a config key
 and a ``GPUAGENT_<KEY>`` env var; flag values go to ``load_config`` as ``overrides`` and are validated
@@ -30,6 +30,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The config keys each command takes as flags (their help, metavar and env name come from the key table).
 RUN_KEYS = tuple(key.name for key in KEYS)
 SNAPSHOT_KEYS = ("backend", "scenario", "hostname", "nvml_timeout")
+DEMO_WIRED = ("backend", "proc_root", "pod_resources_socket", "kubeconfig", "kubernetes_api", "hostname",
+              "cgroup_root", "journal_path")  # what gpuagent demo sets itself (gpuagent.demo.run.WIRED_KEYS)
+DEMO_KEYS = tuple(name for name in RUN_KEYS if name not in DEMO_WIRED)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="poll the GPUs and serve /metrics and the API until stopped")
     _add_config_flags(run, RUN_KEYS)
     run.set_defaults(command=_run, keys=RUN_KEYS)
+
+    demo = commands.add_parser(
+        "demo", help="run the agent on a SIMULATED Kubernetes GPU node: the scenario's pods served by a "
+        "kubelet and an API server of the demo's own (default scenario: an 8xH100 node with twelve pods)")
+    _add_config_flags(demo, DEMO_KEYS)
+    demo.set_defaults(command=_demo, keys=DEMO_KEYS)
 
     snapshot = commands.add_parser("snapshot", help="poll the GPUs once and print what was seen")
     _add_config_flags(snapshot, SNAPSHOT_KEYS)
@@ -151,6 +160,14 @@ def _run(args: argparse.Namespace) -> int:
 
     log.info("starting: %s", ", ".join(f"{k}={v}" for k, v in config.as_dict().items()))
     return agent.run(config)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """``gpuagent demo``: ``gpuagent.demo.run`` starts the node's servers and runs the agent on them."""
+    flags = {name: getattr(args, name) for name in args.keys}
+    setup_logging(load_config(args.config, overrides=flags).log_level)
+    demo = importlib.import_module("gpuagent.demo.run")  # lazily: grpc and the simulator only here
+    return demo.run(args.config, flags)  # type: ignore[no-any-return]
 
 
 def _snapshot(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def clean_env() -> dict[str, str]:
     """The test's environment without its GPUAGENT_* variables (a command reads its own flags only)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """The status and body of a GET of ``url`` (an error status too, not raised)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def run_gpuagent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

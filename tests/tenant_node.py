@@ -10,17 +10,17 @@ watch it with ``gpuagent top``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
-import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent_runner import AgentRunner
 from prometheus_server import free_port
+
+from gpuagent.demo.run import ServerThread
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
@@ -123,23 +123,13 @@ def gpu_uuids(scenario: Path) -> list[str]:
 
 # -- async servers on a loop of their own ---------------------------------------------------------------------
 
-class LoopThread:
-    """An asyncio loop in a daemon thread: the fake API server and the pod-resources gRPC server live
-    there for as long as the agents run, whatever the test does meanwhile."""
+class LoopThread(ServerThread):
+    """An asyncio loop in a daemon thread (``gpuagent demo``'s, for its own kubelet and API server): the fake
+    API server and the pod-resources gRPC server live there for as long as the agents run, whatever the test
+    does meanwhile."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="fake-k8s", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        if not self.thread.is_alive():
-            self.loop.close()
+        super().__init__(name="fake-k8s")
 
 
 @contextlib.contextmanager

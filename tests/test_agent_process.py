@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,13 +10,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from agent_runner import http_get as get
 
 from gpuagent.shutdown import EXIT_FORCED
 
@@ -29,14 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 class AgentProcess:
@@ -97,6 +89,7 @@ def test_run_serves_a_simulated_node_when_there_is_no_driver(agent_process) -> N
         assert f'gpuagent_process_gpu_memory_used_bytes{{gpu="{gpu}",' in body
         assert f'gpuagent_process_sm_utilization_ratio{{gpu="{gpu}",' in body
     assert 'Hostname="test-node"' in body and "gpuagent_up 1.0" in body
+    assert "gpuagent_simulated 1.0" in body and 'backend="sim"' in body  # every scrape says it
     status, state = get(agent.url + "/v1/state")
     assert status == 200
     state = json.loads(state)
@@ -106,7 +99,56 @@ def test_run_serves_a_simulated_node_when_there_is_no_driver(agent_process) -> N
     code, log, took = agent.stop()
     assert code == 0 and took < 10
     assert "NO NVIDIA DRIVER" in log and "SIMULATED" in log  # said loudly, once
+    assert "auto is for development" in log and "--backend nvml" in log
     assert "stopped" in log
+
+
+def _nvml_loads() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def test_backend_nvml_without_a_driver_is_unready_serves_no_gpu_and_retries(agent_process) -> None:
+    """What the Dockerfile, the unit and the DaemonSet run: with no NVML, the agent stays up and alive, is
+    unready with the reason, serves no GPU figure (none simulated) and keeps trying every poll."""
+    if _nvml_loads():
+        pytest.skip("NVML loads on this machine: the driverless case cannot be run here")
+    agent = agent_process("--backend", "nvml", "--poll-interval", "0.2", "--pod-resources-socket", "null",
+                          "--kubernetes-api", "off")
+    deadline = time.monotonic() + 30
+    while True:
+        assert agent.proc.poll() is None, agent.proc.stdout.read()
+        with contextlib.suppress(OSError):
+            status, body = get(agent.url + "/healthz")
+            if status == 200 and json.loads(body)["status"] == "ok":  # a first snapshot is published
+                break
+        assert time.monotonic() < deadline, "no first snapshot"
+        time.sleep(0.1)
+    status, body = get(agent.url + "/readyz")
+    assert status == 503
+    ready = json.loads(body)
+    assert "NVML unavailable" in ready["status"] and "nvmlInit" in ready["reason"] and ready["backend"] == "nvml"
+    metrics = get(agent.url + "/metrics")[1]
+    assert "gpuagent_up 0.0" in metrics and 'gpuagent_source_success{source="nvml"} 0.0' in metrics
+    assert "gpuagent_simulated 0.0" in metrics and 'backend="nvml"' in metrics
+    assert "DCGM_FI_" not in metrics and "gpuagent_gpu_info{" not in metrics
+    state = json.loads(get(agent.url + "/v1/state")[1])
+    assert state["backend"] == "nvml" and state["gpus"] == []
+    polls = _value(metrics, "gpuagent_polls_total")
+    time.sleep(1.0)
+    later = get(agent.url + "/metrics")[1]
+    assert _value(later, "gpuagent_polls_total") > polls and "gpuagent_up 0.0" in later  # still trying
+    assert get(agent.url + "/readyz")[0] == 503 and get(agent.url + "/healthz")[0] == 200
+    code, log, _ = agent.stop()
+    assert code == 0
+    assert log.count("NVML unavailable") == 1 and "retrying every poll" in log  # one line, not one a poll
+    assert "SIMULATED" not in log
 
 
 def test_a_hung_nvml_call_marks_the_gpu_stale_and_the_agent_keeps_serving(agent_process, tmp_path) -> None:

@@ -143,13 +143,13 @@ def test_every_panel_kind_used_is_checked_by_a_plugin_schema_or_the_builders_typ
 
 
 MUTATIONS: list[tuple[str, Callable[[Json], None], str]] = [
-    ("a panel wider than the grid", lambda d: d["panels"][1]["gridPos"].update(w=25), "25 is greater"),
-    ("a misspelt panel key", lambda d: d["panels"][1].update(titel="x"), "'titel' was unexpected"),
+    ("a panel wider than the grid", lambda d: d["panels"][0]["gridPos"].update(w=25), "25 is greater"),
+    ("a misspelt panel key", lambda d: d["panels"][0].update(titel="x"), "'titel' was unexpected"),
     ("a variable refreshed by a code Grafana lacks", lambda d: d["templating"]["list"][1].update(refresh=3),
      "3 is not one of"),
-    ("a threshold given as text", lambda d: d["panels"][1]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    ("a threshold given as text", lambda d: d["panels"][0]["fieldConfig"]["defaults"]["thresholds"]["steps"]
      .append({"value": "80", "color": "red"}), "'80' is not of type"),
-    ("a misspelt query field", lambda d: d["panels"][1]["targets"][0].update(exprr="up"),
+    ("a misspelt query field", lambda d: d["panels"][0]["targets"][0].update(exprr="up"),
      "'exprr' was unexpected"),
     ("a legend mode Grafana lacks", lambda d: next(p for p in d["panels"] if p["type"] == "timeseries")
      ["options"]["legend"].update(displayMode="tabel"), "'tabel' is not one of"),

@@ -181,6 +181,29 @@ def test_build_py_writes_the_same_bytes_twice_and_its_check_passes(tmp_path: Pat
     assert check.returncode == 1 and "gpuagent-pods.json" in check.stderr
 
 
+def test_every_dashboard_opens_with_the_simulated_banner(dashboard: dict[str, Any]) -> None:
+    """The first panel, full width above every row: red with SIMULATED in it while a selected agent says
+    ``gpuagent_simulated 1``, green otherwise (0 agents, or none reporting yet)."""
+    banner = dashboard["panels"][0]
+    assert banner["type"] == "stat" and banner["gridPos"]["y"] == 0 and banner["gridPos"]["w"] == 24
+    (target,) = banner["targets"]
+    assert "gpuagent_simulated{" in target["expr"] and "== 1" in target["expr"]
+    assert "or on() vector(0)" in target["expr"]
+    defaults = banner["fieldConfig"]["defaults"]
+    assert banner["options"]["colorMode"] == "background"
+    steps = defaults["thresholds"]["steps"]
+    assert steps[0]["color"] == "green" and {"value": 1, "color": "red"} in steps
+    texts = {}
+    for mapping in defaults["mappings"]:
+        if mapping["type"] == "value":
+            texts.update({value: result["text"] for value, result in mapping["options"].items()})
+        else:
+            assert mapping["type"] == "range" and mapping["options"]["from"] == 1
+            texts["1.."] = mapping["options"]["result"]["text"]
+            assert mapping["options"]["result"]["color"] == "red"
+    assert "SIMULATED" in texts["1.."] and "Real GPUs" in texts["0"]
+
+
 def test_uids_and_titles_are_unique() -> None:
     loaded = [load(p) for p in FILES]
     assert len({d["uid"] for d in loaded}) == len(loaded)

@@ -371,6 +371,7 @@ def test_services_select_exactly_their_workload_and_target_named_container_ports
 def test_metrics_service_is_headless_on_the_agents_default_port() -> None:
     service = _one("Service", "gpuagent")
     assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True  # an agent without NVML is scraped: gpuagent_up 0
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9402, "targetPort": "metrics", "protocol": "TCP"}]
     assert AGENT_PORT == 9402
 
@@ -473,7 +474,8 @@ def test_daemonset_pod_spec(daemonset: dict, agent_container: dict) -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert spec["terminationGracePeriodSeconds"] >= SHUTDOWN_BOUND_SECONDS
     assert agent_container["image"] == f"gpuagent:{VERSION}"
-    assert "command" not in agent_container and "args" not in agent_container  # the image's `gpuagent run`
+    # the image's `gpuagent run --backend nvml`
+    assert "command" not in agent_container and "args" not in agent_container
     resources = agent_container["resources"]
     assert resources["requests"] == {"cpu": "20m", "memory": "64Mi"}
     assert resources["limits"] == {"memory": "256Mi"}  # and no CPU limit: throttling would skew the duty cycle
@@ -673,7 +675,7 @@ def _words(values: list[str]) -> set[str]:
 def test_unit_runs_the_agent_simply_and_restarts_it(unit: dict) -> None:
     service = unit["Service"]
     assert service["Type"] == ["simple"]  # no sd_notify in the agent; readiness is /readyz
-    assert service["ExecStart"] == ["/usr/local/bin/gpuagent run"]
+    assert service["ExecStart"] == ["/usr/local/bin/gpuagent run --backend nvml"]
     assert service["EnvironmentFile"] == ["-/etc/gpuagent/gpuagent.env"]
     assert service["Restart"] == ["on-failure"]
     assert service["RestartSec"]
@@ -817,7 +819,7 @@ def _env_file() -> tuple[dict[str, str], dict[str, str]]:
 def test_env_file_names_real_keys_and_every_example_value_parses(tmp_path: Path) -> None:
     active, examples = _env_file()
     assert active[CONFIG_ENV] == "/etc/gpuagent/config.yaml"
-    assert active["GPUAGENT_BACKEND"] == "nvml"
+    assert "GPUAGENT_BACKEND" not in active  # the unit's --backend nvml decides, with or without this file
     for name in {**active, **examples}:
         assert name in KEY_ENVS | {CONFIG_ENV}, f"{name} is not GPUAGENT_<KEY> for a key of gpuagent.config"
     empty = tmp_path / "config.yaml"
@@ -920,7 +922,7 @@ def test_dockerfile_runs_gpuagent_unprivileged_on_the_default_port() -> None:
     exposed = [arguments for instruction, arguments in final if instruction == "EXPOSE"]
     assert exposed == [str(AGENT_PORT)]
     (entrypoint,) = [arguments for instruction, arguments in final if instruction == "ENTRYPOINT"]
-    assert _exec_form(entrypoint) == ["gpuagent", "run"]
+    assert _exec_form(entrypoint) == ["gpuagent", "run", "--backend", "nvml"]
     assert "gpuagent" in PYPROJECT["scripts"].split()
     env = " ".join(arguments for instruction, arguments in final if instruction == "ENV")
     assert re.search(r"\bNVIDIA_VISIBLE_DEVICES=all\b", env)
@@ -1016,3 +1018,44 @@ def test_dockerignore_sends_only_what_the_builder_copies() -> None:
     for left_out in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "gpuagent/__pycache__/cli.cpython-311.pyc",
                      "deploy/daemonset.yaml", "Dockerfile"):
         assert _dockerignore_excludes(left_out), left_out
+
+
+# --- production never simulates -------------------------------------------------------------------------
+
+def _backend_of(argv: list[str], env: dict[str, str]) -> str:
+    """The backend ``gpuagent ARGV`` runs with under ``env``, parsed and loaded as the command does."""
+    from gpuagent.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    return load_config(args.config, overrides={k: getattr(args, k) for k in args.keys}, env=env).backend
+
+
+def test_every_production_entry_point_requires_nvml_whatever_its_environment(
+        unit: dict, daemonset: dict, tmp_path: Path) -> None:
+    """The Dockerfile's entrypoint, the unit (with and without its environment file) and the DaemonSet run
+    ``--backend nvml``: an environment or config saying auto or sim cannot make them simulate."""
+    final = _stages()[-1]
+    (entrypoint,) = [arguments for instruction, arguments in final if instruction == "ENTRYPOINT"]
+    image = _exec_form(entrypoint)[1:]
+    (exec_start,) = unit["Service"]["ExecStart"]
+    unit_argv = exec_start.split()[1:]
+    config = tmp_path / "config.yaml"
+    config.write_text("backend: auto\n")
+    active, _ = _env_file()
+    containers = daemonset["spec"]["template"]["spec"]["containers"]
+    (agent,) = [c for c in containers if c["name"] == "gpuagent"]
+    pod_argv = [*image, *agent.get("args", [])]
+    for argv in (image, unit_argv, pod_argv):
+        for env in ({}, {"GPUAGENT_BACKEND": "auto"}, {"GPUAGENT_BACKEND": "sim"},
+                    {CONFIG_ENV: str(config)}, {**active, CONFIG_ENV: str(config)}):
+            assert _backend_of(argv, {NODE_NAME_ENV: "node-1", **env}) == "nvml", (argv, env)
+
+
+def test_no_production_file_names_the_simulator() -> None:
+    """No ``auto`` or ``sim`` backend anywhere in what is deployed (a comment may say what they would do)."""
+    files = [DOCKERFILE, UNIT, ENV_FILE, *sorted(DEPLOY.rglob("*.yaml"))]
+    said = re.compile(r"(--backend[ =]|backend:\s*|GPUAGENT_BACKEND=)[\"']?(auto|sim)\b")
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            assert not said.search(code), f"{path.relative_to(ROOT)}:{number}: {line.strip()}"

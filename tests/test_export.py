@@ -34,6 +34,7 @@ from snapshots import (
     two_gpu_node,
 )
 
+from gpuagent import __version__
 from gpuagent.export import build_registry, choose_encoder
 from gpuagent.export.dcgm import FIELDS, DcgmCollector
 from gpuagent.export.exposition import generate_openmetrics, generate_text
@@ -368,6 +369,21 @@ def test_no_snapshot_yet():
     meta = {"gpuagent_collector_success", "gpuagent_collector_duration_seconds"}
     assert names == {"gpuagent_up", "gpuagent_build_info", *meta}
     assert values(registry, "gpuagent_up") == [0.0]
+
+
+def test_a_simulated_node_says_so_on_every_scrape():
+    """The backend on gpuagent_build_info and gpuagent_simulated: 1 for the simulator (before its first
+    poll too), 0 for NVML, so simulated figures never pass for a real GPU's."""
+    simulated = registry_for(two_gpu_node())  # backend sim
+    assert [s.labels for s in series(simulated, "gpuagent_build_info")] == [
+        {"version": __version__, "backend": "sim"}]
+    assert values(simulated, "gpuagent_simulated") == [1.0]
+    real = registry_for(laptop_node())  # backend nvml
+    assert values(real, "gpuagent_build_info", backend="nvml") == [1.0]
+    assert values(real, "gpuagent_simulated") == [0.0]
+    starting = registry_for(None, backend="sim")
+    assert values(starting, "gpuagent_simulated") == [1.0]
+    assert values(starting, "gpuagent_build_info", backend="sim") == [1.0]
 
 
 # --- isolation of failures ----------------------------------------------------------------------------------

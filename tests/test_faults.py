@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import socket
 import time
@@ -109,7 +110,9 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serving(agent: Agent) -> AsyncIterator[Served]:
+async def serving(agent: Agent, *, ready: bool = True) -> AsyncIterator[Served]:
+    """The agent served on a free port, once ``/readyz`` says 200 (``ready=False``: once a first snapshot
+    is published, for an agent that cannot be ready yet)."""
     stop = asyncio.Event()
     task = asyncio.create_task(agent.serve(stop))
     try:
@@ -119,7 +122,7 @@ async def serving(agent: Agent) -> AsyncIterator[Served]:
             while True:
                 assert not task.done(), task.exception() if not task.cancelled() else "cancelled"
                 with contextlib.suppress(aiohttp.ClientError):
-                    if (await served.get("/readyz"))[0] == 200:
+                    if (await served.get("/readyz"))[0] == 200 or (not ready and agent.latest is not None):
                         break
                 assert time.monotonic() < deadline, "agent not ready"
                 await asyncio.sleep(0.05)
@@ -182,14 +185,16 @@ async def test_nvml_init_fails_then_the_driver_reloads(tmp_path: Path, caplog: p
     scenario = write_scenario(tmp_path, 2, [{"name": "a", "gpu": 0}],
                               [{"init_failure": {"until": 100, "error": "DRIVER_NOT_LOADED"}}])
     agent, _ = make_agent(scenario, clock)
-    async with serving(agent) as served:
+    async with serving(agent, ready=False) as served:
         await served.polls(10)
         body = await served.metrics()
         assert "gpuagent_up 0.0" in body and 'gpuagent_source_success{source="nvml"} 0.0' in body
         assert "DCGM_FI_DEV_GPU_UTIL" not in body and await served.healthy()
-        assert (await served.get("/readyz"))[0] == 200
+        status, ready = await served.get("/readyz")  # alive, but not ready while NVML is down
+        assert status == 503 and "DRIVER_NOT_LOADED" in json.loads(ready)["reason"]
         clock.t = 101.0  # the driver finished loading
         await served.wait_value("gpuagent_up", lambda v: v == 1.0)
+        assert (await served.get("/readyz"))[0] == 200
         await served.polls(3)
         body = await served.metrics()
         assert 'DCGM_FI_DEV_GPU_UTIL{gpu="1"' in body and 'gpuagent_source_success{source="nvml"} 1.0' in body

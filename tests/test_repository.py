@@ -39,7 +39,26 @@ def pip_installs(commands: list[str]) -> list[str]:
 def test_make_run_installs_the_runtime_only(tmp_path: Path) -> None:
     commands = planned("run", tmp_path)
     assert pip_installs(commands) == ["-q --upgrade pip", "-q -e ."]
-    assert commands[-1].startswith("$VENV/bin/gpuagent run ")
+    # the demo: a simulated Kubernetes node whose pods `gpuagent top` names from the first screen
+    assert commands[-1].startswith("$VENV/bin/gpuagent demo --scenario examples/scenarios/demo-k8s-node.yaml ")
+
+
+def test_make_demo_runs_the_demo_beside_a_prometheus_with_its_history(tmp_path: Path) -> None:
+    commands = planned("demo", tmp_path)
+    assert pip_installs(commands) == ["-q --upgrade pip", "-q -e ."]  # the runtime; Prometheus is Debian's
+    assert commands[-1] == "BIN=$VENV/bin LISTEN=127.0.0.1:9402 ./scripts/demo.sh"
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    steps = ["-m gpuagent.demo.history", "promtool tsdb create-blocks-from openmetrics", "prometheus --config.file",
+             '"$BIN/gpuagent" demo --listen']
+    assert [script.index(step) for step in steps] == sorted(script.index(step) for step in steps)
+
+
+def test_make_pictures_draws_the_readme_pictures_from_the_demo(tmp_path: Path) -> None:
+    commands = planned("pictures", tmp_path)
+    assert commands[-2:] == ["$VENV/bin/python tests/fixtures/top/record.py demo",
+                             "$VENV/bin/python -m pytest -q tests/test_top_snapshots.py -k readme --snapshot-update"]
+    readme = (ROOT / "README.md").read_text()
+    assert "make pictures" in readme and "(docs/top-node.svg)" in readme
 
 
 def test_make_test_adds_the_test_extras_and_the_system_packages(tmp_path: Path) -> None:

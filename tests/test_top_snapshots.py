@@ -53,8 +53,8 @@ def recorded(name: str) -> dict[str, Any]:
     return json.loads((FIXTURES / name).read_text())
 
 
-def node_app() -> TopApp:
-    state = recorded("h100-tenants.json")
+def node_app(fixture: str = "h100-tenants.json") -> TopApp:
+    state = recorded(fixture)
     history = History()
     for i, point in enumerate(state.pop("history")):
         history.add(float(i), point)
@@ -77,8 +77,8 @@ class RecordedSource:
         return self._rows
 
 
-def cluster_app() -> TopApp:
-    tenants, mig = recorded("h100-tenants.json"), recorded("a100-mig.json")
+def cluster_app(fixture: str = "h100-tenants.json") -> TopApp:
+    tenants, mig = recorded(fixture), recorded("a100-mig.json")
     rows = [
         row_of("gpu-node-1", RecordedWatch("http://gpu-node-1:9402", tenants)),
         row_of("gpu-node-2", RecordedWatch("http://gpu-node-2:9402", mig)),
@@ -114,12 +114,13 @@ def test_cluster_view(snap_compare: Any) -> None:
     assert snap_compare(cluster_app(), terminal_size=CLUSTER_SIZE)
 
 
-# The README's pictures are frames of these same apps: regenerated with --snapshot-update, checked here.
+# The README's pictures are frames of these same apps on the demo node (what `make run` serves, recorded by
+# `tests/fixtures/top/record.py demo`): `make pictures` records it and regenerates them, checked here.
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+DEMO = "demo-k8s-node.json"
 README_FRAMES = {
-    # GPUs 0-4 folded (enter on each), so GPU 5's XID and idle pod and GPU 6 gone stale are in view
-    "top-node.svg": (node_app, (132, 36), [*["enter", "down"] * 5]),
-    "top-cluster.svg": (cluster_app, (132, 10), []),
+    "top-node.svg": (lambda: node_app(DEMO), (132, 44), []),
+    "top-cluster.svg": (lambda: cluster_app(DEMO), (132, 10), []),
 }
 
 
@@ -130,6 +131,11 @@ async def test_the_readme_pictures_are_current_frames(name: str, request: pytest
     async with app.run_test(size=size) as pilot:
         await pilot.press(*keys)
         await pilot.pause(0.3)
+        for _ in range(100):  # a loaded machine may not have drawn the footer's keys yet: wait for them
+            if app.screen.query("FooterKey"):
+                break
+            await pilot.pause(0.1)
+        await pilot.pause(0.1)
         svg = app.export_screenshot(title="gpuagent top")
     path = DOCS / name
     if request.config.getoption("--snapshot-update", default=False):

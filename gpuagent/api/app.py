@@ -24,6 +24,7 @@ from gpuagent.snapshot import NodeSnapshot, allocation_view, to_jsonable
 LatestSnapshot = Callable[[], NodeSnapshot | None]
 
 MAX_REQUEST_BYTES = 64 * 1024
+NVML_SOURCE = "nvml"  # the device source's name in NodeSnapshot.sources
 _LATEST = web.AppKey("latest", object)
 _REGISTRY = web.AppKey("registry", CollectorRegistry)
 _CLOCK = web.AppKey("clock", object)
@@ -59,9 +60,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready once a snapshot is published and NVML answered its poll. NVML down (no driver, a driver
+    being reinstalled) is unready with the reason: the agent keeps retrying, serves no GPU figures it did
+    not read, and a rollout or a load balancer sees that this node is not being monitored."""
     snapshot = _latest(request)
     if snapshot is None:
         return web.json_response({"status": "waiting for the first poll"}, status=503)
+    nvml = next((source for source in snapshot.sources if source.name == NVML_SOURCE), None)
+    if nvml is not None and not nvml.ok:
+        return web.json_response({"status": "NVML unavailable, retrying every poll", "reason": nvml.error,
+                                  "backend": snapshot.backend}, status=503)
     return web.json_response({"status": "ready", "gpus": len(snapshot.gpus), "backend": snapshot.backend})
 
 

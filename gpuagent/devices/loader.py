@@ -13,7 +13,9 @@ def load_nvml(backend: str, scenario: str | None) -> tuple[Any, str]:
 
     ``nvml`` returns pynvml even when the driver does not load: the poller then reports NVML as down
     (``gpuagent_up 0``) and keeps retrying, which is what a GPU node whose driver is being reinstalled needs.
-    ``auto`` falls back to the simulator, loudly, so nobody mistakes simulated figures for real ones.
+    ``auto`` is for development: it falls back to the simulator, loudly, and says at start that it is no
+    production setting (the Dockerfile, the systemd unit and the manifests run ``nvml``). A simulated node
+    also says so on every scrape (``gpuagent_simulated 1``), so nobody mistakes its figures for real ones.
     """
     if backend == "sim":
         return _simulated(scenario), "sim"
@@ -26,11 +28,14 @@ def load_nvml(backend: str, scenario: str | None) -> tuple[Any, str]:
     except pynvml.NVMLError as exc:
         log.warning(
             "NO NVIDIA DRIVER: NVML did not load (%s). Serving a SIMULATED node from scenario %s. "
-            "These are not real GPUs; use --backend nvml to require the driver.",
+            "These are not real GPUs (/metrics says gpuagent_simulated 1). Backend auto is for development: "
+            "use --backend nvml to require the driver.",
             exc, scenario or "(built-in demo)",
         )
         return _simulated(scenario), "sim"
     pynvml.nvmlShutdown()
+    log.warning("backend auto (for development): NVML loaded, serving the real GPUs; had it not, this would "
+                "serve a simulated node. Run production with --backend nvml.")
     return pynvml, "nvml"
 
 

@@ -39,13 +39,15 @@ def build_registry(
     hostname_label: str = DEFAULT_HOSTNAME_LABEL,
     xid_window_seconds: float = 300.0,
     timer: Callable[[], float] = time.perf_counter,
+    backend: str | None = None,
 ) -> SnapshotRegistry:
     """A registry rendering ``latest()`` on every scrape (once per snapshot: see ``guard`` and ``scrape``).
 
     ``clock`` is wall time (for ``gpuagent_snapshot_age_seconds``); ``hostname_label`` is ``"Hostname"``
     (dcgm-exporter up to 4.5.3-4.8.2), ``"hostname"`` (later releases) or ``""`` for none (``--no-hostname``);
     ``xid_window_seconds`` is the window the snapshot's recent XIDs are counted over (``window_size_in_ms``);
-    ``timer`` times each collector (``gpuagent_collector_duration_seconds``).
+    ``timer`` times each collector (``gpuagent_collector_duration_seconds``); ``backend`` (``nvml``, ``sim``)
+    marks a simulated node before its first snapshot does (``gpuagent_simulated``).
     """
     renderers = (
         DcgmCollector(hostname_label=hostname_label, xid_window_seconds=xid_window_seconds),
@@ -57,7 +59,7 @@ def build_registry(
         EnforcementCollector(hostname_label=hostname_label),
         AccountingCollector(hostname_label=hostname_label),
         HintsCollector(hostname_label=hostname_label),
-        HealthCollector(clock=clock, hostname_label=hostname_label),
+        HealthCollector(clock=clock, hostname_label=hostname_label, backend=backend),
     )
     registry = SnapshotRegistry()
     registry.register(SnapshotCollector(latest, renderers, timer=timer))

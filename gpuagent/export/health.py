@@ -3,7 +3,11 @@
 Unlike the device series, the per-GPU families here (``gpuagent_gpu_health``, ``_stale``, ``_info``,
 ``_xid_errors_total``) are emitted for a LOST GPU too: they are what the agent knows about it, not values read
 from it.
-Before the first poll there is no snapshot: only ``gpuagent_up 0`` and the build info.
+Before the first poll there is no snapshot: only ``gpuagent_up 0``, the build info and the simulated marker.
+
+A simulated node says so on every scrape: ``gpuagent_build_info`` carries the backend (``backend="sim"``)
+and ``gpuagent_simulated`` is 1 (0 on NVML), so neither a dashboard nor an alert can take the simulator's
+figures for a real GPU's.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from gpuagent.export.node_health import node_health_families
 from gpuagent.snapshot import Health, NodeSnapshot, PollHistogram
 
 NVML_SOURCE = "nvml"
+SIMULATED_BACKEND = "sim"
 
 
 class HealthCollector:
@@ -48,9 +53,11 @@ class HealthCollector:
     volatile = True  # gpuagent_snapshot_age_seconds reads the clock: rendered on every scrape
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.time, hostname_label: str = DEFAULT_HOSTNAME_LABEL
+        self, *, clock: Callable[[], float] = time.time, hostname_label: str = DEFAULT_HOSTNAME_LABEL,
+        backend: str | None = None,
     ) -> None:
         self._clock = clock
+        self._backend = backend  # before the first poll; each snapshot names its own
         self._hostname_label = hostname_label
         self._texts = TextCache(_label_text)  # label texts kept across snapshots, by what they are made of
         self._kept = Kept()
@@ -62,7 +69,7 @@ class HealthCollector:
         if snapshot is None:
             up = gauge("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.")
             add(up, {}, 0)
-            return [up, _build_info()]
+            return [up, *_build_info(self._backend)]
         last = self._last
         if last is None or last[0]() is not snapshot:
             self._texts.rotate()
@@ -76,8 +83,8 @@ class HealthCollector:
         up = self._kept.family("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.", GAUGE, [""],
                                [flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources))])
         faults = node_health_families(snapshot, GpuLabels.of(snapshot, self._hostname_label))
-        return [up, _build_info()], [*self._poll(snapshot), *self._nvml(snapshot), *self._gpus(snapshot),
-                                     *faults]
+        after = [*self._poll(snapshot), *self._nvml(snapshot), *self._gpus(snapshot), *faults]
+        return [up, *_build_info(snapshot.backend)], after
 
     def _poll(self, snapshot: NodeSnapshot) -> list[Metric]:
         kept = self._kept
@@ -146,10 +153,18 @@ class HealthCollector:
         return [health, stale, xids, info]
 
 
-def _build_info() -> Metric:
-    build = family("gpuagent_build_info", "The agent's version.", "info")
-    add(build, label_pairs((("version", __version__),)), 1)
-    return build
+def _build_info(backend: str | None) -> list[Metric]:
+    """The version and backend, and the simulated marker (no backend known yet: the version alone)."""
+    build = family("gpuagent_build_info", "The agent's version and NVML backend (nvml, or sim: simulated).",
+                   "info")
+    if backend is None:
+        add(build, label_pairs((("version", __version__),)), 1)
+        return [build]
+    add(build, label_pairs((("version", __version__), ("backend", backend))), 1)
+    simulated = gauge("gpuagent_simulated",
+                      "1 when the GPUs served are the simulator's (backend sim), not real ones; else 0.")
+    add(simulated, "", flag(backend == SIMULATED_BACKEND))
+    return [build, simulated]
 
 
 _STATES = tuple(Health)

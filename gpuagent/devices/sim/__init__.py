@@ -16,6 +16,7 @@ __all__ = [
     "ScenarioError",
     "SimulatedNvml",
     "default_scenario_path",
+    "kubernetes_demo_path",
     "load_scenario",
     "parse_scenario",
 ]
@@ -24,3 +25,9 @@ __all__ = [
 def default_scenario_path() -> Path:
     """The demo scenario shipped in the package (2 GPUs, a few processes)."""
     return Path(__file__).with_name("scenarios") / "demo.yaml"
+
+
+def kubernetes_demo_path() -> Path:
+    """``gpuagent demo``'s scenario shipped in the package: an 8-GPU Kubernetes node with its pods
+    (``examples/scenarios/demo-k8s-node.yaml`` links to it)."""
+    return Path(__file__).with_name("scenarios") / "demo-k8s-node.yaml"

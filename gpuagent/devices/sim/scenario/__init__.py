@@ -24,6 +24,15 @@ The format, in brief (``examples/scenarios/`` has complete files)::
     faults:
       - xid: {gpu: 0, at: 30, code: 79}
       - gpu_lost: {gpu: 0, at: 31}
+    pods:                              # read by `gpuagent demo` only (gpuagent/demo/), not by the simulator
+      - namespace: ml
+        name: train-0
+        owner: {kind: StatefulSet, name: train}   # Deployment, StatefulSet, Job, CronJob; omitted: bare
+        annotations: {gpuagent.io/gpu-share: "50"}
+        containers:
+          - name: main
+            processes: [train]         # processes by name: they run in this container's cgroup
+            devices: [{gpu: 0}]        # allocated: a GPU, {gpu: 1, replica: 0}, {gpu: 2, mig_instance: 1}
 
 Defaults when a GPU curve is omitted: utilization = min(100, sum of its processes' ``sm_util``); power
 between the model's idle power and its limit by utilization; temperature from power; memory utilization
@@ -41,8 +50,9 @@ per-process utilization on the server's PID instead of theirs.
 The package, one job a module: ``spec.py`` the model (the frozen specs the simulator runs from);
 ``load.py`` text to a validated mapping to a :class:`Scenario`; ``messages.py`` JSON Schema errors in
 words; ``build.py`` the semantic checks and the building, one module per section (``gpus.py`` with
-``mig_layout.py``, ``processes.py`` with ``mps.py``, ``faults.py``), curves in ``curve_nodes.py``, and what
-they share in ``checks.py`` (the problems found, pynvml's names) and ``values.py`` (sizes, values shown).
+``mig_layout.py``, ``processes.py`` with ``mps.py``, ``faults.py``, ``pods.py``), curves in
+``curve_nodes.py``, and what they share in ``checks.py`` (the problems found, pynvml's names) and
+``values.py`` (sizes, values shown).
 """
 
 from gpuagent.devices.sim.scenario.load import (

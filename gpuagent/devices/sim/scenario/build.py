@@ -3,7 +3,8 @@
 GPU indices, MIG profiles of the GPU's model, PID uniqueness, curve ranges: every message names the path
 inside the file (``processes[3].gpu: GPU index 9 does not exist (scenario has 8 GPUs)``), and every
 problem found is reported, in the order of the file. Each section has its module (:mod:`.gpus` with
-:mod:`.mig_layout`, :mod:`.processes` with :mod:`.mps`, :mod:`.faults`; curves in :mod:`.curve_nodes`);
+:mod:`.mig_layout`, :mod:`.processes` with :mod:`.mps`, :mod:`.faults`, :mod:`.pods`; curves in
+:mod:`.curve_nodes`);
 this one reads the top level and the ``driver:`` section, and puts them together in that order.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 from gpuagent.devices.sim.scenario.checks import Problems, pynvml_functions
 from gpuagent.devices.sim.scenario.faults import read_faults
 from gpuagent.devices.sim.scenario.gpus import read_gpus
+from gpuagent.devices.sim.scenario.pods import read_pods
 from gpuagent.devices.sim.scenario.processes import read_processes
 from gpuagent.devices.sim.scenario.spec import (
     DEFAULT_CUDA_VERSION,
@@ -32,16 +34,19 @@ def build(problems: Problems, data: Mapping[str, Any], source: str, name: str | 
     gpus = read_gpus(problems, data.get("gpus") or [])
     processes = read_processes(problems, data.get("processes") or [], gpus)
     faults = read_faults(problems, data.get("faults") or [], gpus)
+    seed = str(data.get("seed", name))
+    pods = read_pods(problems, data.get("pods") or [], gpus, processes, seed)
     return Scenario(
         name=name,
         hostname=data.get("hostname", "sim-node"),
-        seed=str(data.get("seed", name)),
+        seed=seed,
         driver=driver,
         gpus=tuple(gpus),
         processes=tuple(processes),
         faults=tuple(faults),
         source=source,
         description=data.get("description", ""),
+        pods=tuple(pods),
     )
 
 

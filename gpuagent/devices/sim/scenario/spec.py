@@ -1,8 +1,9 @@
 """The model of a scenario: the frozen specs the simulated NVML runs from, and their defaults.
 
 What a scenario file says, checked and with every default filled in: the driver, each GPU (its model, MIG
-layout and curves), each process, each fault. The simulator reads only these; the file's syntax and its
-checks stay in the loader and the builder. ``stable_digest`` derives a GPU's identities (UUID, serial)
+layout and curves), each process, each fault, and the Kubernetes pods those processes belong to (read by
+``gpuagent demo``, not by the simulator). The simulator reads only these; the file's syntax and its checks
+stay in the loader and the builder. ``stable_digest`` derives a GPU's identities (UUID, serial)
 from the scenario's seed, so that a scenario names the same GPUs on every run.
 """
 
@@ -162,6 +163,37 @@ Fault = (GpuLost | XidFault | EccFault | PcieReplayFault | HangFault | InitFailu
 
 
 @dataclass(frozen=True)
+class PodDeviceSpec:
+    """A device the kubelet allocated: a whole GPU, a replica of one (``replica``) or a MIG device."""
+
+    gpu: int
+    replica: int | None = None
+    mig_instance: int | None = None  # the GPU-instance ID
+
+
+@dataclass(frozen=True)
+class PodContainerSpec:
+    name: str
+    pids: tuple[int, ...]  # the PIDs of the scenario's processes running in it
+    devices: tuple[PodDeviceSpec, ...]
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """A Kubernetes pod of the simulated node (``gpuagent demo`` serves it; the NVML simulator does not
+    read it). ``owner_kind``/``owner_name``: the top of its controller chain, None for a bare pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    owner_kind: str | None
+    owner_name: str | None
+    qos: str
+    annotations: Mapping[str, str]
+    containers: tuple[PodContainerSpec, ...]
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     hostname: str
@@ -172,6 +204,7 @@ class Scenario:
     faults: tuple[Fault, ...]
     source: str = "<scenario>"
     description: str = ""
+    pods: tuple[PodSpec, ...] = ()
 
     @property
     def init_failure(self) -> InitFailure | None:
