@@ -37,6 +37,8 @@ WIRED_KEYS = ("backend", "proc_root", "pod_resources_socket", "kubeconfig", "kub
 DEMO_DEFAULTS: Mapping[str, object] = {
     "mode": "audit", "pod_resources_interval": 1.0, "idle_window": 120.0, "idle_events": "on",
     "network": False,
+    # the demo's API server serves pods and owners; it holds no GPUNodeState CRD for the extender's view
+    "publish_state": "off",
 }
 
 
