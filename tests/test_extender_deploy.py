@@ -126,9 +126,9 @@ def test_command_runs_the_extender_and_the_probes_hit_its_routes(container: dict
         assert container[probe]["httpGet"]["path"] in paths
 
 
-def test_the_extender_runs_unprivileged_reading_claims_only(deployment: dict, container: dict) -> None:
+def test_the_extender_runs_unprivileged_reading_claims_and_node_names_only(deployment: dict, container: dict) -> None:
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is True  # to read DRA pods' ResourceClaims
+    assert pod["automountServiceAccountToken"] is True  # to read DRA pods' ResourceClaims and list nodes
     assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostPID")
@@ -148,7 +148,8 @@ def test_the_extender_runs_unprivileged_reading_claims_only(deployment: dict, co
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert granted == {("resource.k8s.io", "resourceclaims", "get"),
-                       ("resource.k8s.io", "resourceclaimtemplates", "get")}
+                       ("resource.k8s.io", "resourceclaimtemplates", "get"),
+                       ("", "nodes", "list"), ("", "nodes", "watch")}
     assert not any(doc["kind"] in {"Role", "RoleBinding"} for doc in _load(EXTENDER_DIR / "extender.yaml"))
 
 
