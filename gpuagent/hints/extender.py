@@ -62,6 +62,7 @@ from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_req
 from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, node_index
 from gpuagent.httpbody import BodyError, BodyLimits, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error, json_errors
+from gpuagent.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.snapshot import NodeHints
 
 log = logging.getLogger(__name__)
@@ -438,17 +439,16 @@ async def serve(
     stop = stop or _stop_on_signals()
     registry = build_registry(extender)
     app = build_app(extender, registry, prefix=prefix, max_body_bytes=max_body_bytes)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
+    guard.install(app)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **guard.limits.runner_options())
     await extender.cache.start()
     await runner.setup()
     listing = asyncio.create_task(lister.run(stop), name="node-list") if lister is not None else None
     try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        site = GuardedSite(runner, host, port, guard, ssl_context=ssl_context, reuse_address=True)
         await site.start()
-        bound = port
-        server = site._server  # the bound port when port is 0
-        if server is not None and getattr(server, "sockets", None):
-            bound = server.sockets[0].getsockname()[1]
+        bound = site.port
         log.info("extender listening on %s:%d%s (%d agents known)", host, bound, prefix, len(extender.cache))
         if started is not None:
             started(bound)
