@@ -16,8 +16,9 @@ makes the listener with ``ConnectionGuard``'s protocol factory):
   (``/metrics``, ``/healthz``, ``/readyz``): past it, other requests get a 503 with ``Retry-After``, and
   the reserved slots stay free for the scraper and the kubelet's probes.
 
-Body reads are bounded where bodies are read (``gpuagent.httpbody``); aiohttp drops what a handler left
-unread after ``lingering_time``.
+Body reads are bounded where bodies are read (``gpuagent.httpbody``, which also inflates them: aiohttp's
+own inflation is off, so the rest of a body refused at a cap is read raw and dropped for at most
+``lingering_time``, never inflated, and the client still reads the answer).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class ServerLimits:
     priority_paths: frozenset[str] = field(default=PROBES_AND_SCRAPES)
 
     def runner_options(self) -> dict[str, Any]:
-        """aiohttp's own bounds, for ``web.AppRunner``: idle keep-alive, request line and header sizes."""
+        """aiohttp's own options, for ``web.AppRunner``: idle keep-alive, request line and header sizes,
+        the time an unread body is drained, and no inflation (``gpuagent.httpbody`` inflates, bounded)."""
         return {"keepalive_timeout": self.keepalive_seconds, "max_line_size": 8190, "max_field_size": 8190,
-                "lingering_time": self.header_timeout_seconds}
+                "lingering_time": self.header_timeout_seconds, "auto_decompress": False}
 
 
 class _Connection(asyncio.Protocol):

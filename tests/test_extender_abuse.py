@@ -25,7 +25,7 @@ from gpuagent.hints.extender import MAX_BODY_BYTES, NoNodeSource, from_options
 from gpuagent.hints.extender_config import load_options
 from gpuagent.hints.extender_protocol import MAX_CANDIDATES
 from gpuagent.hints.nodes import KnownNodes, NodeLister
-from gpuagent.httpbody import MAX_JSON_DEPTH, BodyError, BodyLimits, json_shape, parse_json
+from gpuagent.httpbody import MAX_JSON_DEPTH, BodyError, BodyLimits, json_depth, parse_json
 from gpuagent.kubeapi import ApiConnection
 
 # --- bodies -------------------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ async def test_deep_json_is_a_400_naming_the_depth_never_a_recursion_error(harne
 async def test_json_at_the_depth_limit_is_parsed() -> None:
     limits = BodyLimits(max_bytes=1 << 20)
     assert parse_json(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, limits) is not None
-    with pytest.raises(BodyError, match="nested 401 levels"):
+    with pytest.raises(BodyError, match="nested deeper than the limit of 400 levels"):
         parse_json(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1), limits)
 
 
@@ -109,7 +109,7 @@ async def test_json_at_the_depth_limit_is_parsed() -> None:
 ])
 def test_brackets_inside_strings_do_not_count(text: str, depth: int) -> None:
     json.loads(text)  # valid JSON, so the scan is exact
-    assert json_shape(text.encode())[0] == depth
+    assert json_depth(text.encode()) == depth
 
 
 async def test_too_many_values_and_candidates_are_refused_before_per_name_work(harness: Any) -> None:  # noqa: F811

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gpuagent.hints.codec import hints_to_jsonable
 from gpuagent.hints.score import RequestError, parse_fit_request, score_node
-from gpuagent.httpbody import BodyError, BodyLimits, read_json
+from gpuagent.httpbody import BodyError, BodyLimits, error_response, read_json
 from gpuagent.httperrors import json_error
 from gpuagent.snapshot import NodeHints, NodeSnapshot
 
@@ -84,14 +84,14 @@ async def get_hints(request: web.Request) -> web.Response:
     return web.Response(body=cache["body"], content_type="application/json", headers=headers)
 
 
-async def post_score(request: web.Request) -> web.Response:
+async def post_score(request: web.Request) -> web.StreamResponse:
     if request.content_type != "application/json":
         got = request.content_type or "none"
         return json_error(415, f"expected Content-Type application/json, got {got}", "Content-Type")
     try:
         body = await read_json(request, _SCORE_LIMITS)
     except BodyError as err:
-        return json_error(err.status, err.message, err.field)
+        return error_response(err)
     try:
         fit = parse_fit_request(body)
     except RequestError as exc:

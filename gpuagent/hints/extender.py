@@ -60,7 +60,7 @@ from gpuagent.hints.extender_protocol import (
 from gpuagent.hints.nodes import KnownNodes, NodeLister
 from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_request, pod_name
 from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, node_index
-from gpuagent.httpbody import BodyError, BodyLimits, parse_json, read_body
+from gpuagent.httpbody import BodyError, BodyLimits, error_response, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error, json_errors
 from gpuagent.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.snapshot import NodeHints
@@ -362,7 +362,7 @@ def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handl
                     body = parse_json(await read_body(request, limits), limits)
                 except BodyError as err:
                     outcome = "bad_request"
-                    return json_error(err.status, err.message, err.field)
+                    return error_response(err)
                 try:
                     reply = await answer(extender, body)
                 except ArgsError as err:
