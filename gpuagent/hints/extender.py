@@ -347,10 +347,15 @@ _REGISTRY = web.AppKey("registry", CollectorRegistry)
 
 _LIMITS = web.AppKey("body_limits", BodyLimits)
 _BODY_SLOTS = web.AppKey("body_slots", asyncio.Semaphore)
+_VERBS_NEED_CERT = web.AppKey("verbs_need_client_cert", bool)
 
 
 def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handler:
     async def handle(request: web.Request) -> web.Response:
+        if request.app[_VERBS_NEED_CERT] and not _client_certificate(request):
+            return json_error(403, "the scheduler verbs need a client certificate signed by the web "
+                              "config's client_ca_file (kube-scheduler's tlsConfig certFile and keyFile)",
+                              "certificate")
         extender = request.app[_EXTENDER]
         limits = request.app[_LIMITS]
         metrics = extender.metrics
@@ -383,6 +388,12 @@ def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handl
     return handle
 
 
+def _client_certificate(request: web.Request) -> bool:
+    """Whether the connection presented a client certificate (verified by the TLS handshake)."""
+    transport = request.transport
+    return transport is not None and bool(transport.get_extra_info("peercert"))
+
+
 async def _healthz(request: web.Request) -> web.Response:
     extender = request.app[_EXTENDER]
     return web.json_response({"status": "ok", "agents": extender.cache.counts(extender.max_age_seconds)})
@@ -396,14 +407,19 @@ async def _metrics(request: web.Request) -> web.Response:
 
 def build_app(
     extender: Extender, registry: CollectorRegistry, *, prefix: str = "",
-    max_body_bytes: int = MAX_BODY_BYTES,
+    max_body_bytes: int = MAX_BODY_BYTES, verbs_need_client_cert: bool = False,
 ) -> web.Application:
-    """The extender's routes: ``<prefix>/filter``, ``<prefix>/prioritize``, ``/healthz``, ``/metrics``."""
+    """The extender's routes: ``<prefix>/filter``, ``<prefix>/prioritize``, ``/healthz``, ``/metrics``.
+
+    ``verbs_need_client_cert``: the verbs answer 403 to a connection that presented no (verified) client
+    certificate; the probes and ``/metrics`` do not ask (the kubelet's probes have no certificate). The TLS
+    listener verifies a certificate that is given (``client_auth_type: VerifyClientCertIfGiven``)."""
     app = web.Application(middlewares=[json_errors], client_max_size=max_body_bytes)
     app[_EXTENDER] = extender
     app[_REGISTRY] = registry
     app[_LIMITS] = BodyLimits(max_bytes=max_body_bytes, timeout_seconds=BODY_TIMEOUT_SECONDS)
     app[_BODY_SLOTS] = asyncio.Semaphore(BODIES_AT_ONCE)
+    app[_VERBS_NEED_CERT] = verbs_need_client_cert
     prefix = prefix.rstrip("/")
     app.router.add_post(f"{prefix}/filter", _verb("filter", Extender.filter))
     app.router.add_post(f"{prefix}/prioritize", _verb("prioritize", Extender.prioritize))
@@ -438,7 +454,9 @@ async def serve(
     the node lister and the HTTP listener; everything is closed on the way out."""
     stop = stop or _stop_on_signals()
     registry = build_registry(extender)
-    app = build_app(extender, registry, prefix=prefix, max_body_bytes=max_body_bytes)
+    checks_certs = ssl_context is not None and ssl_context.verify_mode != ssl.CERT_NONE
+    app = build_app(extender, registry, prefix=prefix, max_body_bytes=max_body_bytes,
+                    verbs_need_client_cert=checks_certs)
     guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
     guard.install(app)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **guard.limits.runner_options())

@@ -261,8 +261,8 @@ class ExtenderOptions:
     )
     max_body_bytes: int = _key(
         8 * 1024 * 1024, _integer(64 * 1024, 256 * 1024 * 1024),
-        "largest scheduler call body, once inflated (the extender's memory is about 20x this at worst: raise "
-        "its memory limit with it)", "BYTES",
+        "largest scheduler call body, once inflated (up to about 10x this in memory per call, two at a "
+        "time: raise its memory limit with it)", "BYTES",
     )
     log_level: str = _key("info", _level, "log level", "{" + ",".join(LOG_LEVELS) + "}")
 
