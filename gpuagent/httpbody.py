@@ -178,10 +178,14 @@ def json_depth(raw: bytes, stop_above: int | None = None) -> int:
 
 def parse_json(raw: bytes, limits: BodyLimits) -> Any:
     """``raw`` as JSON (UTF-8), its shape checked first; ``BodyError`` 400 (or 413 for too many values)."""
+    too_deep = BodyError(400, f"the JSON is nested deeper than the limit of {limits.max_depth} levels")
     if json_items(raw) > limits.item_cap:
+        # Too many values: refused unscanned, unless its start alone is too deep (the more telling error).
+        if json_depth(raw[:_SLICE], stop_above=limits.max_depth) > limits.max_depth:
+            raise too_deep
         raise BodyError(413, f"the JSON holds more than {limits.item_cap} values")
     if json_depth(raw, stop_above=limits.max_depth) > limits.max_depth:
-        raise BodyError(400, f"the JSON is nested deeper than the limit of {limits.max_depth} levels")
+        raise too_deep
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

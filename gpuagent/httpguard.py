@@ -11,7 +11,8 @@ makes the listener with ``ConnectionGuard``'s protocol factory):
 - at ``max_connections`` open, a new connection closes the oldest one that is not being answered (a client
   that sent nothing, or half a head, or is idle between requests) rather than being refused, so a scrape
   always gets in however many slow clients there are, and the process never holds more sockets than the
-  cap (sized below the unit's ``LimitNOFILE``: no EMFILE, no accept-error storm);
+  cap (sized below the unit's ``LimitNOFILE``, and lowered to fit a smaller open-file limit: no EMFILE,
+  no accept-error storm);
 - requests being answered count against the cap minus ``reserved``, except those for ``priority_paths``
   (``/metrics``, ``/healthz``, ``/readyz``): past it, other requests get a 503 with ``Retry-After``, and
   the reserved slots stay free for the scraper and the kubelet's probes.
@@ -25,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ssl import SSLContext
 from typing import Any
 
@@ -38,6 +40,13 @@ from gpuagent.httperrors import Handler, json_error
 log = logging.getLogger(__name__)
 
 PROBES_AND_SCRAPES = frozenset({"/metrics", "/healthz", "/readyz"})
+# The listen backlog, which is also how many connections asyncio accepts in one go, before any is counted.
+BACKLOG = 64
+# Open files left to the process itself (NVML, /proc reads, sockets to the kubelet: 256) and to accepts in
+# flight: a burst reaches connection_made two or three loop iterations after it is accepted, and an evicted
+# socket is closed one or two after its abort (measured: 2,000 at once peak at the cap + ~450).
+FILES_KEPT = 256 + 6 * BACKLOG
+MIN_CONNECTIONS = 16
 
 
 @dataclass(frozen=True)
@@ -116,11 +125,30 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-class ConnectionGuard:
-    """Counts, times and evicts one listener's connections; ``install(app)`` before ``runner.setup()``."""
+def fitted(limits: ServerLimits, open_files: int | None) -> ServerLimits:
+    """``limits`` with a connection cap that fits ``open_files`` (the process's soft RLIMIT_NOFILE; None:
+    unlimited), leaving ``FILES_KEPT`` for the process's own files, and never below ``MIN_CONNECTIONS``."""
+    if open_files is None or open_files - FILES_KEPT >= limits.max_connections:
+        return limits
+    cap = max(MIN_CONNECTIONS, open_files - FILES_KEPT)
+    return replace(limits, max_connections=cap, reserved=min(limits.reserved, cap // 4))
 
-    def __init__(self, limits: ServerLimits | None = None) -> None:
-        self.limits = limits or ServerLimits()
+
+def _open_files() -> int | None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+class ConnectionGuard:
+    """Counts, times and evicts one listener's connections; ``install(app)`` before ``runner.setup()``.
+    The cap is lowered to fit the process's open-file limit (logged), so connections never exhaust it."""
+
+    def __init__(self, limits: ServerLimits | None = None, *, open_files: int | None = -1) -> None:
+        wanted = limits or ServerLimits()
+        self.limits = fitted(wanted, _open_files() if open_files == -1 else open_files)
+        if self.limits.max_connections < wanted.max_connections:
+            log.warning("the open-file limit leaves room for %d connections, not %d: raise it (LimitNOFILE) "
+                        "for the full cap", self.limits.max_connections, wanted.max_connections)
         self._waiting: OrderedDict[_Connection, None] = OrderedDict()  # not being answered, oldest first
         self._by_handler: dict[Any, _Connection] = {}
         self._answering_others = 0  # requests for paths other than the priority ones, being answered
@@ -189,7 +217,7 @@ class GuardedSite(web.BaseSite):
 
     def __init__(
         self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard, *,
-        ssl_context: SSLContext | None = None, reuse_address: bool | None = None, backlog: int = 128,
+        ssl_context: SSLContext | None = None, reuse_address: bool | None = None, backlog: int = BACKLOG,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._host = host

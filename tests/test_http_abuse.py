@@ -25,7 +25,7 @@ import pytest
 from agent_runner import ROOT, AgentRunner
 from test_tls import free_port
 
-from gpuagent.httpguard import ConnectionGuard, GuardedSite, ServerLimits
+from gpuagent.httpguard import FILES_KEPT, ConnectionGuard, GuardedSite, ServerLimits, fitted
 from gpuagent.ratelog import RepeatFilter
 
 HALF_SENT = b"GET /v1/state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
@@ -170,20 +170,25 @@ def unit_nofile() -> int:
 
 
 def test_the_unit_sizes_its_file_limit_for_the_connection_cap() -> None:
-    limits = ServerLimits()
-    assert unit_nofile() >= 2 * limits.max_connections + 1024  # the cap, evictions closing, the agent's own
+    assert unit_nofile() >= ServerLimits().max_connections + FILES_KEPT  # the cap, accepts in flight, its own
+    assert fitted(ServerLimits(), unit_nofile()) == ServerLimits()  # the full cap under the unit's limit
+
+
+def test_the_cap_is_lowered_to_fit_a_smaller_open_file_limit(caplog: pytest.LogCaptureFixture) -> None:
+    limits = fitted(ServerLimits(), 1024)  # systemd's default
+    assert limits.max_connections == 1024 - FILES_KEPT and limits.reserved == ServerLimits().reserved
+    assert fitted(ServerLimits(), 100).max_connections == 16
+    with caplog.at_level(logging.WARNING, logger="gpuagent.httpguard"):
+        guard = ConnectionGuard(open_files=1024)
+    assert guard.limits.max_connections == 1024 - FILES_KEPT
+    assert "leaves room for 384 connections, not 512" in caplog.text
 
 
 SLOW_CLIENTS = 2_000
 
 
-def test_metrics_answer_while_2000_slow_clients_hold_connections(tmp_path: Path) -> None:
-    nofile = unit_nofile()
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < SLOW_CLIENTS + 200:
-        pytest.skip(f"this process may open {hard} files, fewer than {SLOW_CLIENTS} connections need")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, SLOW_CLIENTS + 1024) if hard != resource.RLIM_INFINITY
-                                                else SLOW_CLIENTS + 1024, hard))
+def limited_agent(tmp_path: Path, nofile: int) -> tuple[AgentRunner, int]:
+    """An agent process (simulated GPUs) whose open-file limit is ``nofile``, ready; and its port."""
     port = free_port()
     limited = (sys.executable, "-c", "import resource, runpy, sys; "
                f"resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile})); sys.argv[0] = 'gpuagent'; "
@@ -192,20 +197,37 @@ def test_metrics_answer_while_2000_slow_clients_hold_connections(tmp_path: Path)
         "listen": f"127.0.0.1:{port}", "backend": "sim", "hostname": "slow-clients", "pod_resources_socket": None,
         "kubernetes_api": "off", "journal_path": str(tmp_path / "journal.json"),
     }, tmp_path, command=limited)
+    agent.wait_ready()
+    return agent, port
+
+
+def half_sent_clients(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections to ``port``, each holding half a request head (non-blocking: no waiting)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < count + 200:
+        pytest.skip(f"this process may open {hard} files, fewer than {count} connections need")
+    wanted = count + 1024 if hard == resource.RLIM_INFINITY else min(hard, count + 1024)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", port))
+        sockets.append(sock)
+    time.sleep(0.5)
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.send(HALF_SENT)
+    return sockets
+
+
+def test_metrics_answer_while_2000_slow_clients_hold_connections(tmp_path: Path) -> None:
+    agent, port = limited_agent(tmp_path, unit_nofile())
     sockets: list[socket.socket] = []
     try:
-        agent.wait_ready()
         lines_before = agent.log_path.read_text().count("\n")
-        for _ in range(SLOW_CLIENTS):
-            sock = socket.socket()
-            sock.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                sock.connect(("127.0.0.1", port))
-            sockets.append(sock)
-        time.sleep(0.5)
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.send(HALF_SENT)
+        sockets = half_sent_clients(port, SLOW_CLIENTS)
         for path in ("/metrics", "/healthz", "/metrics"):
             started = time.monotonic()
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
@@ -225,6 +247,33 @@ def test_metrics_answer_while_2000_slow_clients_hold_connections(tmp_path: Path)
         log = agent.log_path.read_text()
         assert "Too many open files" not in log
         assert log.count("\n") - lines_before < 20, log[-3000:]
+    finally:
+        for sock in sockets:
+            sock.close()
+        assert agent.stop() == 0, agent.log()
+
+
+def test_an_open_file_limit_too_small_for_a_flood_costs_a_few_log_lines_not_a_storm(tmp_path: Path) -> None:
+    """At 300 files the agent's own files and a burst of accepts exhaust it: accepts fail with EMFILE (asyncio
+    retries a second later), and the log holds a few tracebacks and counts, not one per failure."""
+    agent, port = limited_agent(tmp_path, 300)
+    sockets: list[socket.socket] = []
+    try:
+        sockets = half_sent_clients(port, 1_000)
+        time.sleep(3)
+        for sock in sockets[:500]:  # some leave: the agent gets files back and serves again
+            sock.close()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, agent.log()
+        log = agent.log_path.read_text()
+        assert log.count("Too many open files") <= 30, log[-3000:]
+        assert log.count("\n") < 400, log[-3000:]
     finally:
         for sock in sockets:
             sock.close()
