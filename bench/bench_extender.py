@@ -131,10 +131,11 @@ async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int) -> d
         wait_for_port(port)
         nodes = [f"node-{i:05d}" for i in range(count)]
         directory = AgentDirectory(template=f"http://127.0.0.1:{port}/n/{{node}}")
+        known = frozenset(nodes)  # the cluster's node list
 
         # cold: every node never seen; generous bound so all are cached, and the default 1 s bound
         for deadline, key in ((60.0, "cold_all_cached"), (1.0, "cold_within_1s")):
-            cache = AgentCache(directory, timeout_seconds=deadline, max_concurrent_fetches=128)
+            cache = AgentCache(directory, timeout_seconds=deadline, max_concurrent_fetches=128, known=known)
             await cache.start()
             extender = Extender(cache)
             started = time.perf_counter()
@@ -144,7 +145,7 @@ async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int) -> d
             out[key] = {"seconds": round(elapsed, 3), "nodes_judged": judged,
                         "nodes_unreachable": len(reply["FailedAndUnresolvableNodes"])}
             await cache.close()
-        cache = AgentCache(directory, timeout_seconds=10.0, max_concurrent_fetches=128)
+        cache = AgentCache(directory, timeout_seconds=10.0, max_concurrent_fetches=128, known=known)
         await cache.start()
         extender = Extender(cache)
         await cache.lookup(nodes, deadline_seconds=300)  # warm: every node cached

@@ -41,6 +41,7 @@ from gpuagent.health import HealthMonitor, HealthSettings
 from gpuagent.hints.engine import HintsEngine
 from gpuagent.hints.publisher import StatePublisher
 from gpuagent.httperrors import json_errors, server_logger
+from gpuagent.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.network.podnet import pod_pids
 from gpuagent.network.source import network_source
 from gpuagent.pods.cgroup import CgroupReader
@@ -328,7 +329,10 @@ class Agent:
         app = build_app(lambda: self.latest, self.registry, clock=self._clock, admin=admin,
                         admin_token_file=self.config.admin_token_file)
         drain = min(HTTP_DRAIN_SECONDS, self.config.shutdown_timeout / 4)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain, logger=server_logger())
+        guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
+        guard.install(app)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain, logger=server_logger(),
+                               **guard.limits.runner_options())
         await runner.setup()
         admin_runner = None
         if admin is not None and self.config.admin_socket:
@@ -344,7 +348,7 @@ class Agent:
             web_config = self.config.web_config
             ssl_context = server_ssl_context(load_web_config(web_config)) if web_config else None
             host, port = self.config.listen_host, self.config.listen_port
-            site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+            site = GuardedSite(runner, host, port, guard, ssl_context=ssl_context)
             await site.start()
             log.info("serving on %s://%s:%d (backend %s, poll every %gs)", "https" if ssl_context else "http",
                      host, port, self.backend, self.config.poll_interval)

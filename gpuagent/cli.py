@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from gpuagent import __version__, preflight
 from gpuagent.config import CONFIG_ENV, KEYS, KEYS_BY_NAME, Config, ConfigError, describe_keys, load_config
 from gpuagent.hints import extender_config
+from gpuagent.ratelog import RepeatFilter
 from gpuagent.recommend.cli import add_recommend_parser
 from gpuagent.report.cli import add_report_parser
 from gpuagent.top.cli import add_top_parser
@@ -138,6 +139,7 @@ def setup_logging(level: str) -> None:
             root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(ShownFormatter(LOG_FORMAT))
+    handler.addFilter(RepeatFilter())  # a storm of one error is a few lines and a count
     handler._gpuagent = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())

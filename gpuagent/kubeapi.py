@@ -4,7 +4,7 @@ and the node-wide budget that keeps its writes (Evictions, Events) from flooding
 Used by the Eviction client (``enforce.actions``), the idle-GPU Event poster (``accounting.events``), the
 publisher of the node's GPU state (``hints.publisher``), the GPU health writer (``health.writer``: Node
 conditions, taints, cordon, its Lease, drains), the watchers of this node's pods and ResourceSlices
-(``reflector``) and the extender's ResourceClaim reads.
+(``reflector``) and the extender's ResourceClaim reads and node list.
 Where the API server is and how to authenticate come from lightkube, as for the pods watcher: ``config``
 (a lightkube ``KubeConfig`` or ``SingleConfig``), else ``kubeconfig_path``, else ``KubeConfig.from_env()``
 (the in-cluster service account, ``$KUBECONFIG``, ``~/.kube/config``). Nothing of lightkube is imported
@@ -94,9 +94,13 @@ class ApiConnection:
         )
         return response.status_code, status_message(response.content)
 
-    async def get_json(self, path: str, *, timeout: float | None = None) -> tuple[int, Any, str]:
+    async def get_json(
+        self, path: str, *, timeout: float | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, Any, str]:
         """(HTTP status, the decoded body when 200, the API server's message otherwise)."""
         kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        if headers:
+            kwargs["headers"] = dict(headers)
         response = await self.open().get(path, **kwargs)
         if response.status_code != 200:
             return response.status_code, None, status_message(response.content)

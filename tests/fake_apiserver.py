@@ -365,6 +365,8 @@ class FakeApiServer:
         self._owner_failures: list[int] = []
         self.owner_delay = 0.0  # seconds before an owner GET is answered
         self.cluster = ClusterObjects(self)  # Nodes, Leases and discovery (tests/fake_cluster.py)
+        self.node_names: list[str] = []  # the cluster's Nodes, listed by name (metadata only)
+        self.node_lists: list[SeenRequest] = []
 
     # lifecycle
     async def __aenter__(self) -> FakeApiServer:
@@ -377,6 +379,7 @@ class FakeApiServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_get("/api/v1/nodes", self._nodes)
         app.router.add_get("/apis/resource.k8s.io/v1/resourceslices", self._resource_slices)
         app.router.add_get(STATES_PATH, self._gpu_node_states)
         app.router.add_patch(STATES_PATH + "/{name}", self._apply_state)
@@ -690,6 +693,27 @@ class FakeApiServer:
         created = "state-" + name not in self.states
         stored = self.put_state(body)
         return web.json_response(stored, status=201 if created else 200)
+
+    async def _nodes(self, request: web.Request) -> web.Response:
+        """A list of Nodes by name, paged by ``limit`` and ``continue`` (the token is the next offset), when
+        the client asks for metadata only (the extender's node lister); else the Node objects of
+        ``self.cluster`` (the health tests, kubectl)."""
+        if "PartialObjectMetadataList" not in request.headers.get("Accept", ""):
+            return await self.cluster.list_nodes(request)
+        self.node_lists.append(SeenRequest(request.method, request.path, dict(request.query),
+                                           request.headers.get("Authorization"), time.monotonic()))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+        start = int(request.query.get("continue") or 0)
+        limit = int(request.query.get("limit") or 0) or len(self.node_names)
+        page = self.node_names[start:start + limit]
+        token = str(start + limit) if start + limit < len(self.node_names) else ""
+        return web.json_response({
+            "kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": self.resource_version, **({"continue": token} if token else {})},
+            "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                       "metadata": {"name": name}} for name in page],
+        })
 
     async def _owner(self, request: web.Request) -> web.Response:
         self.owner_gets.append(SeenRequest(request.method, request.path, dict(request.query),

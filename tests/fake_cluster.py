@@ -148,7 +148,7 @@ class ClusterObjects:
         app.router.add_get("/api", self._core_versions)
         app.router.add_get("/api/v1", self._core_resources)
         app.router.add_get("/apis", self._groups)
-        app.router.add_get("/api/v1/nodes", self._list_nodes)
+        # GET /api/v1/nodes is FakeApiServer's own route: metadata-only lists of names, else list_nodes
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
         app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         app.router.add_patch("/api/v1/nodes/{name}/status", self._patch_node)
@@ -189,7 +189,7 @@ class ClusterObjects:
         return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
 
     # --- nodes
-    async def _list_nodes(self, request: web.Request) -> web.Response:
+    async def list_nodes(self, request: web.Request) -> web.Response:
         refused = self._refused(request)
         if refused is not None:
             return refused

@@ -34,6 +34,7 @@ from gpuagent.snapshot import GpuHints, NodeHints, TenantHint
 
 GiB = 2**30
 NODES = ("gpu-a100-node-1", "gpu-a100-node-2", "gpu-h100-node-3")
+KNOWN = frozenset((*NODES, "gpu-empty-node-4"))  # the cluster's node list, as the extender knows it
 
 
 # --- hints builders -----------------------------------------------------------------------------------------
@@ -159,7 +160,8 @@ async def harness(agents: VirtualAgents) -> AsyncIterator[Callable[..., Any]]:
     async def make(urls: dict[str, str] | None = None, max_age: float = 30.0, timeout: float = 1.0) -> Harness:
         clock = FakeClock()
         directory = AgentDirectory(template=agents.base_url + "/n/{node}", urls=urls or {})
-        cache = AgentCache(directory, timeout_seconds=timeout, refresh_interval_seconds=5.0, clock=clock)
+        cache = AgentCache(directory, timeout_seconds=timeout, refresh_interval_seconds=5.0, clock=clock,
+                           known=KNOWN)
         extender = Extender(cache, max_age_seconds=max_age, monotonic=clock)
         registry = build_registry(extender)
         await cache.start()
@@ -491,7 +493,7 @@ async def test_agent_tls_with_client_certificates(tmp_path: Path) -> None:
         for tls, ok in ((AgentTLS(str(ca.cert), str(client.cert), str(client.key)), True),
                         (AgentTLS(str(ca.cert)), False)):  # no client certificate: refused
             cache = AgentCache(AgentDirectory(template=f"https://127.0.0.1:{port}/n/{{node}}"),
-                               ssl_context=tls.context())
+                               ssl_context=tls.context(), known={"n1"})
             await cache.start()
             try:
                 entry = (await cache.lookup(["n1"]))["n1"]
@@ -519,7 +521,8 @@ async def test_serve_over_tls_until_stopped(tmp_path: Path, agents: VirtualAgent
     web_config.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(server.cert),
                                                                  "key_file": str(server.key)}}))
     fixture_nodes(agents)
-    cache = AgentCache(AgentDirectory(template=agents.base_url + "/n/{node}"), refresh_interval_seconds=0.2)
+    cache = AgentCache(AgentDirectory(template=agents.base_url + "/n/{node}"), refresh_interval_seconds=0.2,
+                       known=KNOWN)
     extender = Extender(cache)
     stop = asyncio.Event()
     bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from fake_apiserver import FakeApiServer, make_claim, make_claim_template
 from fixture_files import filter_request
 from test_dra_agent import node, node_snapshot  # noqa: F401 (node is a fixture)
-from test_extender import NODES, VirtualAgents, agents, all_free  # noqa: F401 (agents is a fixture)
+from test_extender import KNOWN, NODES, VirtualAgents, agents, all_free  # noqa: F401 (agents is a fixture)
 
 from gpuagent.hints.agents import AgentCache, AgentDirectory
 from gpuagent.hints.claim_reader import ClaimReader
@@ -215,7 +215,7 @@ async def extender_on(
     virtual: VirtualAgents, api: FakeApiServer | None
 ) -> tuple[Extender, TestClient, AgentCache]:
     directory = AgentDirectory(template=virtual.base_url + "/n/{node}", urls={})
-    cache = AgentCache(directory, timeout_seconds=1.0, refresh_interval_seconds=5.0)
+    cache = AgentCache(directory, timeout_seconds=1.0, refresh_interval_seconds=5.0, known=KNOWN)
     claims = ClaimReader(ApiConnection(config=api.kubeconfig()) if api is not None else None)
     extender = Extender(cache, claims=claims)
     registry = build_registry(extender)

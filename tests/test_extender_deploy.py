@@ -126,9 +126,9 @@ def test_command_runs_the_extender_and_the_probes_hit_its_routes(container: dict
         assert container[probe]["httpGet"]["path"] in paths
 
 
-def test_the_extender_runs_unprivileged_reading_claims_only(deployment: dict, container: dict) -> None:
+def test_the_extender_runs_unprivileged_reading_claims_and_node_names_only(deployment: dict, container: dict) -> None:
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is True  # to read DRA pods' ResourceClaims
+    assert pod["automountServiceAccountToken"] is True  # to read DRA pods' ResourceClaims and list nodes
     assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostPID")
@@ -150,7 +150,8 @@ def test_the_extender_runs_unprivileged_reading_claims_only(deployment: dict, co
     assert granted == {("resource.k8s.io", "resourceclaims", "get"),
                        ("resource.k8s.io", "resourceclaimtemplates", "get"),
                        ("gpuagent.io", "gpunodestates", "get"), ("gpuagent.io", "gpunodestates", "list"),
-                       ("gpuagent.io", "gpunodestates", "watch")}
+                       ("gpuagent.io", "gpunodestates", "watch"),
+                       ("", "nodes", "list"), ("", "nodes", "watch")}
     assert not any(doc["kind"] in {"Role", "RoleBinding"} for doc in _load(EXTENDER_DIR / "extender.yaml"))
 
 

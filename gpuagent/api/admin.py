@@ -16,7 +16,6 @@ callables. They run on the event loop, like the poll that also drives the enforc
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -30,6 +29,7 @@ from aiohttp import web
 
 from gpuagent.api.tokens import TokenFile
 from gpuagent.config import ConfigError
+from gpuagent.httpbody import BodyError, BodyLimits, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ THAW_PATH = "/v1/admin/thaw"
 RELOAD_PATH = "/v1/admin/reload-policies"
 MAX_PAUSE_SECONDS = 3600.0
 MAX_ADMIN_BODY_BYTES = 4096
+_LIMITS = BodyLimits(max_bytes=MAX_ADMIN_BODY_BYTES, timeout_seconds=10.0)
 SOCKET_MODE = 0o600
 
 
@@ -74,17 +75,13 @@ def _guarded(handler: Handler, tokens: TokenFile | None) -> Handler:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     """The JSON object body; an empty body is ``{}``. Raises ``_BadRequest``."""
-    if request.content_length is not None and request.content_length > MAX_ADMIN_BODY_BYTES:
-        raise _BadRequest(413, f"the body is over {MAX_ADMIN_BODY_BYTES} bytes", "body")
-    raw = await request.content.read(MAX_ADMIN_BODY_BYTES + 1)
-    if len(raw) > MAX_ADMIN_BODY_BYTES:
-        raise _BadRequest(413, f"the body is over {MAX_ADMIN_BODY_BYTES} bytes", "body")
-    if not raw.strip():
-        return {}
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _BadRequest(400, f"the body is not JSON: {exc}", "body") from None
+        raw = await read_body(request, _LIMITS)
+        if not raw.strip():
+            return {}
+        value = parse_json(raw, _LIMITS)
+    except BodyError as err:
+        raise _BadRequest(err.status, err.message, err.field) from None
     if not isinstance(value, dict):
         raise _BadRequest(400, "the body must be a JSON object", "body")
     return value

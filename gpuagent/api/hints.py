@@ -20,10 +20,12 @@ from aiohttp import web
 
 from gpuagent.hints.codec import hints_to_jsonable
 from gpuagent.hints.score import RequestError, parse_fit_request, score_node
+from gpuagent.httpbody import BodyError, BodyLimits, error_response, read_json
 from gpuagent.httperrors import json_error
 from gpuagent.snapshot import NodeHints, NodeSnapshot
 
 MAX_SCORE_BYTES = 64 * 1024
+_SCORE_LIMITS = BodyLimits(max_bytes=MAX_SCORE_BYTES, timeout_seconds=10.0)
 HINTS_PATH = "/v1/hints"
 SCORE_PATH = "/v1/hints/score"
 OPENAPI_PATH = "/openapi.json"
@@ -82,24 +84,14 @@ async def get_hints(request: web.Request) -> web.Response:
     return web.Response(body=cache["body"], content_type="application/json", headers=headers)
 
 
-async def post_score(request: web.Request) -> web.Response:
+async def post_score(request: web.Request) -> web.StreamResponse:
     if request.content_type != "application/json":
         got = request.content_type or "none"
         return json_error(415, f"expected Content-Type application/json, got {got}", "Content-Type")
-    if request.content_length is not None and request.content_length > MAX_SCORE_BYTES:
-        return json_error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return json_error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
-    if len(raw) > MAX_SCORE_BYTES:
-        return json_error(413, f"the body is over {MAX_SCORE_BYTES} bytes", "body")
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return json_error(400, "the body is not UTF-8", "body")
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return json_error(400, f"the body is not JSON: {exc}"[:200], "body")
+        body = await read_json(request, _SCORE_LIMITS)
+    except BodyError as err:
+        return error_response(err)
     try:
         fit = parse_fit_request(body)
     except RequestError as exc:

@@ -4,8 +4,10 @@ kube-scheduler waits on the extender for every pod, with up to thousands of cand
 that path talks to an agent it already knows: ``AgentCache`` keeps each agent's hints in memory and a
 background task refreshes them all with conditional GETs (``If-None-Match``: an unchanged node costs a 304).
 A node never seen before is fetched on demand, concurrently with the others and within one total deadline,
-then cached like the rest. A node nobody asked about for ``forget_after_seconds`` is dropped (nodes leave
-clusters), unless the agents file names it.
+then cached like the rest, but only a node the extender knows (``known``: the agents file's nodes and the API
+server's node list, ``gpuagent.hints.nodes``): any other name a caller sends is never fetched nor cached. A
+node nobody asked about for ``forget_after_seconds`` is dropped (nodes leave clusters), and so is one no
+longer known, unless the agents file names it; past ``max_entries`` the least recently asked about goes.
 
 Freshness is judged on the extender's own monotonic clock (when the agent last answered), not on the agent's
 wall clock, so a skewed node clock does not make its hints look stale or fresh.
@@ -20,7 +22,8 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 HINTS_PATH = "/v1/hints"
 MAX_HINTS_BYTES = 4 * 1024 * 1024  # an 8-GPU node's hints are a few KiB; a body this big is not hints
+MAX_ENTRIES = 50_000  # agents cached at most (a cluster has up to 5,000 nodes by Kubernetes' own limits)
 
 # Entry states, as the extender's reasons and metrics name them.
 FRESH, STALE, UNREACHABLE = "fresh", "stale", "unreachable"
@@ -133,8 +137,13 @@ class AgentCache:
         ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_fetch: FetchObserver | None = None,
+        known: Container[str] | None = None,
+        max_entries: int = MAX_ENTRIES,
     ) -> None:
+        """``known``: the nodes that may be fetched; None: the agents file's only."""
         self.directory = directory
+        self.known: Container[str] = known if known is not None else frozenset(directory.urls)
+        self.max_entries = max_entries
         self.timeout_seconds = timeout_seconds
         self.refresh_interval_seconds = refresh_interval_seconds
         self.forget_after_seconds = forget_after_seconds
@@ -143,7 +152,8 @@ class AgentCache:
         self._clock = clock
         self._on_fetch = on_fetch
         self._entries: dict[str, AgentEntry] = {}
-        self._used: dict[str, float] = {}  # node -> monotonic time a scheduler call last asked about it
+        # node -> monotonic time a scheduler call last asked about it, least recently asked first
+        self._used: OrderedDict[str, float] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[AgentEntry]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -203,6 +213,10 @@ class AgentCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def knows(self, node: str) -> bool:
+        """Whether ``node`` may be fetched: in the agents file or the known nodes."""
+        return node in self.directory.urls or node in self.known
+
     def counts(self, max_age_seconds: float) -> dict[str, int]:
         """How many known agents are in each state."""
         now = self._clock()
@@ -216,16 +230,20 @@ class AgentCache:
     async def lookup(
         self, nodes: Iterable[str], *, deadline_seconds: float | None = None
     ) -> dict[str, AgentEntry]:
-        """The entries of ``nodes``, marked as used; nodes never seen are fetched first, all at once, for at
-        most ``deadline_seconds`` (default: the agent timeout). A node whose fetch did not finish in time is
-        answered as unreachable now and cached when its fetch ends."""
+        """The entries of the known ones of ``nodes``, marked as used (unknown nodes are left out, never
+        fetched); nodes never seen are fetched first, all at once, for at most ``deadline_seconds`` (default:
+        the agent timeout). A node whose fetch did not finish in time is answered as unreachable now and
+        cached when its fetch ends."""
         now = self._clock()
         found: dict[str, AgentEntry] = {}
         missing: list[str] = []
         entries, used = self._entries, self._used
         for node in nodes:
-            used[node] = now
             entry = entries.get(node)
+            if entry is None and not self.knows(node):
+                continue
+            used[node] = now
+            used.move_to_end(node)
             if entry is None or (entry.hints is None and entry.error is None):  # never fetched yet
                 missing.append(node)
             else:
@@ -258,7 +276,9 @@ class AgentCache:
     async def _fetch_first(self, placeholder: AgentEntry) -> AgentEntry:
         try:
             entry = await self._fetch(placeholder)
-            self._entries[entry.node] = entry
+            if entry.node in self._used:  # not forgotten meanwhile
+                self._entries[entry.node] = entry
+                self._evict()
             return entry
         finally:
             self._inflight.pop(placeholder.node, None)
@@ -267,10 +287,9 @@ class AgentCache:
         """One round: drop forgotten nodes, then fetch every known agent (at most N at a time)."""
         now = self._clock()
         for node in list(self._entries):
-            if (
-                now - self._used.get(node, now) > self.forget_after_seconds
-                and node not in self.directory.urls
-            ):
+            if node in self.directory.urls:
+                continue
+            if now - self._used.get(node, now) > self.forget_after_seconds or node not in self.known:
                 del self._entries[node]
                 self._used.pop(node, None)
         current = list(self._entries.values())
@@ -282,6 +301,19 @@ class AgentCache:
                 log.error("fetching the hints of %s failed: %r", entry.node, result)
             elif entry.node in self._entries:  # not forgotten meanwhile
                 self._entries[entry.node] = result
+
+    def _evict(self) -> None:
+        """Past ``max_entries``: drop the least recently asked about (never the agents file's nodes)."""
+        used = self._used
+        over = len(self._entries) - self.max_entries
+        for node in list(used):
+            if over <= 0:
+                break
+            if node in self.directory.urls or node not in self._entries:
+                continue
+            del self._entries[node]
+            del used[node]
+            over -= 1
 
     async def _fetch(self, entry: AgentEntry) -> AgentEntry:
         """One conditional GET of ``entry``'s hints; the updated entry (never raises for a bad agent)."""

@@ -58,6 +58,11 @@ class ClaimReader:
         self._inflight: dict[tuple[str, str, str], asyncio.Task[Outcome]] = {}
         self.reads = 0  # requests made, for tests and debugging
 
+    @property
+    def connection(self) -> ApiConnection | None:
+        """The API server connection (shared with the extender's node list), None without one."""
+        return self._connection
+
     async def pod_gpus(self, pod: Mapping[str, Any], field: str = "Pod") -> ClaimGpus | None:
         """The GPUs the pod's claims ask for (None: it names no claim). Raises Unjudged, MalformedPod."""
         refs = claim_refs(pod, field)

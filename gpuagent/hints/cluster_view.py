@@ -206,6 +206,10 @@ class ClusterView(Reflector):
     def get(self, node: str) -> AgentEntry | None:
         return self._entries.get(node)
 
+    def knows(self, node: str) -> bool:
+        """Whether ``node`` has published a state (an unknown name is never anything else here)."""
+        return node in self._entries
+
     def entries(self) -> Iterable[AgentEntry]:
         return self._entries.values()
 

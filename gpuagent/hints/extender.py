@@ -13,18 +13,22 @@ Per node, in order:
   (kube-scheduler's own DRA plugin still filters the nodes and allocates the devices);
 - the pod's GPU request cannot be read (a bad ``gpuagent.io/*`` value): every node fails, unresolvable,
   with the reason naming the annotation;
+- a node the extender does not know (not in the API server's node list nor the agents file,
+  ``gpuagent.hints.nodes``): the node fails, unresolvable, "unknown node", and nothing is fetched for it;
 - no hints, or the agent has not answered for ``max_age`` seconds: the node fails, unresolvable (evicting
   pods there would not help), with the reason;
 - otherwise ``score_node``: a node the request does not fit fails with its reasons (preemption may help);
   a node it fits passes, and prioritize scores it 0-10 (the 0-100 fit score, divided by 10).
 
 Malformed JSON is a 400 naming the field, never a 5xx: with ``ignorable: true`` the scheduler then goes on
-without the extender.
+without the extender. Bodies are read within bounds (``gpuagent.httpbody``: size before and after inflation,
+time, JSON depth and values), at most ``BODIES_AT_ONCE`` at a time so memory stays bounded whatever is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -54,9 +58,12 @@ from gpuagent.hints.extender_protocol import (
     host_priority_list,
     parse_args,
 )
+from gpuagent.hints.nodes import KnownNodes, NodeLister
 from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_request, pod_name
 from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, node_index
+from gpuagent.httpbody import BodyError, BodyLimits, error_response, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error, json_errors
+from gpuagent.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.snapshot import NodeHints
 
 log = logging.getLogger(__name__)
@@ -65,7 +72,11 @@ NodeSource = AgentCache | ClusterView  # where node states come from: the agents
 
 REASON_PREFIX = "gpuagent: "
 MAX_REASON_CHARS = 300
-MAX_BODY_BYTES = 256 * 1024 * 1024  # a NodeList of 5,000 full Node objects (nodeCacheCapable: false) fits
+MAX_BODY_BYTES = 8 * 1024 * 1024  # NodeNames of 5,000 nodes and a pod: ~0.2 MB; ~600 full Node objects
+BODY_TIMEOUT_SECONDS = 10.0
+BODIES_AT_ONCE = 2  # scheduler calls read, parsed and answered at once (kube-scheduler makes one at a time)
+UNKNOWN_NODE = "unknown node: not in the API server's node list nor the agents file"
+UNKNOWN_LOG_SECONDS = 60.0
 MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
 LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
 YIELD_EVERY_NODES = 250
@@ -121,6 +132,12 @@ class ExtenderMetrics:
             "gpuagent_extender_agent_fetches_total",
             "Requests for an agent's /v1/hints by result (modified, not_modified, error).",
             ["result"],
+            registry=registry,
+        )
+        self.unknown = Counter(
+            "gpuagent_extender_unknown_nodes_total",
+            "Candidate names that are not nodes the extender knows (filtered, never fetched), by verb.",
+            ["verb"],
             registry=registry,
         )
         self.unjudged = Counter(
@@ -180,7 +197,9 @@ class Extender:
         metrics: ExtenderMetrics | None = None,
     ) -> None:
         self.cache = cache
-        self._unknown = getattr(cache, "unknown_reason", "agent not known")
+        self._unknown_reason = getattr(cache, "unknown_reason", "agent not known")
+        self._unknown_verdict = Verdict(False, reason=_reason(getattr(cache, "unknown_reason", UNKNOWN_NODE)),
+                                        unresolvable=True)
         self.max_age_seconds = max_age_seconds
         self.gpu_resource_names = tuple(gpu_resource_names)
         self.claims = claims if claims is not None else ClaimReader(None)
@@ -194,6 +213,8 @@ class Extender:
         # (the cluster view's ``verdict_key``), so nodes in the same state (idle nodes of one model, say)
         # are judged once for a request never seen.
         self._memo: OrderedDict[FitRequest, _RequestMemo] = OrderedDict()
+        self._unknown_logged_at: float | None = None
+        self._unknown_since_log = 0
 
     async def filter(self, body: Any) -> dict[str, Any]:
         args = parse_args(body)
@@ -241,15 +262,20 @@ class Extender:
         entries = await self.cache.lookup(nodes)
         verdicts: dict[str, Verdict] = {}
         scored = 0
+        unknown = 0
         for node in nodes:
             entry = entries.get(node)
+            if entry is None and not self.cache.knows(node):
+                verdicts[node] = self._unknown_verdict
+                unknown += 1
+                continue
             if (
                 entry is None
                 or entry.hints is None
                 or entry.answered_at is None
                 or now - entry.answered_at > max_age
             ):
-                reason = entry.reason(now, max_age) if entry is not None else self._unknown
+                reason = entry.reason(now, max_age) if entry is not None else self._unknown_reason
                 verdicts[node] = Verdict(False, reason=_reason(reason), unresolvable=True)
                 continue
             hints = entry.hints
@@ -268,9 +294,25 @@ class Extender:
             scored += 1
             if scored % YIELD_EVERY_NODES == 0:  # scoring thousands of nodes: let the loop serve others
                 await asyncio.sleep(0)
+        if unknown:
+            self._unknown(verb, unknown, len(nodes))
         if version is not None and version == self.cache.version:  # type: ignore[union-attr]
             memo.answer = (version, self.cache.expiry(max_age), nodes, verdicts)  # type: ignore[union-attr]
         return self._count(verb, verdicts)
+
+    def _unknown(self, verb: str, count: int, of: int) -> None:
+        """Counted every call; one log line per ``UNKNOWN_LOG_SECONDS`` however many calls and names."""
+        if self.metrics is not None:
+            self.metrics.unknown.labels(verb).inc(count)
+        self._unknown_since_log += count
+        now = self._monotonic()
+        if self._unknown_logged_at is not None and now - self._unknown_logged_at < UNKNOWN_LOG_SECONDS:
+            return
+        log.warning("%s: %d candidate names (of %d) are not nodes the extender knows; filtered as unknown, "
+                    "never fetched (%d unknown names since the last such line)", verb, count, of,
+                    self._unknown_since_log)
+        self._unknown_logged_at = now
+        self._unknown_since_log = 0
 
     def _unjudged(self, verb: str, pod: Any, err: Unjudged) -> None:
         """Counted every call, logged once per pod and reason."""
@@ -336,28 +378,38 @@ _EXTENDER = web.AppKey("extender", Extender)
 _REGISTRY = web.AppKey("registry", CollectorRegistry)
 
 
+_LIMITS = web.AppKey("body_limits", BodyLimits)
+_BODY_SLOTS = web.AppKey("body_slots", asyncio.Semaphore)
+_VERBS_NEED_CERT = web.AppKey("verbs_need_client_cert", bool)
+
+
 def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handler:
     async def handle(request: web.Request) -> web.Response:
+        if request.app[_VERBS_NEED_CERT] and not _client_certificate(request):
+            return json_error(403, "the scheduler verbs need a client certificate signed by the web "
+                              "config's client_ca_file (kube-scheduler's tlsConfig certFile and keyFile)",
+                              "certificate")
         extender = request.app[_EXTENDER]
+        limits = request.app[_LIMITS]
         metrics = extender.metrics
         started = time.perf_counter()
         outcome = "ok"
         try:
-            raw = await request.read()
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                outcome = "bad_request"
-                return json_error(400, f"the body is not JSON: {exc}"[:300], "body")
-            try:
-                reply = await answer(extender, body)
-            except ArgsError as err:
-                outcome = "bad_request"
-                log.info("%s: bad ExtenderArgs: %s", verb, err)
-                return json_error(400, err.message, err.field)
-            return web.Response(
-                body=json.dumps(reply, separators=(",", ":")).encode(), content_type="application/json"
-            )
+            async with request.app[_BODY_SLOTS]:  # bodies in memory at once: bounded
+                try:
+                    body = parse_json(await read_body(request, limits), limits)
+                except BodyError as err:
+                    outcome = "bad_request"
+                    return error_response(err)
+                try:
+                    reply = await answer(extender, body)
+                except ArgsError as err:
+                    outcome = "bad_request"
+                    log.info("%s: bad ExtenderArgs: %s", verb, err)
+                    return json_error(400, err.message, err.field)
+                return web.Response(
+                    body=json.dumps(reply, separators=(",", ":")).encode(), content_type="application/json"
+                )
         except Exception:
             outcome = "error"
             raise
@@ -367,6 +419,12 @@ def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handl
                 metrics.duration.labels(verb).observe(time.perf_counter() - started)
 
     return handle
+
+
+def _client_certificate(request: web.Request) -> bool:
+    """Whether the connection presented a client certificate (verified by the TLS handshake)."""
+    transport = request.transport
+    return transport is not None and bool(transport.get_extra_info("peercert"))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -389,12 +447,22 @@ async def _metrics(request: web.Request) -> web.Response:
     )
 
 
-def build_app(extender: Extender, registry: CollectorRegistry, *, prefix: str = "") -> web.Application:
+def build_app(
+    extender: Extender, registry: CollectorRegistry, *, prefix: str = "",
+    max_body_bytes: int = MAX_BODY_BYTES, verbs_need_client_cert: bool = False,
+) -> web.Application:
     """The extender's routes: ``<prefix>/filter``, ``<prefix>/prioritize``, ``/healthz``, ``/readyz``,
-    ``/metrics``."""
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+    ``/metrics``.
+
+    ``verbs_need_client_cert``: the verbs answer 403 to a connection that presented no (verified) client
+    certificate; the probes and ``/metrics`` do not ask (the kubelet's probes have no certificate). The TLS
+    listener verifies a certificate that is given (``client_auth_type: VerifyClientCertIfGiven``)."""
+    app = web.Application(middlewares=[json_errors], client_max_size=max_body_bytes)
     app[_EXTENDER] = extender
     app[_REGISTRY] = registry
+    app[_LIMITS] = BodyLimits(max_bytes=max_body_bytes, timeout_seconds=BODY_TIMEOUT_SECONDS)
+    app[_BODY_SLOTS] = asyncio.Semaphore(BODIES_AT_ONCE)
+    app[_VERBS_NEED_CERT] = verbs_need_client_cert
     prefix = prefix.rstrip("/")
     app.router.add_post(f"{prefix}/filter", _verb("filter", Extender.filter))
     app.router.add_post(f"{prefix}/prioritize", _verb("prioritize", Extender.prioritize))
@@ -423,27 +491,35 @@ async def serve(
     ssl_context: ssl.SSLContext | None = None,
     stop: asyncio.Event | None = None,
     started: Callable[[int], None] | None = None,
+    lister: NodeLister | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> None:
-    """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given): the cache, its refresher
-    and the HTTP listener; everything is closed on the way out."""
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given): the cache, its refresher,
+    the node lister and the HTTP listener; everything is closed on the way out."""
     stop = stop or _stop_on_signals()
     registry = build_registry(extender)
-    app = build_app(extender, registry, prefix=prefix)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    checks_certs = ssl_context is not None and ssl_context.verify_mode != ssl.CERT_NONE
+    app = build_app(extender, registry, prefix=prefix, max_body_bytes=max_body_bytes,
+                    verbs_need_client_cert=checks_certs)
+    guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
+    guard.install(app)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **guard.limits.runner_options())
     await extender.cache.start()
     await runner.setup()
+    listing = asyncio.create_task(lister.run(stop), name="node-list") if lister is not None else None
     try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        site = GuardedSite(runner, host, port, guard, ssl_context=ssl_context, reuse_address=True)
         await site.start()
-        bound = port
-        server = site._server  # the bound port when port is 0
-        if server is not None and getattr(server, "sockets", None):
-            bound = server.sockets[0].getsockname()[1]
+        bound = site.port
         log.info("extender listening on %s:%d%s (%d agents known)", host, bound, prefix, len(extender.cache))
         if started is not None:
             started(bound)
         await extender.cache.run(stop)
     finally:
+        if listing is not None:
+            listing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listing
         await runner.cleanup()
         await extender.cache.close()
         await extender.claims.close()
@@ -458,18 +534,34 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None = None) -> Extender:
-    """The extender and its node source as ``options`` say (started by ``serve``): the cluster view of the
-    agents' published GPUNodeStates where the API server is used (``cluster_view``), else the agents'
-    ``/v1/hints`` fetched over HTTP."""
+class NoNodeSource(Exception):
+    """Neither an agents file nor the API server: the extender would know no node."""
+
+
+def from_options(
+    options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None = None
+) -> tuple[Extender, NodeLister | None]:
+    """The extender, its node source and the lister of the nodes it knows, as ``options`` say (``serve``
+    starts them): the cluster view of the agents' published GPUNodeStates where the API server is used
+    (``cluster_view``; it knows the nodes that publish, no lister), else the agents' ``/v1/hints`` fetched
+    over HTTP for the nodes it knows. Raises ``NoNodeSource`` when it could know no node."""
     claims = claim_reader(options)
     view = cluster_view(options)
     if view is not None:
         return Extender(view, max_age_seconds=options.published_max_age,
-                        gpu_resource_names=options.gpu_resource_names, claims=claims)
+                        gpu_resource_names=options.gpu_resource_names, claims=claims), None
     directory = AgentDirectory(template=options.agent_url, urls=options.agent_urls)
     if agent_ssl is None and (options.agent_ca_file or options.agent_cert_file):
         agent_ssl = AgentTLS(options.agent_ca_file, options.agent_cert_file, options.agent_key_file).context()
+    known = KnownNodes(options.agent_urls)
+    lister = None
+    if claims.connection is not None and options.agent_url is not None:
+        lister = NodeLister(claims.connection, known, timeout=max(options.timeout, 10.0))
+    elif not options.agent_urls:
+        raise NoNodeSource(
+            "the extender fetches the hints of the nodes it knows only, and knows none: give it an agents "
+            "file (agents) or access to the API server's node list (kubernetes_api, kubeconfig)"
+        )
     cache = AgentCache(
         directory,
         timeout_seconds=options.timeout,
@@ -477,9 +569,11 @@ def from_options(options: ExtenderOptions, *, agent_ssl: ssl.SSLContext | None =
         forget_after_seconds=options.forget_after,
         max_concurrent_fetches=options.max_concurrent_fetches,
         ssl_context=agent_ssl,
+        known=known,
     )
-    return Extender(cache, max_age_seconds=options.max_age, gpu_resource_names=options.gpu_resource_names,
-                    claims=claims)
+    extender = Extender(cache, max_age_seconds=options.max_age, gpu_resource_names=options.gpu_resource_names,
+                        claims=claims)
+    return extender, lister
 
 
 def cluster_view(options: ExtenderOptions) -> ClusterView | None:
@@ -511,12 +605,15 @@ def claim_reader(options: ExtenderOptions) -> ClaimReader:
 def run(options: ExtenderOptions, *, ssl_context: ssl.SSLContext | None = None) -> int:
     """``gpuagent extender``: serve until SIGTERM/SIGINT; the exit status."""
     try:
-        extender = from_options(options)
+        extender, lister = from_options(options)
     except (ssl.SSLError, OSError) as exc:
         log.error(
             "cannot load the TLS files for the agents (agent_ca_file, agent_cert_file, agent_key_file): %s",
             exc,
         )
+        return 2
+    except NoNodeSource as exc:
+        log.error("%s", exc)
         return 2
     asyncio.run(
         serve(
@@ -525,6 +622,8 @@ def run(options: ExtenderOptions, *, ssl_context: ssl.SSLContext | None = None) 
             port=options.listen_port,
             prefix=options.url_prefix,
             ssl_context=ssl_context,
+            lister=lister,
+            max_body_bytes=options.max_body_bytes,
         )
     )
     return 0

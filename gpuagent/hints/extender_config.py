@@ -269,6 +269,11 @@ class ExtenderOptions:
     web_config: str | None = _key(
         None, _file, "TLS for the extender's listener, as the agent's web_config (tls_server_config)", "FILE"
     )
+    max_body_bytes: int = _key(
+        8 * 1024 * 1024, _integer(64 * 1024, 256 * 1024 * 1024),
+        "largest scheduler call body, once inflated (up to about 10x this in memory per call, two at a "
+        "time: raise its memory limit with it)", "BYTES",
+    )
     log_level: str = _key("info", _level, "log level", "{" + ",".join(LOG_LEVELS) + "}")
 
     agent_urls: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # from ``agents``

@@ -20,6 +20,9 @@ from gpuagent.hints.podrequest import json_kind
 from gpuagent.hints.score import RequestError
 
 MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY = 0, 10
+# Candidate nodes in one call, at most: Kubernetes supports clusters of up to 5,000 nodes; far past that, a
+# list is an attack on the time the loop spends per name, refused before any per-name work.
+MAX_CANDIDATES = 100_000
 
 
 class ArgsError(RequestError):
@@ -59,6 +62,7 @@ def parse_args(body: Any) -> ExtenderArgs:
     if raw_names is not None:
         if not isinstance(raw_names, list):
             raise ArgsError("NodeNames", f"expected a list of node names or null, got {json_kind(raw_names)}")
+        _check_count("NodeNames", raw_names)
         for index, name in enumerate(raw_names):
             if not isinstance(name, str) or not name:
                 raise ArgsError(f"NodeNames[{index}]", f"expected a node name, got {json_kind(name)}")
@@ -72,11 +76,17 @@ def parse_args(body: Any) -> ExtenderArgs:
             items = []
         if not isinstance(items, list):
             raise ArgsError("Nodes.items", f"expected a list of v1 Node objects, got {json_kind(items)}")
+        _check_count("Nodes.items", items)
         node_names = [_node_name(item, index) for index, item in enumerate(items)]
         if raw_names is None:
             names = node_names
         nodes = raw_nodes
     return ExtenderArgs(pod=pod, node_names=tuple(names), nodes=nodes, names_sent=raw_names is not None)
+
+
+def _check_count(field: str, candidates: list[Any]) -> None:
+    if len(candidates) > MAX_CANDIDATES:
+        raise ArgsError(field, f"{len(candidates)} candidate nodes, over the limit of {MAX_CANDIDATES}")
 
 
 def _node_name(item: Any, index: int) -> str:
