@@ -299,11 +299,12 @@ async def test_a_restarted_extender_loses_no_decision(api: FakeApiServer) -> Non
 
 async def test_the_options_choose_the_cluster_view_with_api_access(api: FakeApiServer, tmp_path: Path) -> None:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    on = from_options(load_options(None, env={}, overrides={"kubeconfig": str(kubeconfig)}))
+    on, no_lister = from_options(load_options(None, env={}, overrides={"kubeconfig": str(kubeconfig)}))
     assert isinstance(on.cache, ClusterView) and on.max_age_seconds == 900.0
-    off = from_options(load_options(None, env={}, overrides={"kubeconfig": str(kubeconfig),
-                                                            "cluster_view": "off"}))
-    assert not isinstance(off.cache, ClusterView) and off.max_age_seconds == 30.0
+    assert no_lister is None  # the view knows the nodes that publish: no node list
+    off, lister = from_options(load_options(None, env={}, overrides={"kubeconfig": str(kubeconfig),
+                                                                    "cluster_view": "off"}))
+    assert not isinstance(off.cache, ClusterView) and off.max_age_seconds == 30.0 and lister is not None
     await on.cache.close()
     await on.claims.close()
     await off.claims.close()

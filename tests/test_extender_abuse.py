@@ -249,7 +249,8 @@ def test_an_extender_that_could_know_no_node_refuses_to_start() -> None:
 def test_with_api_access_the_extender_lists_nodes_and_knows_no_other(tmp_path: Any) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     FakeApiServer(port=1).write_kubeconfig(kubeconfig)
-    options = load_options(None, env={}, overrides={"kubernetes_api": "on", "kubeconfig": str(kubeconfig)})
+    options = load_options(None, env={}, overrides={"kubernetes_api": "on", "kubeconfig": str(kubeconfig),
+                                                    "cluster_view": "off"})  # the agents' hints over HTTP
     extender, lister = from_options(options)
     assert lister is not None
     assert not extender.cache.knows("anything.example.com")
