@@ -222,6 +222,7 @@ class Agent:
         snapshot = replace(snapshot, hints=self._hints(snapshot))  # last: it reads everything above
         if self.publisher is not None:
             self.publisher.offer(snapshot.hints)
+            snapshot = replace(snapshot, publish=self.publisher.state())
         self.latest = snapshot
         return snapshot
 

@@ -674,6 +674,16 @@ class NodeCondition:
 
 
 @dataclass(frozen=True, slots=True)
+class PublishState:
+    """The node's ``GPUNodeState`` for the extender's cluster view (``hints.publisher``): what became of
+    the writes, and the last that worked."""
+
+    writes_total: tuple[tuple[str, int], ...] = ()  # (outcome, count): written, failed, unreachable, ...
+    last_write_unix: float | None = None  # when the API server last took a write (None: never yet)
+    object_bytes: int = 0  # the size of the last object written
+
+
+@dataclass(frozen=True, slots=True)
 class HealthState:
     """What ``gpuagent.health`` concluded at the last poll, and what it did (or, in audit, would do) about
     it on the Node: its conditions, taints, cordon, drain and the remediation asked for."""
@@ -725,6 +735,7 @@ class NodeSnapshot:
     hints: NodeHints | None = None  # capacity and load figures for schedulers
     dra: tuple[DraDevice, ...] = ()  # devices of pods' ResourceClaims (DRA) and the GPUs they map to
     health: HealthState | None = None  # faults classified, node conditions, quarantine (None: health off)
+    publish: PublishState | None = None  # the GPUNodeState's writes (None: not published)
 
     @property
     def stale(self) -> bool:

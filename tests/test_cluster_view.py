@@ -23,6 +23,7 @@ from fake_apiserver import FakeApiServer, eventually
 from fixture_files import filter_request
 from test_extender import all_free, all_held
 
+from gpuagent.export.exposition import generate_text
 from gpuagent.hints.cluster_view import UNKNOWN_REASON, ClusterView
 from gpuagent.hints.extender import Extender, from_options
 from gpuagent.hints.extender_config import load_options
@@ -326,6 +327,11 @@ async def test_an_agent_publishes_its_node_for_the_extender(api: FakeApiServer, 
         assert agent.publisher is not None
         snapshot = await agent.poll_once()
         assert await agent.publisher.publish_once() == "written"
+        metrics = (await agent.poll_once(), generate_text(agent.registry))[1].decode()
+        assert 'gpuagent_state_publish_writes_total{Hostname="sim-node",outcome="written"} 1' in metrics
+        assert 'gpuagent_state_publish_writes_total{Hostname="sim-node",outcome="failed"} 0' in metrics
+        assert "gpuagent_state_publish_last_write_timestamp_seconds{" in metrics
+        assert f'gpuagent_state_publish_object_bytes{{Hostname="sim-node"}} {agent.publisher.last_bytes}' in metrics
         made = ClusterView(connection=ApiConnection(config=api.kubeconfig()), sync_timeout=5.0)
         entries = await made.lookup(["sim-node"], deadline_seconds=0.1)  # not listed yet: nothing known
         assert entries == {}

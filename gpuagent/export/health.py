@@ -40,6 +40,7 @@ from gpuagent.export.families import (
 from gpuagent.export.held import Held, hold
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, describe
 from gpuagent.export.node_health import node_health_families
+from gpuagent.export.published import publish_families
 from gpuagent.snapshot import Health, NodeSnapshot, PollHistogram
 
 NVML_SOURCE = "nvml"
@@ -82,8 +83,10 @@ class HealthCollector:
         """The families before the age and those after it, which depend on the snapshot alone."""
         up = self._kept.family("gpuagent_up", "1 when the last poll of NVML succeeded, else 0.", GAUGE, [""],
                                [flag(any(s.name == NVML_SOURCE and s.ok for s in snapshot.sources))])
-        faults = node_health_families(snapshot, GpuLabels.of(snapshot, self._hostname_label))
-        after = [*self._poll(snapshot), *self._nvml(snapshot), *self._gpus(snapshot), *faults]
+        labels = GpuLabels.of(snapshot, self._hostname_label)
+        faults = node_health_families(snapshot, labels)
+        after = [*self._poll(snapshot), *self._nvml(snapshot), *self._gpus(snapshot), *faults,
+                 *publish_families(snapshot, labels)]
         return [up, *_build_info(snapshot.backend)], after
 
     def _poll(self, snapshot: NodeSnapshot) -> list[Metric]:

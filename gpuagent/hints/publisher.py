@@ -38,7 +38,7 @@ from gpuagent.hints.published import (
     state_object,
 )
 from gpuagent.kubeapi import ApiConnection, WriteBudget
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot import NodeHints, PublishState
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class StatePublisher:
         self._failure = ""
         self.outcomes: Counter[str] = Counter()
         self.last_bytes = 0
+        self.last_write_unix: float | None = None
 
     def offer(self, hints: NodeHints | None) -> None:
         """This poll's hints (no I/O; the writing task looks at them)."""
@@ -154,10 +155,15 @@ class StatePublisher:
             return self._count("failed")
         self.policy.written(due, now)
         self.last_bytes = len(payload)
+        self.last_write_unix = self._wall()
         if self._failure:
             log.info("publishing the GPU state works again")
             self._failure = ""
         return self._count("written")
+
+    def state(self) -> PublishState:
+        """What the snapshot carries of the publishing (its metrics and ``/v1/state``)."""
+        return PublishState(tuple(sorted(self.outcomes.items())), self.last_write_unix, self.last_bytes)
 
     async def close(self) -> None:
         await self._connection.aclose()
