@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 from gpuagent.shutdown import EXIT_FORCED
 
@@ -23,12 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> tuple[int, str]:

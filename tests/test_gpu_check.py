@@ -25,6 +25,7 @@ SIM_ITEMS = ("cost", "ladder", "crash", "shares", "accounting")
 GPU_ONLY = ("probe", "truth")
 
 
+@pytest.mark.serial  # measures a real process's CPU progress
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_all_in_simulator_mode_writes_the_report_and_the_simulator_items_pass(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from test_enforce_e2e import BURN_CPU, burner, free_port
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.fixture
