@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-PARALLEL_NICE = 10  # the serial pass's agent shares the parallel pass's CPUs: it goes first there
+PARALLEL_NICE = 5  # the serial pass's agent shares the parallel pass's CPUs: it goes first there
 NO_TESTS = 5  # pytest's exit status when a pass selects no test (a filter matching only the other pass's)
 
 
@@ -52,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="gpuagent-tests-") as scratch:
         env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports")}
+        # Bytecode is cached (in the checkout's __pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE
+        # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
+        # agent or CLI process a test starts compiled the gpuagent package again.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         if len(cpus) < 2:
             print(f"one CPU ({cpus[0]}): the parallel pass, then the serial pass", flush=True)
             codes = [_run("parallel", parallel_cmd, env), _run("serial", serial_cmd, env)]
