@@ -2,7 +2,8 @@
 """The whole test suite in two passes, as ``make test`` runs it (``tests/README.md`` has the rules).
 
 - The parallel pass: every test not marked ``serial``, on pytest-xdist workers (``--dist loadfile``: a
-  module's tests share one worker, so its module-scoped agents and Prometheus start once).
+  module's tests share one worker, so its module-scoped agents and Prometheus start once; the modules that
+  start processes go first, so that no long one is left for the end).
 - The serial pass: the ``serial`` tests (they measure CPU shares of real processes), one at a time in one
   pytest process, without xdist.
 
@@ -46,8 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1:
         parser.error(f"--workers: expected at least 1, got {args.workers}")
     pytest = [sys.executable, "-m", "pytest"]
+    # in collection order, where conftest.py puts the modules that start processes first
     parallel_cmd = [*pytest, "-m", "not serial", "-n", str(args.workers), "--dist", "loadfile",
-                    *args.pytest_args]
+                    "--no-loadscope-reorder", *args.pytest_args]
     serial_cmd = [*pytest, "-m", "serial", "-p", "no:xdist", *args.pytest_args]
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="gpuagent-tests-") as scratch:

@@ -26,6 +26,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(f"tests marked serial {SERIAL_USAGE}", pytrace=False)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist workers, the modules that start processes or servers (an ``integration`` test in them)
+    first: they are the long ones, and xdist hands modules out in collection order (the runner turns off its
+    reordering by test count, which put them last, where one long module alone made the run's tail)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    slow = {item.module.__name__ for item in items
+            if isinstance(item, pytest.Function) and item.get_closest_marker("integration")}
+    items.sort(key=lambda item: not (isinstance(item, pytest.Function) and item.module.__name__ in slow))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_port_registry_per_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """On an xdist worker without a registry from scripts/run_tests.py, the run's own (in the run's base
