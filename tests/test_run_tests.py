@@ -38,19 +38,24 @@ def record(name):
         "registry": os.environ.get("TEST_PORT_REGISTRY")}))
 
 
+SIDE_BY_SIDE = os.environ.get("PROBE_SIDE_BY_SIDE") == "1"
+
+
 @pytest.mark.serial
 def test_serial():
     record("serial-started")
-    until("parallel-0")  # both passes at once: the parallel pass ran while this one held its CPU
-    until("parallel-1")
+    if SIDE_BY_SIDE:  # both passes at once: the parallel pass ran while this one held its CPU
+        until("parallel-0")
+        until("parallel-1")
     record("serial")
 
 
 @pytest.mark.parametrize("n", [0, 1])
 def test_parallel(n):
-    until("serial-started")
+    if SIDE_BY_SIDE:
+        until("serial-started")
     record(f"parallel-{n}")
-    if n == 1:  # after the serial pass, every CPU again
+    if n == 1 and SIDE_BY_SIDE:  # after the serial pass, every CPU again
         until("serial")
         deadline = time.monotonic() + 60
         while os.sched_getaffinity(0) != set(json.loads((OUT / "serial").read_text())["cpus"]):
@@ -61,28 +66,34 @@ def test_parallel(n):
 '''
 
 
-def run(tmp_path: Path, *args: str, fail: str = "") -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, *args: str, fail: str = "", cpus: set[int] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    """The runner on the probes; on ``cpus`` (its affinity) if given, else on this process's."""
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n")
     (suite / "test_probes.py").write_text(PROBES)
     (tmp_path / "out").mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TEST_PORT_REGISTRY" and not k.startswith("PYTEST_")}
-    env.update(PROBE_OUT=str(tmp_path / "out"), PROBE_FAIL=fail)
+    side_by_side = len(cpus if cpus is not None else os.sched_getaffinity(0)) > 1
+    env.update(PROBE_OUT=str(tmp_path / "out"), PROBE_FAIL=fail, PROBE_SIDE_BY_SIDE="1" if side_by_side else "")
     return subprocess.run([sys.executable, str(RUNNER), *args, "--", "-q", "-p", "no:cacheprovider", str(suite)],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=300, env=env,
+                          preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
 
 def probe(tmp_path: Path, name: str) -> dict:
     return json.loads((tmp_path / "out" / name).read_text())
 
 
+# Serial: it needs two CPUs in its affinity, which the parallel pass does not have while the serial pass runs.
+@pytest.mark.serial
 @pytest.mark.integration
 @pytest.mark.timeout(300)  # four pytest processes start (two passes, two workers)
 def test_the_serial_pass_owns_the_highest_cpu_while_the_parallel_pass_runs_beside_it(tmp_path: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
-        pytest.skip("needs two CPUs: on one the passes run one after the other")
+        pytest.skip("needs two CPUs: on one the passes run one after the other (the next test)")
     done = run(tmp_path, "-n", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     serial, first, second = (probe(tmp_path, n) for n in ("serial", "parallel-0", "parallel-1"))
@@ -98,12 +109,17 @@ def test_the_serial_pass_owns_the_highest_cpu_while_the_parallel_pass_runs_besid
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_a_failure_in_the_parallel_pass_fails_the_run(tmp_path: Path) -> None:
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs: on one the passes run one after the other")
-    done = run(tmp_path, "-n", "1", fail="parallel-0")
+def test_on_one_cpu_the_passes_run_one_after_the_other_and_a_failure_fails_the_run(tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    done = run(tmp_path, "-n", "1", fail="parallel-0", cpus={cpu})
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "1 failed" in done.stdout and "== serial pass: exit 0" in done.stdout
+    assert f"one CPU ({cpu}): the parallel pass, then the serial pass" in done.stdout
+    assert "1 failed, 1 passed" in done.stdout and "== parallel pass: exit 1" in done.stdout
+    assert "== serial pass: exit 0" in done.stdout
+    serial, parallel = probe(tmp_path, "serial"), probe(tmp_path, "parallel-1")
+    assert serial["cpus"] == parallel["cpus"] == [cpu] and parallel["worker"] == "gw0"
+    assert serial["registry"] == parallel["registry"] and serial["registry"]
+    assert (tmp_path / "out" / "parallel-1").stat().st_mtime <= (tmp_path / "out" / "serial-started").stat().st_mtime
 
 
 def test_a_serial_test_on_an_xdist_worker_fails_saying_how_to_run_it() -> None:
