@@ -3,12 +3,14 @@
 #               SIMULATED Kubernetes node (8xH100, twelve pods served by a kubelet and an API server of its own)
 #   make demo   the same, scraped by a Prometheus holding a week of its history (report and recommend at once)
 #   make test   install the agent with the test extras and the system packages the tests use, and run lint,
-#               layer checks and the test suite
+#               layer checks and the test suite (a parallel pass and a serial pass: scripts/run_tests.py)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SCENARIO ?= examples/scenarios/demo-k8s-node.yaml
 LISTEN ?= 127.0.0.1:9402
+# pytest-xdist workers of the parallel pass: more than the CPUs, since many tests wait on servers and scrapes
+PYTEST_WORKERS ?= 4
 
 .PHONY: install install-test run demo pictures test lint bench gpu-check clean
 
@@ -16,15 +18,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# The runtime (what `gpuagent run` imports), then the test extras on top (pytest, ruff, import-linter,
-# schemathesis, matplotlib, ...): `make run` needs only the first.
+# The runtime (what `gpuagent run` imports): all `make run` needs. The test extras (pytest, ruff, import-linter,
+# schemathesis, matplotlib, ...) come with the runtime in one pip run, so a fresh clone's `make test`
+# resolves and builds once, not twice.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $@
+	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
 
@@ -50,7 +53,7 @@ lint: install-test
 
 test: install-test lint
 	./scripts/install-system-deps.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python scripts/run_tests.py -n $(PYTEST_WORKERS) -- -q
 
 bench: install-test
 	$(BIN)/python bench/bench_poll_scrape.py

@@ -1,4 +1,7 @@
-"""Fixtures shared by test modules."""
+"""Fixtures shared by test modules, and what makes the suite safe to run in parallel (``tests/README.md``):
+one registry of loopback ports per pytest-xdist run (``ports.py``), and the ``serial`` marker's rule: tests
+that measure CPU shares never run on an xdist worker, beside other tests, where their CPU is not their own.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,43 @@ from pathlib import Path
 
 import pytest
 from fake_apiserver import FakeApiServer
+from ports import REGISTRY_ENV
+
+SERIAL_USAGE = ("measure CPU shares and need a CPU of their own: run them without xdist "
+                "(`pytest -p no:xdist -m serial`), the others with `-m 'not serial' -n N`, "
+                "or both passes as `make test` does (scripts/run_tests.py)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A serial test on an xdist worker fails at once, saying how to run it (an error in the worker's
+    collection would end the run without the reason)."""
+    if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        pytest.fail(f"tests marked serial {SERIAL_USAGE}", pytrace=False)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist workers, the modules that start processes or servers (an ``integration`` test in them)
+    first: they are the long ones, and xdist hands modules out in collection order (the runner turns off its
+    reordering by test count, which put them last, where one long module alone made the run's tail)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    slow = {item.module.__name__ for item in items
+            if isinstance(item, pytest.Function) and item.get_closest_marker("integration")}
+    items.sort(key=lambda item: not (isinstance(item, pytest.Function) and item.module.__name__ in slow))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_port_registry_per_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """On an xdist worker without a registry from scripts/run_tests.py, the run's own (in the run's base
+    temporary directory, which every worker's lies in)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None or os.environ.get(REGISTRY_ENV):
+        yield
+        return
+    os.environ[REGISTRY_ENV] = str(tmp_path_factory.getbasetemp().parent / "ports")
+    try:
+        yield
+    finally:
+        del os.environ[REGISTRY_ENV]
 
 
 @pytest.fixture

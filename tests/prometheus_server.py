@@ -34,7 +34,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -47,6 +46,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_port
 
 INSTALL_HINT = ("run scripts/install-system-deps.sh (Debian's prometheus package: prometheus and promtool); "
                 "`make test` does")
@@ -70,12 +70,6 @@ def _binary(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrometheusQueryError(Exception):

@@ -229,6 +229,9 @@ def tenant_agent(work: Path, name: str = "gpu-node-1", **config: Any) -> Iterato
             "mode": "audit", "default_gpu_share": 20, "default_gpu_memory": "4Gi", "memory_term_after": 3,
             "journal_path": str(work / "journal.json"), "cgroup_root": str(work / "cgroup"),
             "nvml_timeout": 1, "idle_window": IDLE_WINDOW_S, "energy_interval": 0.5,
+            # GPU 6's hung call never returns: the shutdown waits this long for it, then exits 3 (what
+            # tests/test_shutdown.py checks); 10 s by default, spent by every module that starts this node
+            "shutdown_timeout": 1,
             "policies": [{"match_kind": "systemd_service", "gpu_share": 10, "gpu_memory": "8Gi"},
                          {"match_namespace": "research", "gpu_share": 15}],
             **config,

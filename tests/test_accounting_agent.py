@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import yaml
 from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
+from ports import free_port
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
@@ -30,12 +30,6 @@ COUNTERS = ("gpuagent_pod_gpu_allocated_seconds_total", "gpuagent_pod_gpu_busy_s
 @pytest.fixture
 def cgroup_sandbox() -> Iterator[CgroupSandbox]:
     yield from sandbox_for_test()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def values(body: str, family: str) -> dict[str, float]:

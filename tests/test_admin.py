@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from cgroups import (
     new_pod_uid,
     sandbox_for_test,
 )
+from ports import free_port
 
 from gpuagent.agent import Agent
 from gpuagent.api.admin import RELOAD_PATH, THAW_PATH, AdminActions
@@ -157,12 +157,6 @@ async def test_reload_errors_are_400_naming_the_key_path(tmp_path: Path) -> None
 # --- the real agent ----------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_config(path: Path, **values: Any) -> None:
     path.write_text(yaml.safe_dump(values))
 
@@ -208,6 +202,7 @@ async def wait_until(predicate: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.serial  # measures a real process's CPU progress
 @pytest.mark.integration
 async def test_socket_thaw_really_thaws_and_holds_throttling_off(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path

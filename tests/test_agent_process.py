@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from agent_runner import http_get as get
+from ports import free_port
 
 from gpuagent.shutdown import EXIT_FORCED
 
@@ -25,10 +25,6 @@ H100 = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
 pytestmark = pytest.mark.integration
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class AgentProcess:

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 BURN_CPU = max(os.sched_getaffinity(0))  # the tenants contend for this one CPU (conftest's agent_off_the_burn_cpu)
 

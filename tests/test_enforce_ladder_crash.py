@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
+from ports import free_port
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
@@ -90,12 +90,6 @@ async def test_audit_mode_signals_nobody(cgroup_sandbox: CgroupSandbox, tmp_path
     counts = result["counts"]
     assert counts.get(("signal_term", "audit"), 0) >= 2 and not counts.get(("signal_term", "done"))
     assert set(result["stages"].values()) <= {"terminating", "killed"}  # what it would have done
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_crashed_agent_leaves_nothing_frozen_after_restart(cgroup_sandbox: CgroupSandbox, tmp_path: Path) -> None:

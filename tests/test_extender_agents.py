@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from fixture_files import filter_request
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "examples" / "scenarios"
@@ -34,12 +34,6 @@ NODE_SCENARIOS = {H100: "h100-8x-64proc.yaml", A100: "a100-mig.yaml", LAPTOP: "l
 MAX_AGE_SECONDS = 3.0
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, Any]:

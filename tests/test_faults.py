@@ -15,7 +15,6 @@ import contextlib
 import ctypes
 import json
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from cgroups import (
     sandbox_for_test,
 )
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
+from ports import free_port
 from simclock import FakeClock
 
 from gpuagent.agent import Agent
@@ -44,12 +44,6 @@ from gpuagent.enforce.journal import Journal
 pytestmark = pytest.mark.integration
 
 H100 = {"model": "H100-SXM5-80GB"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_scenario(tmp_path: Path, gpu_count: int, processes: list[dict], faults: list[dict] = ()) -> Path:

@@ -46,12 +46,13 @@ def series(text: str) -> dict[str, set[tuple[str, str]]]:
     return out
 
 
-@pytest.fixture
-def scrapes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """(the first scrape after ready, one after every tier came round) of an agent on the scenario."""
+@pytest.fixture(scope="module")
+def scrapes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(the first scrape after ready, one after every tier came round) of an agent on the scenario: one
+    agent per scenario, whose two scrapes every test of that scenario reads."""
     config = {"listen": f"127.0.0.1:{free_port()}", "backend": "sim", "hostname": "first-scrape",
               "scenario": str(SCENARIOS / request.param), "pod_resources_socket": None, **TIERS}
-    agent = AgentRunner("agent", config, tmp_path)
+    agent = AgentRunner("agent", config, tmp_path_factory.mktemp("first-scrape"))
     try:
         agent.wait_ready()
         first = agent.metrics()

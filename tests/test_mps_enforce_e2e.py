@@ -25,12 +25,13 @@ import pytest
 import yaml
 from cgroups import CgroupSandbox, kubelet_container_path, new_pod_uid, sandbox_for_test
 from fake_apiserver import NODE, FakeApiServer, container_id, make_pod
-from test_enforce_e2e import BURN_CPU, burner, free_port
+from ports import free_port
+from test_enforce_e2e import BURN_CPU, burner
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.fixture

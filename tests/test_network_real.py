@@ -28,6 +28,7 @@ import pytest
 import yaml
 from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
+from ports import free_port
 
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
@@ -229,12 +230,6 @@ async def test_source_sees_the_veth_and_the_pods_namespace(veth_netns: VethNetns
 @pytest.fixture
 def cgroup_sandbox() -> Iterator[CgroupSandbox]:
     yield from sandbox_for_test()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str) -> str:

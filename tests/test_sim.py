@@ -905,6 +905,7 @@ def wait_for(predicate: Any, timeout: float) -> bool:
     return predicate()
 
 
+@pytest.mark.serial  # measures a real process's CPU progress
 @pytest.mark.integration
 def test_follow_cpu_tracks_a_real_process_and_decays_when_frozen(sim_busy_child: subprocess.Popen) -> None:
     pid = sim_busy_child.pid

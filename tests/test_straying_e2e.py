@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from fake_apiserver import NODE, FakeApiServer, container_id, make_pod
 from podresources_server import Container, Pod, PodResourcesServer, gpus, short_socket_dir
+from ports import free_port
 from test_pods_source import kubepods_line
 
 from gpuagent.agent import Agent
@@ -53,12 +53,6 @@ SCENARIO = {
 def environ(**variables: str) -> bytes:
     base = {"PATH": "/usr/local/nvidia/bin:/usr/bin", "NCCL_DEBUG": "WARN"}
     return b"".join(f"{k}={v}".encode() + b"\0" for k, v in {**base, **variables}.items())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_tree(root: Path, uuids: list[str]) -> None:

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import random
 import shutil
-import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 from gpuagent.agent import Agent
 from gpuagent.api.tls import load_web_config, server_ssl_context
@@ -96,12 +96,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
 
 
 # --- the agent over HTTPS -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from agent_runner import ROOT, AgentRunner, clean_env, run_gpuagent
 from aiohttp.test_utils import TestServer
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from test_report import POD_DAY, FakePrometheus, run_cli, serve
 from test_top_view import FakeAgent
@@ -29,12 +30,6 @@ from gpuagent.untrusted import has_unsafe
 pytestmark = pytest.mark.integration
 
 HOSTILE_NAME = ESCAPES["osc window title"] + ESCAPES["csi clear screen"] + ESCAPES["bidi override"] + "\x9b\x07\r"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def hostile_scenario(tmp_path: Path) -> Path:

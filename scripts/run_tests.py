@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The whole test suite in two passes, as ``make test`` runs it (``tests/README.md`` has the rules).
+
+- The parallel pass: every test not marked ``serial``, on pytest-xdist workers (``--dist loadfile``: a
+  module's tests share one worker, so its module-scoped agents and Prometheus start once; the modules that
+  start processes go first, so that no long one is left for the end).
+- The serial pass: the ``serial`` tests (they measure CPU shares of real processes), one at a time in one
+  pytest process, without xdist.
+
+On two CPUs or more both passes run at once, and the serial pass owns the highest CPU: its tenants burn
+there (``BURN_CPU``, ``agent_off_the_burn_cpu``), while the parallel pass is kept off it (its CPU affinity,
+which every process it starts inherits) and runs at a lower priority (``nice``) on the others, where the
+serial pass's agent runs beside it. When the serial pass ends, the parallel pass's processes get every CPU
+back. On one CPU the passes run one after the other. Both passes share one registry of loopback ports
+(``tests/ports.py``). The serial pass's output is printed when it ends; the exit status is the first
+failing pass's.
+
+    .venv/bin/python scripts/run_tests.py                   # both passes, 4 workers
+    .venv/bin/python scripts/run_tests.py -n 2 -- -x        # 2 workers; pytest arguments after --
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+PARALLEL_NICE = 5  # the serial pass's agent shares the parallel pass's CPUs: it goes first there
+NO_TESTS = 5  # pytest's exit status when a pass selects no test (a filter matching only the other pass's)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--workers", type=int, default=int(os.environ.get("PYTEST_WORKERS", "4")),
+                        help="pytest-xdist workers of the parallel pass (default: $PYTEST_WORKERS or 4)")
+    parser.add_argument("pytest_args", nargs="*", help="passed to both passes (after --)")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers: expected at least 1, got {args.workers}")
+    pytest = [sys.executable, "-m", "pytest"]
+    # in collection order, where conftest.py puts the modules that start processes first
+    parallel_cmd = [*pytest, "-m", "not serial", "-n", str(args.workers), "--dist", "loadfile",
+                    "--no-loadscope-reorder", *args.pytest_args]
+    serial_cmd = [*pytest, "-m", "serial", "-p", "no:xdist", *args.pytest_args]
+    cpus = sorted(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="gpuagent-tests-") as scratch:
+        env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports")}
+        # Bytecode is cached (in the checkout's __pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE
+        # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
+        # agent or CLI process a test starts compiled the gpuagent package again.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        if len(cpus) < 2:
+            print(f"one CPU ({cpus[0]}): the parallel pass, then the serial pass", flush=True)
+            codes = [_run("parallel", parallel_cmd, env), _run("serial", serial_cmd, env)]
+        else:
+            codes = _side_by_side(parallel_cmd, serial_cmd, env, cpus, Path(scratch) / "serial.log")
+    failed = [code for code in codes if code not in (0, NO_TESTS)]
+    if failed:
+        return failed[0]
+    return NO_TESTS if all(code == NO_TESTS for code in codes) else 0
+
+
+def _run(name: str, cmd: list[str], env: dict[str, str]) -> int:
+    started = time.monotonic()
+    code = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+    print(f"== {name} pass: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
+    return code
+
+
+def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str, str], cpus: list[int],
+                  serial_log: Path) -> list[int]:
+    serial_cpu, others = cpus[-1], set(cpus[:-1])
+    print(f"the serial pass owns CPU {serial_cpu} (its tenants burn there); the parallel pass runs on "
+          f"{_cpu_list(others)} until it ends, then on {_cpu_list(cpus)}", flush=True)
+
+    def confine() -> None:  # in the parallel pass's pytest, before it starts anything
+        os.sched_setaffinity(0, others)
+        os.nice(PARALLEL_NICE)
+
+    started = time.monotonic()
+    with serial_log.open("wb") as log:
+        serial = subprocess.Popen(serial_cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+        try:
+            parallel = subprocess.Popen(parallel_cmd, cwd=ROOT, env=env, preexec_fn=confine)
+        except BaseException:
+            serial.kill()
+            serial.wait()
+            raise
+        try:
+            serial_code = serial.wait()
+            serial_seconds = time.monotonic() - started
+            _widen(parallel.pid, set(cpus))
+            parallel_code = parallel.wait()
+        except BaseException:
+            for proc in (serial, parallel):
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait()
+            raise
+    print(f"\n== serial pass (CPU {serial_cpu}), its output:", flush=True)
+    sys.stdout.write(serial_log.read_text(errors="replace"))
+    print(f"== serial pass: exit {serial_code} after {serial_seconds:.0f} s; parallel pass: exit "
+          f"{parallel_code} after {time.monotonic() - started:.0f} s", flush=True)
+    return [parallel_code, serial_code]
+
+
+def _widen(pid: int, cpus: set[int]) -> None:
+    """Every CPU for ``pid`` and the processes under it: parents first, so a child started meanwhile inherits
+    the wider set; twice, for any started between the listing and the change."""
+    for _ in range(2):
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):  # it ended between the listing and now
+                proc.cpu_affinity(sorted(cpus))
+
+
+def _cpu_list(cpus: set[int] | list[int]) -> str:
+    return "CPU " + ",".join(str(c) for c in sorted(cpus))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""``scripts/run_tests.py``, the two passes of ``make test``, on a small suite of probes: while the serial
+pass runs, the parallel pass's workers are kept off the serial pass's CPU and run at a lower priority; they
+get every CPU back when it ends; both passes share one port registry; a failure in either pass fails the
+run; a serial test on an xdist worker fails saying how to run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "scripts" / "run_tests.py"
+
+PROBES = '''
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["PROBE_OUT"])
+
+
+def until(name, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while not (OUT / name).exists():
+        assert time.monotonic() < deadline, f"{name} never came"
+        time.sleep(0.05)
+
+
+def record(name):
+    (OUT / name).write_text(json.dumps({
+        "cpus": sorted(os.sched_getaffinity(0)), "nice": os.nice(0), "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+        "registry": os.environ.get("TEST_PORT_REGISTRY")}))
+
+
+SIDE_BY_SIDE = os.environ.get("PROBE_SIDE_BY_SIDE") == "1"
+
+
+@pytest.mark.serial
+def test_serial():
+    record("serial-started")
+    if SIDE_BY_SIDE:  # both passes at once: the parallel pass ran while this one held its CPU
+        until("parallel-0")
+        until("parallel-1")
+    record("serial")
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_parallel(n):
+    if SIDE_BY_SIDE:
+        until("serial-started")
+    record(f"parallel-{n}")
+    if n == 1 and SIDE_BY_SIDE:  # after the serial pass, every CPU again
+        until("serial")
+        deadline = time.monotonic() + 60
+        while os.sched_getaffinity(0) != set(json.loads((OUT / "serial").read_text())["cpus"]):
+            assert time.monotonic() < deadline, sorted(os.sched_getaffinity(0))
+            time.sleep(0.05)
+        record("parallel-after")
+    assert os.environ.get("PROBE_FAIL") != f"parallel-{n}"
+'''
+
+
+def run(tmp_path: Path, *args: str, fail: str = "", cpus: set[int] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    """The runner on the probes; on ``cpus`` (its affinity) if given, else on this process's."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n")
+    (suite / "test_probes.py").write_text(PROBES)
+    (tmp_path / "out").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TEST_PORT_REGISTRY" and not k.startswith("PYTEST_")}
+    side_by_side = len(cpus if cpus is not None else os.sched_getaffinity(0)) > 1
+    env.update(PROBE_OUT=str(tmp_path / "out"), PROBE_FAIL=fail, PROBE_SIDE_BY_SIDE="1" if side_by_side else "")
+    return subprocess.run([sys.executable, str(RUNNER), *args, "--", "-q", "-p", "no:cacheprovider", str(suite)],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
+
+
+def probe(tmp_path: Path, name: str) -> dict:
+    return json.loads((tmp_path / "out" / name).read_text())
+
+
+# Serial: it needs two CPUs in its affinity, which the parallel pass does not have while the serial pass runs.
+@pytest.mark.serial
+@pytest.mark.integration
+@pytest.mark.timeout(300)  # four pytest processes start (two passes, two workers)
+def test_the_serial_pass_owns_the_highest_cpu_while_the_parallel_pass_runs_beside_it(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: on one the passes run one after the other (the next test)")
+    done = run(tmp_path, "-n", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    serial, first, second = (probe(tmp_path, n) for n in ("serial", "parallel-0", "parallel-1"))
+    assert serial["cpus"] == cpus and serial["worker"] is None
+    for parallel in (first, second):
+        assert parallel["cpus"] == cpus[:-1] and parallel["worker"] in ("gw0", "gw1")
+        assert parallel["nice"] == min(19, serial["nice"] + 5)
+        assert parallel["registry"] == serial["registry"] and parallel["registry"]
+    assert probe(tmp_path, "parallel-after")["cpus"] == cpus
+    assert f"the serial pass owns CPU {cpus[-1]}" in done.stdout
+    assert "== serial pass: exit 0" in done.stdout and "parallel pass: exit 0" in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_on_one_cpu_the_passes_run_one_after_the_other_and_a_failure_fails_the_run(tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    done = run(tmp_path, "-n", "1", fail="parallel-0", cpus={cpu})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"one CPU ({cpu}): the parallel pass, then the serial pass" in done.stdout
+    assert "1 failed, 1 passed" in done.stdout and "== parallel pass: exit 1" in done.stdout
+    assert "== serial pass: exit 0" in done.stdout
+    serial, parallel = probe(tmp_path, "serial"), probe(tmp_path, "parallel-1")
+    assert serial["cpus"] == parallel["cpus"] == [cpu] and parallel["worker"] == "gw0"
+    assert serial["registry"] == parallel["registry"] and serial["registry"]
+    assert (tmp_path / "out" / "parallel-1").stat().st_mtime <= (tmp_path / "out" / "serial-started").stat().st_mtime
+
+
+def test_a_serial_test_on_an_xdist_worker_fails_saying_how_to_run_it() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1",
+                           "tests/test_sim.py::test_follow_cpu_tracks_a_real_process_and_decays_when_frozen"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "tests marked serial measure CPU shares" in done.stdout and "-p no:xdist -m serial" in done.stdout
+    assert "1 error" in done.stdout  # failed in its setup, before its fixtures started a process
