@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from xml.etree import ElementTree
 
 import psutil
 
@@ -53,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     serial_cmd = [*pytest, "-m", "serial", "-p", "no:xdist", *args.pytest_args]
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="gpuagent-tests-") as scratch:
+        reports = [Path(scratch) / "parallel.xml", Path(scratch) / "serial.xml"]
+        parallel_cmd += ["--junitxml", str(reports[0])]
+        serial_cmd += ["--junitxml", str(reports[1])]
         env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports")}
         # Bytecode is cached (in the checkout's __pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE
         # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
@@ -63,10 +67,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             codes = [_run("parallel", parallel_cmd, env), _run("serial", serial_cmd, env)]
         else:
             codes = _side_by_side(parallel_cmd, serial_cmd, env, cpus, Path(scratch) / "serial.log")
+        print(_closing_line(reports), flush=True)
     failed = [code for code in codes if code not in (0, NO_TESTS)]
     if failed:
         return failed[0]
     return NO_TESTS if all(code == NO_TESTS for code in codes) else 0
+
+
+def _closing_line(reports: Sequence[Path]) -> str:
+    """Both passes' counts in one line, pytest's words (each pass printed its own above): the run's last
+    line, so whoever reads only the end of the log reads the whole suite's result."""
+    passed = failed = skipped = 0
+    for report in reports:
+        try:
+            root = ElementTree.parse(report).getroot()
+        except (OSError, ElementTree.ParseError):
+            continue  # a pass that selected nothing, or died before writing: its exit status says so
+        for suite in root.iter("testsuite"):
+            tests, skips = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+            fails = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            passed += tests - skips - fails
+            failed += fails
+            skipped += skips
+    return f"both passes: {passed} passed, {failed} failed, {skipped} skipped"
 
 
 def _run(name: str, cmd: list[str], env: dict[str, str]) -> int:

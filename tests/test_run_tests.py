@@ -105,6 +105,7 @@ def test_the_serial_pass_owns_the_highest_cpu_while_the_parallel_pass_runs_besid
     assert probe(tmp_path, "parallel-after")["cpus"] == cpus
     assert f"the serial pass owns CPU {cpus[-1]}" in done.stdout
     assert "== serial pass: exit 0" in done.stdout and "parallel pass: exit 0" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1] == "both passes: 3 passed, 0 failed, 0 skipped"
 
 
 @pytest.mark.integration
@@ -116,6 +117,7 @@ def test_on_one_cpu_the_passes_run_one_after_the_other_and_a_failure_fails_the_r
     assert f"one CPU ({cpu}): the parallel pass, then the serial pass" in done.stdout
     assert "1 failed, 1 passed" in done.stdout and "== parallel pass: exit 1" in done.stdout
     assert "== serial pass: exit 0" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1] == "both passes: 2 passed, 1 failed, 0 skipped"
     serial, parallel = probe(tmp_path, "serial"), probe(tmp_path, "parallel-1")
     assert serial["cpus"] == parallel["cpus"] == [cpu] and parallel["worker"] == "gw0"
     assert serial["registry"] == parallel["registry"] and serial["registry"]
