@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     import httpx2
@@ -60,6 +61,20 @@ class WriteBudget:
             return False
         self._tokens -= 1
         return True
+
+
+def eviction_request(namespace: str, pod: str, *, grace_period_seconds: int | None = None
+                     ) -> tuple[str, dict[str, Any]]:
+    """(path, body) of the policy/v1 Eviction of one pod: the one place gpuagent builds an Eviction, for the
+    enforcer's memory ladder (``enforce.actions.evictions``) and the GPU health drain (``health.drain``).
+    The API server honours the pod's PodDisruptionBudgets (429 while one forbids it). RBAC: ``create`` on
+    ``pods/eviction``."""
+    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                            "metadata": {"name": pod, "namespace": namespace}}
+    if grace_period_seconds is not None:
+        body["deleteOptions"] = {"gracePeriodSeconds": grace_period_seconds}
+    path = f"api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/eviction"
+    return path, body
 
 
 class ApiConnection:

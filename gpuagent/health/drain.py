@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from urllib.parse import quote
 
 from gpuagent.health.plan import PodRef
-from gpuagent.kubeapi import ApiConnection
+from gpuagent.kubeapi import ApiConnection, eviction_request
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +57,7 @@ class Drain:
                 continue  # evicted: the pod is terminating
             if not self._spend():
                 continue
-            body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": pod.name, "namespace": pod.namespace}}
-            url = (f"api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/{quote(pod.name, safe='')}"
-                   "/eviction")
+            url, body = eviction_request(pod.namespace, pod.name)
             status, _, message = await self._api.send_json("POST", url, body)
             if 200 <= status < 300:
                 self._evicted[key] = now

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING
 
 from gpuagent.enforce.actions.outcomes import MAX_REMEMBERED, Outcomes
 from gpuagent.enforce.actions.rules import ActionRefused
-from gpuagent.kubeapi import ApiConnection, WriteBudget
+from gpuagent.kubeapi import ApiConnection, WriteBudget, eviction_request
 
 if TYPE_CHECKING:
     import lightkube
@@ -127,11 +126,7 @@ class EvictionClient:
         self.last_message = ""
 
     async def evict(self, namespace: str, pod: str) -> int:
-        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                                "metadata": {"name": pod, "namespace": namespace}}
-        if self._grace is not None:
-            body["deleteOptions"] = {"gracePeriodSeconds": self._grace}
-        url = f"api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/eviction"
+        url, body = eviction_request(namespace, pod, grace_period_seconds=self._grace)
         status, self.last_message = await self._api.post_json(url, body)
         return status
 
