@@ -52,7 +52,7 @@ class PlantSettings:
     deep_gap_s: float = 0.0002
     timeslice_s: float = 0.002  # the driver's time slice between contexts that both have work
     switch_s: float = 0.0002  # GPU time lost at each change of context
-    freeze_latency_s: float = 0.008  # a freeze or thaw lands up to this long after it was due (event loop)
+    freeze_latency_s: float = 0.004  # a freeze or thaw lands up to this long after it was due (event loop)
     sample_period_s: float = 0.2
     sample_jitter_s: float = 0.0005
     sample_window_s: float = 0.0003
