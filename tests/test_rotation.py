@@ -34,7 +34,11 @@ def update(controller: RotationController, now: float, uses: dict[str, float],
 
 def test_two_busy_tenants_take_turns_in_proportion_to_their_shares() -> None:
     c = RotationController()
-    fractions = update(c, 0.0, {"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.3})
+    # at 50/50, b is over its share and takes turns with an open slot, where a runs alone
+    assert update(c, 0.0, {"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.3}) == pytest.approx({"b": 0.7})
+    fractions = {}
+    for t in range(1, 4):  # then a is over its own: both take turns
+        fractions = update(c, float(t), {"a": 0.85, "b": 0.15}, {"a": 0.7, "b": 0.3})
     assert fractions == pytest.approx({"a": 0.3, "b": 0.7})
     assert c.slot("a") == pytest.approx(0.7) and c.slot("b") == pytest.approx(0.3)
     assert c.correction("a") == 0.0 and c.correction("nobody") is None
@@ -61,18 +65,27 @@ def test_an_idle_tenants_share_goes_to_the_busy_ones() -> None:
 
 def test_a_tenant_without_a_share_is_never_throttled_and_keeps_what_it_uses() -> None:
     c = RotationController()
-    fractions = update(c, 0.0, {"a": 0.3, "b": 0.3, "x": 0.4}, {"a": 0.5, "b": 0.5, "x": None})
+    fractions = update(c, 0.0, {"a": 0.4, "b": 0.4, "x": 0.2}, {"a": 0.4, "b": 0.4, "x": None})
     assert "x" not in fractions and c.fraction("x") == 0.0
-    assert fractions == pytest.approx({"a": 0.7, "b": 0.7})  # 0.3 slots each of the 0.6 x leaves
+    assert fractions == pytest.approx({"a": 0.6, "b": 0.6})  # 0.4 slots each of the 0.8 x leaves
+
+
+def test_a_tenant_clearly_under_its_share_is_never_throttled() -> None:
+    """An MPS client held to fewer SMs than its share, or a light tenant: it could not use more, so it does
+    not take turns; its share stays reserved for it (the busy one is held to the rest)."""
+    c = RotationController()
+    for t in range(5):
+        fractions = update(c, float(t), {"a": 0.1, "b": 0.9}, {"a": 0.5, "b": 0.5})
+        assert fractions == pytest.approx({"b": 0.5}) and c.fraction("a") == 0.0
 
 
 def test_lower_priority_is_held_to_its_share_first() -> None:
     c = RotationController()
     fractions = update(c, 0.0, {"a": 0.5, "b": 0.5}, {"a": 0.5, "b": 0.2}, {"a": 1, "b": 0})
     assert fractions == pytest.approx({"a": 0.2, "b": 0.8})  # the 30 % left goes to the higher priority
-    c = RotationController()  # oversubscribed: the lower priority gives up what there is not
-    fractions = update(c, 0.0, {"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.6}, {"a": 1, "b": 0})
-    assert fractions == pytest.approx({"a": 0.3, "b": 0.7})
+    c = RotationController()  # oversubscribed (x keeps its 40 %): the lower priority gives up what is not there
+    fractions = update(c, 0.0, {"a": 0.4, "b": 0.4, "x": 0.4}, {"a": 0.4, "b": 0.4, "x": None}, {"a": 1})
+    assert fractions == pytest.approx({"a": 0.6, "b": 0.8})
 
 
 def test_equal_priorities_share_what_is_left_in_proportion() -> None:

@@ -10,9 +10,11 @@ that is never frozen). Each update, for one GPU:
   least ``idle_threshold`` (as ``ShareController``); a member, which runs in its slot only (and whose
   readings are 0 in most polls when its slot is short), while its mean use over ``window / slot`` seconds
   (10 at most) is at least ``idle_threshold * slot``;
-- **members**: with ``work_conserving`` (the default), every active tenant with a share while two or more
-  tenants are active (a tenant alone is never throttled); without, every active tenant with a share.
-  Tenants without a share are never members: never frozen, they run through every slot;
+- **members**: with ``work_conserving`` (the default), active tenants with a share while two or more
+  tenants are active (a tenant alone is never throttled); without, active tenants with a share. A tenant
+  joins unless its use (plus two standard errors) is under its share, so one that could not use more (an
+  MPS client held to fewer SMs, a light tenant) is never throttled, and a member leaves once clearly under
+  half its slot. Tenants without a share are never members: never frozen, they run through every slot;
 - **targets**: the members' part of the GPU is what the others do not use (an active non-member keeps
   ``max(its use, its share or 0)``, an idle one its use). Each member gets its share; what is left of that
   part goes to the members of the highest priority, in proportion to their shares (so a lower priority is
@@ -146,7 +148,7 @@ class RotationController:
             rows.append((tenant, state, use, achieved, is_active, stderr))
         active = sum(1 for r in rows if r[4])
         contended = active >= 2 or not self.work_conserving
-        members = [r for r in rows if contended and r[4] and r[0].share_ratio is not None]
+        members = [r for r in rows if contended and r[4] and self._takes_turns(r)]
         member_keys = {r[0].key for r in members}
         reserved = math.fsum(
             (max(achieved, t.share_ratio or 0.0) if is_active else achieved)
@@ -167,6 +169,18 @@ class RotationController:
             state.target = targets[tenant.key]
         self._slots(members)
         return {r[0].key: 1.0 - r[1].slot for r in members}
+
+    @staticmethod
+    def _takes_turns(row: tuple) -> bool:
+        """A tenant with a share joins the rotation unless its use is clearly under its share (it could
+        not use more than its share: an MPS client held to fewer SMs, a light tenant), and leaves it once
+        clearly under half its slot."""
+        tenant, state, _, achieved, _, stderr = row
+        if tenant.share_ratio is None:
+            return False
+        if state.member:
+            return achieved + _BIAS_SIGMAS * stderr >= _LIGHT * min(state.slot, float(tenant.share_ratio))
+        return achieved + _BIAS_SIGMAS * stderr >= min(max(float(tenant.share_ratio), 0.0), 1.0)
 
     def _targets(self, members: list, room: float) -> dict[str, float]:
         """Each member's share, then the room left to the highest priority (see the module)."""
