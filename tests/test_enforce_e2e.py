@@ -206,14 +206,16 @@ async def test_audit_mode_decides_but_touches_nothing(
     small = next(s for s in states if s.pod == "small")
     assert 0 < small.frozen_ratio < 1 and small.throttled_seconds_total == 0  # decided, not done
     assert not (tmp_path / "journal.json").exists()  # nothing journaled: nothing was to be thawed
-    # /metrics: the rotation's decisions for the small pod's one cgroup (nothing frozen, the big pod stays
-    # under its 70 %: it takes no turns; the small one is thawed for its 10 % slot of every 1 s period), a
-    # freeze and a thaw per period, under outcome="audit", never "done".
+    # /metrics: the rotation's decisions for the pods' cgroups (the small one thawed for its 10 % slot of
+    # every 1 s period), a freeze and a thaw per period each, under outcome="audit", never "done".
     families = {family.name: family for family in text_string_to_metric_families(scrape[0])}
     actions = {(s.labels["action"], s.labels["outcome"]): s.value
                for s in families["gpuagent_enforcement_actions"].samples if s.name.endswith("_total")}
     assert actions[("freeze", "audit")] >= 6, actions  # one each 1 s period (~8 s), not one per episode
-    assert actions[("freeze", "audit")] - actions[("thaw", "audit")] in (0, 1), actions  # one period open
+    throttled = sum(1 for s in states if s.frozen_ratio > 0)  # one or both (below)
+    assert 0 <= actions[("freeze", "audit")] - actions[("thaw", "audit")] <= throttled, actions  # each one open
     frozen = {s.labels["pod"]: s.value for s in families["gpuagent_pod_gpu_frozen_ratio"].samples}
-    assert frozen["small"] == pytest.approx(0.9) and frozen["big"] == 0, frozen
+    # the small pod is held to a slot of at most its 10 %; nothing being frozen, the readings stay where they
+    # were, so whether the big one takes turns too is a matter of their noise: it is held less either way
+    assert frozen["small"] >= 0.85 and frozen["big"] < frozen["small"], frozen
     assert not any(count for (_, outcome), count in actions.items() if outcome in ("done", "failed")), actions

@@ -9,15 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from pathlib import Path
 
 import pytest
+from snapshots import two_gpu_node
 from test_timeslice import FakeTime, Recorder
 
+from gpuagent.agent import build_enforcer
+from gpuagent.config import ConfigError, load_config
 from gpuagent.enforce.timeslice import (
     Cycler,
     DutyPlan,
     RotationController,
     RotationPlan,
+    ShareController,
     Tenant,
     desired,
     make_plan,
@@ -251,3 +256,34 @@ async def test_cancel_mid_slot_thaws_everything_and_an_error_thaws_too() -> None
     with pytest.raises(RuntimeError, match="the loop broke"):
         await cycler.run()
     assert rec.frozen == set()
+
+
+# -- the configuration ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("scheme", "period", "plan", "controller"), [
+    ("rotation", None, RotationPlan, RotationController),
+    ("duty", None, DutyPlan, ShareController),
+    ("rotation", 2.5, RotationPlan, RotationController),
+])
+def test_share_scheme_picks_the_plan_and_the_controller(
+    tmp_path: Path, scheme: str, period: float | None, plan: type, controller: type
+) -> None:
+    overrides: dict[str, object] = {"mode": "audit", "share_scheme": scheme, "journal_path": str(tmp_path / "j")}
+    if period is not None:
+        overrides["share_period"] = period
+    enforcer = build_enforcer(load_config(None, env={}, overrides=overrides))
+    assert enforcer is not None and enforcer._cycler is not None
+    assert isinstance(enforcer._cycler.plan, plan)
+    assert enforcer._cycler.period == (period or (1.0 if scheme == "rotation" else 0.1))
+    assert isinstance(enforcer._new_controller(), controller)
+    state = enforcer.update(two_gpu_node())
+    assert state.share_scheme == scheme and state.share_period_seconds == enforcer._cycler.period
+
+
+def test_a_bad_share_scheme_or_period_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="share-scheme: expected one of rotation, duty"):
+        load_config(None, env={}, overrides={"share_scheme": "lottery"})
+    with pytest.raises(ConfigError, match=r"share-period: expected a number > 0\.01 and <= 10, or null"):
+        load_config(None, env={}, overrides={"share_period": 0})
+    assert load_config(None, env={"GPUAGENT_SHARE_PERIOD": "null"}).share_period is None

@@ -15,8 +15,9 @@ audit mode, and the time a workload would have spent frozen is not reported as t
 
 On an MPS GPU the server is infrastructure and never acted on; clients are frozen per cgroup like any
 process. MPS's own limits are not fought (docs/mps.md): an MPS client held to a share of the SMs is
-measured in SMs (``sm_share_ratio``), so a client whose MPS share is within its share limit is never
-throttled, and one above it is time-sliced down to it; a workload whose MPS memory limits add up to no more
+measured in SMs (``sm_share_ratio``), and a client whose MPS share is within its share limit is shown to
+the controllers without a share (never throttled, it keeps what it uses: ``_held_by_mps``), and one above
+it is time-sliced down to it; a workload whose MPS memory limits add up to no more
 than its GPU memory limit is left to MPS (its allocations fail past that limit), since NVML's memory figure
 also counts what the pinned limit does not (the CUDA context) and would put it over a limit it keeps.
 """
@@ -282,8 +283,9 @@ class Enforcer:
             limits = o.limits
             if limits.exempt:
                 continue
+            share = None if _held_by_mps(o) else limits.share_ratio
             for uuid, util in o.util_by_gpu.items():
-                tenant = Tenant(key, util, limits.share_ratio, limits.priority)
+                tenant = Tenant(key, util, share, limits.priority)
                 on_gpu = tenants_by_gpu.get(uuid)
                 if on_gpu is None:
                     tenants_by_gpu[uuid] = [tenant]
@@ -368,6 +370,17 @@ class Enforcer:
                 task = asyncio.ensure_future(eviction)
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
+
+
+def _held_by_mps(owner: _Owner) -> bool:
+    """Whether MPS already holds the workload to no more of the SMs than its share: then the controllers
+    see it without a share (never throttled, it keeps what it uses), so MPS's limit is not fought."""
+    share = owner.limits.share_ratio
+    if share is None or not owner.mps_client:
+        return False
+    mps = combined_mps_limits(owner.processes)
+    threads = mps.active_thread_percent if mps is not None else None
+    return threads is not None and threads / 100.0 <= share
 
 
 def _ladder_limit(owner: _Owner) -> int | None:

@@ -12,9 +12,10 @@ that is never frozen). Each update, for one GPU:
   (10 at most) is at least ``idle_threshold * slot``;
 - **members**: with ``work_conserving`` (the default), active tenants with a share while two or more
   tenants are active (a tenant alone is never throttled); without, active tenants with a share. A tenant
-  joins unless its use (plus two standard errors) is under its share, so one that could not use more (an
-  MPS client held to fewer SMs, a light tenant) is never throttled, and a member leaves once clearly under
-  half its slot. Tenants without a share are never members: never frozen, they run through every slot;
+  joins unless its use (plus two standard errors) is under its share of what all the tenants use together
+  (1 on a GPU they fill), so one that could not use more (an MPS client held to fewer SMs, a light tenant)
+  is never throttled, and a member leaves once clearly under half its slot of that. Tenants without a
+  share are never members: never frozen, they run through every slot;
 - **targets**: the members' part of the GPU is what the others do not use (an active non-member keeps
   ``max(its use, its share or 0)``, an idle one its use). Each member gets its share; what is left of that
   part goes to the members of the highest priority, in proportion to their shares (so a lower priority is
@@ -148,7 +149,8 @@ class RotationController:
             rows.append((tenant, state, use, achieved, is_active, stderr))
         active = sum(1 for r in rows if r[4])
         contended = active >= 2 or not self.work_conserving
-        members = [r for r in rows if contended and r[4] and self._takes_turns(r)]
+        busy = min(1.0, max(math.fsum(r[3] for r in rows), self.idle_threshold))  # what the tenants use
+        members = [r for r in rows if contended and r[4] and self._takes_turns(r, busy)]
         member_keys = {r[0].key for r in members}
         reserved = math.fsum(
             (max(achieved, t.share_ratio or 0.0) if is_active else achieved)
@@ -171,16 +173,18 @@ class RotationController:
         return {r[0].key: 1.0 - r[1].slot for r in members}
 
     @staticmethod
-    def _takes_turns(row: tuple) -> bool:
-        """A tenant with a share joins the rotation unless its use is clearly under its share (it could
-        not use more than its share: an MPS client held to fewer SMs, a light tenant), and leaves it once
-        clearly under half its slot."""
+    def _takes_turns(row: tuple, busy: float) -> bool:
+        """A tenant with a share joins the rotation unless its use is clearly under its share of what the
+        tenants use together (``busy``: under 1 where something else shares the device) — it could not use
+        more: an MPS client held to fewer SMs, a light tenant — and leaves it once clearly under half its
+        slot of that."""
         tenant, state, _, achieved, _, stderr = row
         if tenant.share_ratio is None:
             return False
+        share = min(max(float(tenant.share_ratio), 0.0), 1.0)
         if state.member:
-            return achieved + _BIAS_SIGMAS * stderr >= _LIGHT * min(state.slot, float(tenant.share_ratio))
-        return achieved + _BIAS_SIGMAS * stderr >= min(max(float(tenant.share_ratio), 0.0), 1.0)
+            return achieved + _BIAS_SIGMAS * stderr >= _LIGHT * min(state.slot, share) * busy
+        return achieved + _BIAS_SIGMAS * stderr >= share * busy
 
     def _targets(self, members: list, room: float) -> dict[str, float]:
         """Each member's share, then the room left to the highest priority (see the module)."""
