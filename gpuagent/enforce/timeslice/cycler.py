@@ -3,6 +3,8 @@
 One asyncio task; each period it asks the plan (``plans.py``) for the windows of the fractions in force and
 walks through them: at every change it freezes first and thaws after, so under the rotation at most one
 throttled tenant is ever thawed. A fraction set during a period applies from the next one; 0 thaws at once.
+A late wake (a starved event loop) lengthens the slot it ends and shortens the next, which still ends at
+its planned instant: windows are placed from the period's planned start, so lateness does not accumulate.
 It thaws everything when it is cancelled or exits, and a target whose freeze or thaw raises is logged once
 and its tenant dropped (the loop goes on). :class:`DutyCycler` is the cycler of the duty plan.
 """
