@@ -1,7 +1,20 @@
-"""Benchmark the share controller on the simulated GPU of ``tests/test_timeslice.py``.
+"""Benchmark the share schemes: on the GPU-contention plant (``--plant``), or the PI alone on simple plants.
 
-Usage: .venv/bin/python bench/bench_timeslice.py [--noise-model gaussian|binomial|both] [--seeds 10]
+Usage: .venv/bin/python bench/bench_timeslice.py --plant [--seeds 6] [--designs duty,rotation,...]
+       [--markdown]
+       .venv/bin/python bench/bench_timeslice.py [--noise-model gaussian|binomial|both] [--seeds 10]
        [--seconds S] [--poll P] [--tail T] [--noise 0.01] [--samples 5]
+
+``--plant``: every design of ``tests/shareplant.py`` (the duty cycle as it was, dithered, with a period
+sized to the tenants' drain, and the exclusive rotation fixed and dithered) holds ``matmul`` and ``deep``
+tenants at 70/30, 90/10 and 50/30/20 on ``gpuagent/devices/sim/contention.py`` (the plant calibrated on
+the H200, docs/shares.md), 60 s runs judged over the last 45 s by the tenants' completed work, one seed a
+run (the seed also draws NVML's sample phase). Per design, kind and split: the largest error of any tenant
+over the seeds (and the median run's), and the lowest throughput kept against one tenant alone. The table
+of docs/shares.md is ``--plant --markdown``; ``--plant --periods 0.5,1,2 --seeds 4`` gives the rotation at
+each period, tenants of one kind (every split) and of two kinds (a deep one beside a synchronous one).
+
+Without ``--plant``, the PI controller (``share_scheme: duty``) on the plants of ``tests/test_timeslice.py``:
 
 Burners (demand 1.0 each) sharing one GPU whose use follows CPU-like dynamics (a frozen tenant's use
 decays over a 0.2 s queue); the controller decides at every poll and each 100 ms period applies its
@@ -97,10 +110,83 @@ def run_model(model: str, args: argparse.Namespace) -> dict[str, object]:
     return {"plant": plant, "cases": cases}
 
 
+def run_plant(args: argparse.Namespace) -> dict[str, object]:
+    from shareplant import DESIGNS, SPLITS, run_split
+
+    from gpuagent.devices.sim.contention import KINDS, PlantSettings
+
+    designs = args.designs.split(",") if args.designs else list(DESIGNS)
+    rows = []
+    for design in designs:
+        for kind in KINDS:
+            for split_name, split in SPLITS.items():
+                errors, kept = [], []
+                for seed in range(args.seeds):
+                    outcome = run_split(design, kind, split, seed=seed)
+                    errors.append(outcome.max_error)
+                    kept.append(outcome.kept)
+                rows.append({"design": design, "label": DESIGNS[design].name, "kind": kind,
+                             "split": split_name, "max_error": round(max(errors), 4),
+                             "median_error": round(statistics.median(errors), 4),
+                             "kept_min": round(min(kept), 4), "runs": args.seeds})
+    return {"plant": vars(PlantSettings()), "rows": rows}
+
+
+def run_periods(args: argparse.Namespace) -> list[dict[str, object]]:
+    """The rotation at each period of ``--periods``: tenants of one kind (every split), and of two kinds."""
+    from shareplant import SPLITS, Design, Enforced, run_split
+
+    from gpuagent.devices.sim import contention
+    from gpuagent.enforce.timeslice import RotationController, RotationPlan
+
+    rows: list[dict[str, object]] = []
+    for period in (float(p) for p in args.periods.split(",")):
+        def build(shares: object, kind: str, seed: int, period: float = period) -> Enforced:
+            plan = RotationPlan(period, dither=0.3, seed=seed)
+            return Enforced(RotationController(), plan, shares)  # type: ignore[arg-type]
+
+        design = Design(f"rotation, {period:g} s +-30 %", build)
+        for kind in contention.KINDS:
+            runs = [run_split(design, kind, split, seed=seed) for split in SPLITS.values()
+                    for seed in range(args.seeds)]
+            rows.append({"period_s": period, "tenants": kind,
+                         "max_error": round(max(r.max_error for r in runs), 4),
+                         "kept_min": round(min(r.kept for r in runs), 4)})
+        for kinds in (("deep", "matmul"), ("matmul", "deep")):
+            errors = []
+            for split in ((70, 30), (90, 10)):
+                for seed in range(args.seeds):
+                    shares = {"a": split[0] / 100, "b": split[1] / 100}
+                    result = contention.run([("a", kinds[0]), ("b", kinds[1])], build(shares, "", seed),
+                                            seconds=60.0, seed=seed)
+                    truth = result.truth(15.0)
+                    errors.append(max(abs(truth[k] - shares[k]) for k in shares))
+            rows.append({"period_s": period,
+                         "tenants": f"{kinds[0]} (a) beside {kinds[1]} (b), 70/30 and 90/10",
+                         "max_error": round(max(errors), 4), "kept_min": None})
+    return rows
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    lines = ["| design | kind | split | largest error (points) | median run's (points) "
+             "| throughput kept (min) |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        worst, median, kept = (float(str(r[k])) for k in ("max_error", "median_error", "kept_min"))
+        lines.append(f"| {r['label']} | {r['kind']} | {r['split']} | {100 * worst:.1f} "
+                     f"| {100 * median:.1f} | {kept:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plant", action="store_true", help="the designs on the GPU-contention plant")
+    parser.add_argument("--designs", default=None, help="--plant: comma-separated designs (default: all)")
+    parser.add_argument("--markdown", action="store_true", help="--plant: a Markdown table, not JSON")
+    parser.add_argument("--periods", default=None,
+                        help="--plant: the rotation at these periods (comma-separated seconds) instead")
     parser.add_argument("--noise-model", choices=("gaussian", "binomial", "both"), default="both")
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="runs per case (default: 6 with --plant, else 10)")
     parser.add_argument("--seconds", type=float, default=None, help="run length (default: per model)")
     parser.add_argument("--poll", type=float, default=None, help="poll interval (default: per model)")
     parser.add_argument("--tail", type=float, default=None,
@@ -113,6 +199,28 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from gpuagent.enforce.timeslice import ShareController
 
+    if args.plant:
+        args.seeds = args.seeds or 6
+        started = time.perf_counter()
+        if args.periods:
+            rows = run_periods(args)
+            if args.markdown:
+                print("| period | tenants | largest error (points) | kept (min) |\n| --- | --- | --- | --- |")
+                for r in rows:
+                    kept = "" if r["kept_min"] is None else f"{float(str(r['kept_min'])):.3f}"
+                    error = 100 * float(str(r["max_error"]))
+                    print(f"| {r['period_s']:g} s | {r['tenants']} | {error:.1f} | {kept} |")
+            else:
+                print(json.dumps({"bench": "timeslice-periods", "rows": rows}, indent=2))
+            return 0
+        plant = run_plant(args)
+        if args.markdown:
+            print(markdown(plant["rows"]))  # type: ignore[arg-type]
+        else:
+            print(json.dumps({"bench": "timeslice-plant", **plant,
+                              "wall_s": round(time.perf_counter() - started, 3)}, indent=2))
+        return 0
+    args.seeds = args.seeds or 10
     started = time.perf_counter()
     models = ("gaussian", "binomial") if args.noise_model == "both" else (args.noise_model,)
     defaults = ShareController()

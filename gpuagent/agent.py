@@ -35,7 +35,7 @@ from gpuagent.enforce.actions import Actions, EvictionClient
 from gpuagent.enforce.enforcer import Enforcer
 from gpuagent.enforce.journal import Journal
 from gpuagent.enforce.memory import LadderSettings, MemoryLadder
-from gpuagent.enforce.timeslice import DutyCycler, ShareController
+from gpuagent.enforce.timeslice import Cycler, RotationController, ShareController, make_plan
 from gpuagent.export import build_registry
 from gpuagent.health import HealthMonitor, HealthSettings
 from gpuagent.hints.engine import HintsEngine
@@ -477,16 +477,23 @@ def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.mono
         allowed_outside_kubepods=config.freezable_outside_kubepods, protected_pids=(os.getpid(),),
         eviction_client=eviction,
     )
-    cycler = DutyCycler(lambda target: actions.freeze(target, reason="over its GPU share"), actions.thaw,
-                        period=config.share_period)
+    plan = make_plan(config.share_scheme, config.share_period)
+    cycler = Cycler(lambda target: actions.freeze(target, reason="over its GPU share"), actions.thaw,
+                    plan=plan)
+    if config.share_scheme == "rotation":
+        def controller() -> RotationController | ShareController:
+            return RotationController(work_conserving=config.work_conserving)
+    else:
+        def controller() -> RotationController | ShareController:
+            return ShareController(work_conserving=config.work_conserving)
     ladder = MemoryLadder(LadderSettings(action=config.memory_action, term_after=config.memory_term_after,
                                          kill_grace=config.memory_kill_grace))
     log.warning("enforcement is %s: %s", config.mode.upper(),
                 "decisions are exported, nothing is frozen or signalled" if config.mode == "audit"
-                else "over-share pods are frozen in duty cycles, over-memory pods signalled")
+                else f"over-share pods are frozen ({config.share_scheme}), over-memory pods signalled")
     return Enforcer(
         mode=config.mode, actions=actions, ladder=ladder, defaults=defaults, rules=rules, cycler=cycler,
-        controller=lambda: ShareController(work_conserving=config.work_conserving), clock=monotonic,
+        controller=controller, clock=monotonic, work_conserving=config.work_conserving,
     )
 
 

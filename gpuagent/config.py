@@ -117,6 +117,25 @@ def _number(low: float, *, high: float | None = None) -> Parser:
     return parse
 
 
+def _number_or_null(low: float, *, high: float | None = None) -> Parser:
+    """A number as ``_number`` says, or null for the default."""
+    number = _number(low, high=high)
+    expected = f"a number > {low:g}" + (f" and <= {high:g}" if high is not None else "") + ", or null"
+
+    def parse(value: Any, ctx: _Ctx) -> float | None:
+        if value is None or (ctx.text and is_null_text(value)):
+            return None
+        try:
+            return number(value, ctx)
+        except _Invalid:
+            raise _Invalid(expected) from None
+
+    return parse
+
+
+SHARE_SCHEMES = ("rotation", "duty")
+
+
 def choice_word(value: Any, choices: tuple[str, ...]) -> str | None:
     """``value`` as one of ``choices`` (case and spaces ignored), or None. YAML 1.1 reads a bare ``off``
     or ``on`` as a boolean: where the choices hold that word, the boolean is taken as the word, so
@@ -550,8 +569,15 @@ class Config:
         "off", _choice(*MODES), "enforcement: off, audit (decide and export, act on nothing) or enforce",
         "{" + ",".join(MODES) + "}",
     )
-    share_period: float = _key(
-        0.1, _number(0.01, high=10), "seconds of one freeze/thaw duty cycle of a throttled pod", "SECONDS"
+    share_scheme: str = _key(
+        "rotation", _choice(*SHARE_SCHEMES),
+        "how throttled pods share a GPU: rotation (exclusive turns, docs/shares.md) or duty (the older duty "
+        "cycle)", "{" + ",".join(SHARE_SCHEMES) + "}",
+    )
+    share_period: float | None = _key(
+        None, _number_or_null(0.01, high=10),
+        "mean seconds of one rotation (or duty cycle), dithered; null: the scheme's (rotation 1.0, duty 0.1)",
+        "SECONDS", "null",
     )
     work_conserving: bool = _key(
         True, _bool, "let a pod use what idle tenants leave (throttle only when another tenant is active)",

@@ -306,6 +306,9 @@ class ShareState:
     frozen_ratio: float  # the part of each period its cgroups are frozen (0: not throttled)
     throttled_seconds_total: float  # time spent frozen since the agent started
     priority: int = 0
+    # share_scheme rotation: how much of the period its slot was shortened by what NVML's view showed it
+    # getting beyond the slot (a queue running on past it; negative: lengthened); None under duty
+    correction_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +344,8 @@ class EnforcementState:
     actions_total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (action, outcome) -> count
     problems: tuple[PolicyProblem, ...] = ()
     frozen_cgroups: int = 0
+    share_scheme: str | None = None  # "rotation" | "duty"; None: no cycler (no shares applied)
+    share_period_seconds: float | None = None  # the mean period of the rotation or duty cycle
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "kubernetes_api",
         "kubeconfig",
         "mode",
+        "share_scheme",
         "share_period",
         "work_conserving",
         "default_gpu_share",

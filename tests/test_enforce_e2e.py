@@ -2,24 +2,27 @@
 the simulated GPU's per-process utilization follows their real CPU progress, the API server (a fake one
 speaking the real JSON) gives them ``gpuagent.io/gpu-share`` annotations, and the agent enforces.
 
-Achieved shares are measured from the processes' own CPU time, not from anything the agent reports.
+Achieved shares are the tenants' own work: each counts its iterations in a file, and a tenant's share is
+its part of the iterations all of them did over the measured window, never anything the agent reports.
+The tenants contend for one CPU the agent is moved off (``agent_off_the_burn_cpu``), and the tests that
+judge shares run alone (``serial``): whatever else runs on that CPU slows every tenant alike, and the parts
+of the work are what is judged, so a busy machine changes the pace, not the split.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import psutil
 import pytest
 import yaml
 from cgroups import CgroupSandbox, kubelet_container_path, new_pod_uid, sandbox_for_test
 from fake_apiserver import NODE, FakeApiServer, container_id, make_pod
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuagent.agent import Agent
@@ -30,8 +33,40 @@ pytestmark = [pytest.mark.integration, pytest.mark.serial]
 BURN_CPU = max(os.sched_getaffinity(0))  # the tenants contend for this one CPU (conftest's agent_off_the_burn_cpu)
 
 
-def burner(cpu: int) -> tuple[str, ...]:
-    return ("python3", "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
+# Pinned to one CPU at a high CPU priority (when allowed), counting its iterations into the file named by
+# its argument (at most every 0.05 s).
+_BURNER = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[2])})
+try:  # the CPU is theirs: whatever else the machine runs there gets little of it while a tenant is thawed
+    os.setpriority(os.PRIO_PROCESS, 0, -15)
+except OSError:
+    pass
+fd, n, last = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644), 0, 0.0
+while True:
+    for _ in range(2000):
+        pass
+    n += 1
+    now = time.monotonic()
+    if now - last > 0.05:
+        os.pwrite(fd, b"%020d" % n, 0)
+        last = now
+"""
+
+
+def burner(cpu: int, counter: Path | None = None) -> tuple[str, ...]:
+    """The command of a burner on ``cpu``, counting into ``counter`` (None: counting nowhere)."""
+    return ("python3", "-c", _BURNER, str(counter) if counter is not None else os.devnull, str(cpu))
+
+
+def brief(states: list) -> list[tuple]:
+    """What the agent decided, short enough to read in a failure: (pod, frozen, achieved, correction)."""
+    return [(s.pod, round(s.frozen_ratio, 3), round(s.achieved_ratio, 3), s.correction_ratio) for s in states]
+
+
+def read_count(path: Path) -> int:
+    text = path.read_bytes().strip() if path.exists() else b""
+    return int(text) if text else 0
 
 
 @pytest.fixture
@@ -39,24 +74,35 @@ def cgroup_sandbox() -> Iterator[CgroupSandbox]:
     yield from sandbox_for_test()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(autouse=True)
+def agent_before_the_rest() -> Iterator[None]:
+    """The test process (the agent, its simulated GPU's CPU meter) at a high CPU priority where allowed:
+    on a busy machine a starved meter reads the tenants' progress late, and the agent's slots end late."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 async def run_enforced(
     sandbox: CgroupSandbox, tmp_path: Path, tenants: list[tuple[str, str | None, bool]], *,
     warmup: float, measure: float, mode: str = "enforce", scrape: list[str] | None = None,
-    work_conserving: bool = True,
+    work_conserving: bool = True, settle: bool = False,
 ) -> tuple[dict[str, float], Agent, list]:
-    """tenants: (pod name, gpu-share annotation or None, busy). Returns CPU share per pod over ``measure``;
-    ``scrape`` gets the agent's ``/metrics``, read over HTTP at the end of ``measure``."""
-    procs, pods, processes = {}, [], []
+    """tenants: (pod name, gpu-share annotation or None, busy). Returns each pod's part of the iterations
+    the busy pods did over ``measure`` (an idle pod: 0); ``scrape`` gets the agent's ``/metrics``, read over
+    HTTP at the end of ``measure``; with ``settle`` the warmup starts once every busy pod is throttled
+    (20 s at most): the time to get there is a bench's figure, the split once there is this test's."""
+    procs, pods, processes, counters = {}, [], [], {}
     for name, share, busy in tenants:
         uid = new_pod_uid()
         path = kubelet_container_path("systemd", "burstable", uid, "containerd", container_id(uid, "main"))
-        proc = sandbox.spawn(path, argv=burner(BURN_CPU) if busy else ("sleep", "600"))
+        counters[name] = tmp_path / f"{name}.count"
+        proc = sandbox.spawn(path, argv=burner(BURN_CPU, counters[name]) if busy else ("sleep", "600"))
         procs[name] = proc
         annotations = {"gpuagent.io/gpu-share": share} if share else {}
         pods.append(make_pod(name, namespace="ml", uid=uid, containers=("main",), annotations=annotations))
@@ -80,13 +126,24 @@ async def run_enforced(
         stop = asyncio.Event()
         serving = asyncio.create_task(agent.serve(stop))
         try:
+            busy = [counters[name] for name, _, is_busy in tenants if is_busy]
+            for _ in range(600):  # a loaded machine can take seconds to start an interpreter
+                if all(read_count(c) > 0 for c in busy):
+                    break
+                await asyncio.sleep(0.05)
+            if settle:  # every busy tenant takes its turns (joins come a poll or two apart): then the warmup
+                for _ in range(40):
+                    states = agent.latest.enforcement.shares if agent.latest and agent.latest.enforcement else ()
+                    if {s.pod for s in states if s.frozen_ratio > 0} >= {n for n, _, b in tenants if b}:
+                        break
+                    await asyncio.sleep(0.5)
             await asyncio.sleep(warmup)
-            cpu = {n: psutil.Process(p.pid).cpu_times() for n, p in procs.items()}
-            started = time.monotonic()
+            before = {n: read_count(c) for n, c in counters.items()}
             await asyncio.sleep(measure)
-            wall = time.monotonic() - started
-            shares = {n: (sum(psutil.Process(p.pid).cpu_times()[:2]) - sum(cpu[n][:2])) / wall
-                      for n, p in procs.items()}
+            done = {n: read_count(c) - before[n] for n, c in counters.items()}
+            total = sum(done.values())
+            assert total > 0, "no tenant counted an iteration"
+            shares = {n: d / total for n, d in done.items()}
             states = list(agent.latest.enforcement.shares) if agent.latest and agent.latest.enforcement else []
             if scrape is not None:
                 async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/metrics") as answer:
@@ -101,31 +158,37 @@ async def run_enforced(
     return shares, agent, states
 
 
+@pytest.mark.serial
 async def test_shares_70_30_are_held_within_5_points(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path, agent_off_the_burn_cpu: None
 ) -> None:
     shares, agent, states = await run_enforced(
-        cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "30", True)], warmup=5, measure=20)
-    assert abs(shares["big"] - 0.70) <= 0.05, shares
-    assert abs(shares["small"] - 0.30) <= 0.05, shares
-    # On one CPU they start at 50/50: the 30 % tenant is the one over its allowance (its active neighbour
-    # reserves 70 %), so it is the one frozen, and the 70 % tenant grows into the room it leaves.
+        cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "30", True)], warmup=5, measure=20, settle=True)
+    assert abs(shares["big"] - 0.70) <= 0.05, (shares, brief(states))
+    assert abs(shares["small"] - 0.30) <= 0.05, (shares, brief(states))
+    # The rotation (the default scheme): both take turns, each frozen outside its slot of every period.
     small = next(s for s in states if s.pod == "small")
-    assert small.limit_ratio == 0.30 and small.throttled_seconds_total > 3 and small.frozen_ratio > 0.2
+    big = next(s for s in states if s.pod == "big")
+    assert small.limit_ratio == 0.30 and small.throttled_seconds_total > 3
+    assert 0.5 < small.frozen_ratio < 0.9 and 0.1 < big.frozen_ratio < 0.5, (small, big)
+    assert agent.latest.enforcement.share_scheme == "rotation"
+    assert agent.latest.enforcement.share_period_seconds == 1.0
     counts = agent.latest.enforcement.actions_total
     assert counts.get(("freeze", "done"), 0) > 0 and not counts.get(("freeze", "failed"))
 
 
+@pytest.mark.serial
 async def test_shares_50_30_20_with_three_tenants(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path, agent_off_the_burn_cpu: None
 ) -> None:
-    shares, _, _ = await run_enforced(
+    shares, _, states = await run_enforced(
         cgroup_sandbox, tmp_path, [("a", "50", True), ("b", "30", True), ("c", "20", True)],
-        warmup=5, measure=20)
+        warmup=5, measure=20, settle=True)
     for name, target in (("a", 0.50), ("b", 0.30), ("c", 0.20)):
-        assert abs(shares[name] - target) <= 0.05, shares
+        assert abs(shares[name] - target) <= 0.05, (shares, brief(states))
 
 
+@pytest.mark.serial
 async def test_an_idle_tenant_leaves_the_other_unthrottled(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path, agent_off_the_burn_cpu: None
 ) -> None:
@@ -136,25 +199,29 @@ async def test_an_idle_tenant_leaves_the_other_unthrottled(
     assert busy.frozen_ratio == 0 and busy.throttled_seconds_total == 0
 
 
+@pytest.mark.serial
 async def test_audit_mode_decides_but_touches_nothing(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path, agent_off_the_burn_cpu: None
 ) -> None:
     scrape: list[str] = []
     shares, _, states = await run_enforced(
-        cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "10", True)], warmup=3, measure=4,
+        cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "10", True)], warmup=3, measure=6,
         mode="audit", scrape=scrape, work_conserving=False)
     assert abs(shares["big"] - shares["small"]) < 0.15, shares  # nobody was frozen: they split the CPU
     # Not work-conserving: the small pod is over its 10 % however busy the machine keeps the "GPU".
     small = next(s for s in states if s.pod == "small")
     assert 0 < small.frozen_ratio < 1 and small.throttled_seconds_total == 0  # decided, not done
     assert not (tmp_path / "journal.json").exists()  # nothing journaled: nothing was to be thawed
-    # /metrics: the duty cycle's decisions for the small pod's one cgroup, a freeze and a thaw per
-    # share_period (0.1 s) while it is over its share, under outcome="audit", never "done".
+    # /metrics: the rotation's decisions for the pods' cgroups (the small one thawed for its 10 % slot of
+    # every 1 s period), a freeze and a thaw per period each, under outcome="audit", never "done".
     families = {family.name: family for family in text_string_to_metric_families(scrape[0])}
     actions = {(s.labels["action"], s.labels["outcome"]): s.value
                for s in families["gpuagent_enforcement_actions"].samples if s.name.endswith("_total")}
-    assert actions[("freeze", "audit")] >= 10, actions  # seconds of decisions, not one per episode
-    assert actions[("freeze", "audit")] - actions[("thaw", "audit")] in (0, 1), actions  # one period open
-    assert not any(count for (_, outcome), count in actions.items() if outcome in ("done", "failed")), actions
+    assert actions[("freeze", "audit")] >= 6, actions  # one each 1 s period (~8 s), not one per episode
+    throttled = sum(1 for s in states if s.frozen_ratio > 0)  # one or both (below)
+    assert 0 <= actions[("freeze", "audit")] - actions[("thaw", "audit")] <= throttled, actions  # each one open
     frozen = {s.labels["pod"]: s.value for s in families["gpuagent_pod_gpu_frozen_ratio"].samples}
-    assert frozen["small"] > 0 and frozen["big"] == 0
+    # the small pod is held to a slot of at most its 10 %; nothing being frozen, the readings stay where they
+    # were, so whether the big one takes turns too is a matter of their noise: it is held less either way
+    assert frozen["small"] >= 0.85 and frozen["big"] < frozen["small"], frozen
+    assert not any(count for (_, outcome), count in actions.items() if outcome in ("done", "failed")), actions

@@ -36,7 +36,13 @@ from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate, _use,
 from gpuagent.agent import build_enforcer
 from gpuagent.config import load_config
 from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
-from gpuagent.enforce.timeslice import ShareController, Tenant, _Decision, _SumsOfOthers, _TenantState
+from gpuagent.enforce.timeslice.controller import (
+    ShareController,
+    Tenant,
+    _Decision,
+    _SumsOfOthers,
+    _TenantState,
+)
 from gpuagent.pods.attribution import Attributor, PodName, _index_allocations, _index_names
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
 from gpuagent.snapshot import (

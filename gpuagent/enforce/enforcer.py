@@ -1,21 +1,23 @@
 """The enforcer: turns each snapshot into share and memory decisions, and hands them to the actions gate.
 
 Each poll, per workload (a pod, or a workload a config rule names): its limits (annotations > config rules >
-node defaults), its measured SM use per GPU and its GPU memory. One :class:`ShareController` per GPU decides
-frozen fractions; the :class:`DutyCycler` applies them between polls; the :class:`MemoryLadder` decides
-warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit mode only counts, every step.
-MIG instances are hard isolation already: no shares there.
+node defaults), its measured SM use per GPU and its GPU memory. One controller per GPU decides frozen
+fractions (:class:`RotationController` under ``share_scheme: rotation``, :class:`ShareController` under
+``duty``); the :class:`Cycler` applies them between polls with the scheme's plan; the :class:`MemoryLadder`
+decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit mode only counts, every
+step. MIG instances are hard isolation already: no shares there.
 
-The duty cycle runs in audit mode too, so that audit counts what enforce would do, decision for decision: one
+The cycler runs in audit mode too, so that audit counts what enforce would do, decision for decision: one
 ``freeze`` (outcome "audit") each time a throttled workload's cgroup would go from thawed to frozen (once per
-``share_period`` while its frozen fraction is under 1; once for as long as it is held at 1) and one ``thaw``
-each time it would be let go, exactly the writes enforce counts as "done". ``Actions`` touches nothing in
+period while its frozen fraction is under 1; once for as long as it is held at 1) and one ``thaw`` each time
+it would be let go, exactly the writes enforce counts as "done". ``Actions`` touches nothing in
 audit mode, and the time a workload would have spent frozen is not reported as throttled time.
 
 On an MPS GPU the server is infrastructure and never acted on; clients are frozen per cgroup like any
 process. MPS's own limits are not fought (docs/mps.md): an MPS client held to a share of the SMs is
-measured in SMs (``sm_share_ratio``), so a client whose MPS share is within its share limit is never
-throttled, and one above it is time-sliced down to it; a workload whose MPS memory limits add up to no more
+measured in SMs (``sm_share_ratio``), and a client whose MPS share is within its share limit is shown to
+the controllers without a share (never throttled, it keeps what it uses: ``_held_by_mps``), and one above
+it is time-sliced down to it; a workload whose MPS memory limits add up to no more
 than its GPU memory limit is left to MPS (its allocations fail past that limit), since NVML's memory figure
 also counts what the pinned limit does not (the CUDA context) and would put it over a limit it keeps.
 """
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from gpuagent.enforce.actions import Actions, FreezeTarget
 from gpuagent.enforce.memory import MemoryLadder, pod_key
 from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
-from gpuagent.enforce.timeslice import DutyCycler, ShareController, Tenant
+from gpuagent.enforce.timeslice import Cycler, RotationController, ShareController, Tenant
 from gpuagent.snapshot import (
     MPS_CLIENT,
     MPS_SERVER,
@@ -85,21 +87,23 @@ class Enforcer:
         ladder: MemoryLadder,
         defaults: NodeDefaults | None = None,
         rules: Sequence[PolicyRule] = (),
-        cycler: DutyCycler | None = None,
-        controller: Callable[[], ShareController] = ShareController,
+        cycler: Cycler | None = None,
+        controller: Callable[[], ShareController | RotationController] = ShareController,
         clock: Callable[[], float] = time.monotonic,
+        work_conserving: bool = True,
     ) -> None:
         self.mode = mode
+        self._work_conserving = work_conserving
         self.actions = actions
         self._ladder = ladder
         self._defaults = defaults or NodeDefaults()
         self._rules = tuple(rules)
         self._cycler = cycler
         self._new_controller = controller
-        self._controllers: dict[str, ShareController] = {}
+        self._controllers: dict[str, ShareController | RotationController] = {}
         self._clock = clock
         self._throttling: set[str] = set()
-        self._targets: dict[str, set[FreezeTarget]] = {}  # what the duty cycle holds per workload
+        self._targets: dict[str, set[FreezeTarget]] = {}  # what the cycler holds per workload
         self._seen: set[str] = set()
         self._reported: set[tuple[str, str, str]] = set()  # policy problems logged once each
         self._pending: set[asyncio.Task[object]] = set()
@@ -116,17 +120,18 @@ class Enforcer:
     @property
     def contended_gpus(self) -> frozenset[str]:
         """UUIDs of the GPUs where the share controller acts: two or more non-exempt workloads with processes
-        there at the last update (whether or not their use has been measured yet). The device poller reads
-        per-process utilization every poll on these, and less often elsewhere."""
+        there at the last update (whether or not their use has been measured yet), or, without work
+        conservation, one with a share (held to it even alone). The device poller reads per-process
+        utilization every poll on these, and less often elsewhere."""
         return self._contended
 
     @property
     def cycling(self) -> bool:
-        """Whether there is a duty cycle to run (audit counts its freezes, enforce makes them)."""
+        """Whether there is a cycler to run (audit counts its freezes, enforce makes them)."""
         return self._cycler is not None
 
     async def run(self) -> None:
-        """The duty cycle, between polls; returns at once without one."""
+        """The cycler (rotation or duty cycle), between polls; returns at once without one."""
         if self._cycler is not None:
             await self._cycler.run()
 
@@ -168,11 +173,15 @@ class Enforcer:
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
         owners, problems = self._owners(snapshot)
         tenants: dict[str, int] = defaultdict(int)
+        held: set[str] = set()  # GPUs with a shared workload: held even alone (not conserving)
         for owner in owners.values():
             if not owner.limits.exempt:
                 for uuid in owner.gpus:
                     tenants[uuid] += 1
-        self._contended = frozenset(uuid for uuid, n in tenants.items() if n >= 2)
+                    if owner.limits.share_ratio is not None:
+                        held.add(uuid)
+        self._contended = frozenset(uuid for uuid, n in tenants.items()
+                                    if n >= 2 or (not self._work_conserving and uuid in held))
         shares = self._shares(snapshot, owners)
         self._memory(owners)
         return EnforcementState(
@@ -182,6 +191,8 @@ class Enforcer:
             actions_total=dict(self.actions.counts()),
             problems=problems,
             frozen_cgroups=len(self.actions.frozen),
+            share_scheme=self._cycler.plan.name if self._cycler is not None else None,
+            share_period_seconds=self._cycler.period if self._cycler is not None else None,
         )
 
     # -- who, with which limits --------------------------------------------------------------------
@@ -264,15 +275,17 @@ class Enforcer:
     def _shares(self, snapshot: NodeSnapshot, owners: dict[str, _Owner]) -> tuple[ShareState, ...]:
         now = self._clock()
         fractions: dict[str, float] = defaultdict(float)
+        groups: dict[str, str] = {}  # the GPU each throttled workload takes turns on: where it is held most
         paused = now < self._paused_until  # an operator's manual thaw (``pause``)
-        decided: list[tuple[str, str, int, float, ShareController]] = []
+        decided: list[tuple[str, str, int, float, ShareController | RotationController]] = []
         tenants_by_gpu: dict[str, list[Tenant]] = {}  # in the owners' order, as the controllers saw them
         for key, o in owners.items():
             limits = o.limits
             if limits.exempt:
                 continue
+            share = None if _held_by_mps(o) else limits.share_ratio
             for uuid, util in o.util_by_gpu.items():
-                tenant = Tenant(key, util, limits.share_ratio, limits.priority)
+                tenant = Tenant(key, util, share, limits.priority)
                 on_gpu = tenants_by_gpu.get(uuid)
                 if on_gpu is None:
                     tenants_by_gpu[uuid] = [tenant]
@@ -295,6 +308,7 @@ class Enforcer:
                 fraction = 0.0 if paused else result.get(key, 0.0)  # paused: release all
                 if fraction > fractions[key]:  # (a defaultdict: the key is there either way)
                     fractions[key] = fraction
+                    groups[key] = uuid
                 decided.append((key, uuid, index, fraction, controller))
         if self._cycler is not None:
             for key in self._throttling - {k for k, f in fractions.items() if f > 0}:
@@ -304,7 +318,7 @@ class Enforcer:
                     targets = sorted(owners[key].targets, key=str)
                     for gone in self._targets.get(key, set()) - set(targets):
                         self.actions.release(gone)
-                    self._cycler.set(key, targets, fraction)
+                    self._cycler.set(key, targets, fraction, groups.get(key))
                     self._targets[key] = set(targets)
             self._throttling = {k for k, f in fractions.items() if f > 0}
             for key in self._seen - owners.keys():  # workloads that left: drop their counters too
@@ -320,6 +334,7 @@ class Enforcer:
             states.append(ShareState(
                 owner.name, owner.namespace, uuid, index, limits.share_ratio, controller.achieved(key),
                 fraction, throttled(key) if throttled is not None else 0.0, limits.priority,
+                controller.correction(key) if isinstance(controller, RotationController) else None,
             ))
         return tuple(states)
 
@@ -355,6 +370,17 @@ class Enforcer:
                 task = asyncio.ensure_future(eviction)
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
+
+
+def _held_by_mps(owner: _Owner) -> bool:
+    """Whether MPS already holds the workload to no more of the SMs than its share: then the controllers
+    see it without a share (never throttled, it keeps what it uses), so MPS's limit is not fought."""
+    share = owner.limits.share_ratio
+    if share is None or not owner.mps_client:
+        return False
+    mps = combined_mps_limits(owner.processes)
+    threads = mps.active_thread_percent if mps is not None else None
+    return threads is not None and threads / 100.0 <= share
 
 
 def _ladder_limit(owner: _Owner) -> int | None:

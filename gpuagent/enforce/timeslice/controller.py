@@ -1,125 +1,23 @@
-"""Time-slice shares on one GPU: a controller that decides frozen fractions, and the duty cycle applying them.
+"""The PI share controller of ``share_scheme: duty``: each tenant's frozen fraction from NVML's view.
 
-Physics. Freezing a tenant's cgroups stops its CPU threads, so it stops submitting GPU work; kernels already
-queued still run, so its measured SM use decays over its queue depth (a few hundred ms) rather than
-dropping at once. The controller therefore never assumes what a freeze achieved: it closes the loop on the
-*measured* per-tenant SM use NVML reports at each poll. Freezing a tenant for a fraction ``f`` of every
-period removes about ``f`` of the use it has while running (``use = (1 - f) * r``), and the others take
-the time it leaves. Throttling the tenant *over* its share is what works: freezing the one below its share
-cannot raise it.
-
-Measurement noise. On a time-sliced GPU NVML samples each process about every 200 ms and each sample
-belongs to one context, so a 1 s poll's per-process use is the share of ~5 samples a tenant held: readings
-come in 20-point steps and swing 20 points around the truth. Every rule below therefore takes the
-tenant's **noise** ``s``, the standard deviation of one poll's reading, estimated online from the
-poll-to-poll differences of its running use ``use / (1 - f)`` over the last 20 polls (which its own
-fraction does not move; the largest difference is left out, so one real step does not read as noise;
-0 until three differences are known). With ``s`` near 0 every rule is the noise-free one.
-
-:class:`ShareController` (one per GPU) at every poll, for every tenant (a pod, or another workload):
-
-- **use** is ``Tenant.util_ratio``, its SM use over the last poll (summed over its processes);
-  **achieved** is the mean of its uses over the last ``window`` seconds (exported as the achieved share).
-  A tenant is **active** when its achieved use plus its standard error (``s / sqrt(samples)``) is at
-  least ``idle_threshold``: a few noisy zero readings of a light tenant do not make it idle.
-- **allowance**: with ``work_conserving`` (the default) ``max(share, 1 - reserved_by_others)``, where an
-  active other tenant Q reserves ``max(achieved_Q, share_Q or 0)`` and an idle one its achieved use. So a
-  tenant may use what the others leave, but an active tenant can always get back up to its share (a
-  light active tenant keeps its whole share reserved: the GPU may then idle below 100 %). With
-  ``work_conserving=False`` the allowance is the share. A tenant without a share (``None``) is never
-  throttled; it only reserves its use.
-- **contended**: with ``work_conserving`` a tenant over its allowance is throttled only while another
-  tenant on the GPU is active; without, it is held at its share even alone.
-- **error** ``e = use - allowance`` (last poll, not the window: a 2 s mean in the loop would add a
-  second of lag). Only the part of an excess that is the tenant's own counts: it is reduced by the
-  deficits of the *other throttled* tenants below their allowance, since that time is ours, frozen out of
-  them; releasing them comes first. A deficit is Q's mean error over its last ``(s_Q / tolerance)^2``
-  polls (at most 20; the last one alone without noise) less that mean's standard error, so one noisy
-  low reading of Q does not cancel P's excess. And the error counts as 0 while the priority rule below
-  holds the tenant back.
-- **engage**: a tenant not throttled starts being throttled on a one-sided CUSUM of its excess:
-  ``S = max(0, S + e - tolerance - s/4)``, engaged once ``S > 3 * tolerance + 5 * s``. Without noise
-  that is an excess over ``4 * tolerance`` at one poll, or a smaller one summing to it over a few; with
-  noise a tenant sitting at its allowance (in a full split every tenant is) is not throttled by noise
-  alone, while a real excess of half a standard deviation engages in about 10-20 polls. The first
-  correction uses the mean excess over the CUSUM's run, not the last reading.
-- **PI** on the error normalized by the tenant's running use ``r = use / (1 - f)`` (``f`` the fraction in
-  force during that poll; clamped to [0.1, 1]): ``en = e / r`` is the part of its running time it must
-  lose, whatever the neighbours (``r`` is about 1/2 next to one burner, 1/3 next to two, 1 alone), so one
-  set of gains fits every mix. ``I += g * en``, ``f = kp * (g / g_full) * en + I``; ``f`` clamped to
-  ``[0, max_frozen]``, ``I`` kept in ``[-max_frozen, max_frozen]`` and not integrated upward while ``f`` is
-  at ``max_frozen`` (anti-windup). The step ``g`` is ``g_full = 1 - exp(-ki * dt)`` without noise; under
-  noise the integral is an average of the noisy corrections: ``g = min(g_full, max(1 / n, g_noise))``
-  with ``n`` the polls it has averaged since it engaged (the running mean, the best estimate of a constant
-  from ``n`` readings), and ``g_noise = 2 q / (1 + q)``, ``q = (tolerance / s)^2``, the step at which the
-  noise fed back moves the use by about ``tolerance`` (an integral of step ``g`` on noise ``s`` moves it by
-  ``s * sqrt(g / (2 - g))``): 1 point of noise leaves ``g_full`` as it is, 20 points give 0.02. A
-  two-sided CUSUM of the engaged tenant's error (same drift and threshold as engaging) detects a change
-  (a neighbour came or went): the average then restarts from the mean error of the CUSUM's run. The
-  running use is smoothed the same way (``r += (g / g_full) * (raw - r)``) so one noisy reading does not
-  scale its own error; without noise it is the last poll's.
-- **release**: a tenant at or below its allowance is released by the PI itself: a negative error drives
-  ``I`` down. Once ``I`` reaches 0 the tenant is *dormant* (not throttled) until ``I`` is one standard
-  error (``s / r / sqrt(n)``) above 0 again, and it is released once ``I`` is two standard errors below 0
-  (at once without noise): a tenant needing a small fraction is not dropped on noise (re-engaging would
-  take the CUSUM's 10-20 polls), and one engaged by noise at its allowance is not throttled on the
-  integral's jitter. When the GPU stops being contended or the tenant loses its share, ``I`` shrinks to
-  a quarter at each update (0 below 0.02): the others' activity is already a windowed figure, so this
-  only smooths the hand-back over a few polls. A tenant absent from an update is not throttled; its
-  state is dropped once its window is empty (or at once by :meth:`ShareController.forget`).
-- **common slice**: with ``work_conserving``, when every active tenant (two or more) is throttled, the
-  smallest of their fractions comes off every fraction and integral: the duty cycle freezes all from the
-  start of the period, so that slice has everyone frozen and only idles the GPU. This also breaks the
-  tie noise can leave: tenants all at their allowances (a full split) throttled by the same amount hold
-  their shares whatever that amount is, so without it nothing would pull them back to 0.
-- **priority**: tenant P's fraction may rise only while no tenant of *lower* priority on the GPU is over
-  its allowance by more than ``tolerance`` and still below ``max_frozen``; while one is, P's error counts
-  as 0 (its fraction holds, or falls as ``kp * en`` goes). So among tenants over their allowance the
-  lowest priority ones are throttled first; a higher-priority tenant is throttled only once every
-  lower-priority one is within ``tolerance`` of its allowance (or frozen as far as it can be). Tenants of
-  equal priority are throttled together.
-
-Gains: ``kp = 0.15``, ``ki = 2.5`` per second. Seen from one poll to the next the plant is a static gain
-``-r`` (normalized away above) plus the queue's lag: with a 0.2 s queue, a 0.5 s poll right after a change
-shows 63 % of it, a 1 s poll 92 %. On a lag-free static plant an integral step of 1 (the whole normalized
-error in one poll) is deadbeat and more overshoots; hence the step ``1 - exp(-ki * dt)``: about
-``ki * dt`` for short polls, where the lag dominates, and never above 1 for long ones: 0.71 at 0.5 s
-polls, 0.92 at 1 s (the agent's default). ``kp`` makes the first correction nearly whole (0.15 + 0.71 of
-it) and recedes as the error shrinks, which damps the overshoot the lag's tail would give the integral
-alone. The running use is estimated conservatively, as the larger of the last two polls' estimates: a
-poll right after the fraction fell still carries the frozen part's tail, which reads as a lower running
-use and would over-correct. Noise-free on the simulated node of the tests (burners, 0.2 s queue; 70/30,
-50/30/20, 90/10, 10/90, and one tenant alone without work conservation): at 0.5 s polls within 5 points of
-the shares 1.5 s after start (two polls after the first measurement) and within 2 points after 1.5-2.5 s,
-overshooting 0.4 points at most next to other tenants and 3.3 alone (``r = 1``); at 1 s polls within 5
-points after 3 s and 2 points after 3-4 s, overshoot under 0.5 points (a controller's first update, with
-no poll before it to time, assumes 0.5 s). The neighbours of this choice: ``kp = 0`` overshoots 1-3
-points with neighbours and 6-13 alone (``ki`` 2.5-4); ``kp >= 0.3`` slows the tail at 1 s polls (2
-points only after 5 s). With 1 point of measurement noise ``f`` moves by about ``0.86 / r`` points per
-poll, which moves the use by under 1 point. With NVML's sampling noise (the binomial plant of the tests,
-1 s polls, 60 s runs, the mean over the last 45 s, 48 seeds) the worst tenant's error is 2.2 points in
-the median at 70/30, 1.3-1.5 at 90/10 and 10/90, 4.4 at 50/30/20 (two throttled tenants whose needed
-fractions move with each other's); the noise's own mean over those 45 polls has a standard deviation of
-about 3.5 points, which no controller acting on these readings alone can remove, so single runs reach
-7-12 points (without these rules: 8-11 points in the median, up to 16). Figures:
-``bench/bench_timeslice.py`` (``--noise-model binomial``).
-
-:class:`DutyCycler` applies the fractions: one asyncio task ticking every ``period`` freezes every throttled
-tenant's targets (cgroups) at the start of a period and thaws each at ``fraction * period``. It thaws
-everything when it is cancelled or exits, and a target whose freeze or thaw raises is logged once and its
-tenant dropped (the loop goes on).
+One :class:`ShareController` per GPU closes the loop on the measured per-tenant SM use at every poll: a
+tenant over its allowance (its share, or what idle neighbours leave it) is throttled by a PI step on its
+error normalized by its running use, engaged by a CUSUM test that its noise (estimated online) cannot
+trigger, with anti-windup, priorities (the lowest throttled first) and work conservation. It trusts the
+view: on a real GPU, under a fixed duty cycle, that view is one phase of the cycle, not its average, and
+the shares it holds are not the work done (docs/shares.md, the H200's evidence); the rotation
+(``rotation.py``) is the default for that reason. The rules, the gains and their derivation:
+[docs/shares.md, the duty scheme's controller](../../../docs/shares.md#the-duty-schemes-pi-controller).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import time
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections import deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from gpuagent.frozen import faster_init
 
@@ -476,17 +374,6 @@ class ShareController:
         return state.fraction
 
 
-# -- the duty cycle -------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Throttle(Generic[T]):
-    targets: tuple[T, ...]
-    fraction: float
-    frozen: set[T] = field(default_factory=set)
-    frozen_since: float | None = None
-
-
 class _SumsOfOthers:
     """For values ``v``, ``without(i)`` is ``math.fsum`` of every value but ``v[i]``, each in O(1): the
     values are summed once exactly as integers (a finite float is a multiple of 2**-1074) and a sum is
@@ -520,177 +407,3 @@ def _exact_units(value: float) -> int:
         return 0  # most deficits: a tenant not throttled
     numerator, denominator = float(value).as_integer_ratio()
     return numerator << (1075 - denominator.bit_length())
-
-
-class DutyCycler(Generic[T]):
-    """Freezes each throttled tenant's targets for ``fraction * period`` of every period, on the event loop.
-
-    ``freeze(target)`` / ``thaw(target)`` do the work (``enforce.actions``); ``targets`` are hashable
-    (cgroup paths). A fraction of 1 keeps the targets frozen across periods; the controller never asks
-    for more than its ``max_frozen``.
-    """
-
-    def __init__(
-        self,
-        freeze: Callable[[T], object],
-        thaw: Callable[[T], object],
-        *,
-        period: float = 0.1,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-        max_warned: int = 1024,
-    ) -> None:
-        if period <= 0:
-            raise ValueError("period must be positive")
-        self._freeze = freeze
-        self._thaw = thaw
-        self.period = period
-        self._clock = clock
-        self._sleep = sleep
-        self._throttles: dict[str, _Throttle[T]] = {}
-        self._seconds: dict[str, float] = {}
-        self._warned: OrderedDict[T, None] = OrderedDict()  # targets whose failure was logged
-        self._max_warned = max_warned
-        self._running = False
-
-    # -- what to throttle -----------------------------------------------------------------------------
-
-    def set(self, key: str, targets: Sequence[T], fraction: float) -> None:
-        """Throttle ``key`` (all its targets together) at ``fraction``; 0 (or no targets) thaws it now."""
-        fraction = min(max(float(fraction), 0.0), 1.0)
-        targets = tuple(dict.fromkeys(targets))
-        throttle = self._throttles.get(key)
-        if fraction <= 0.0 or not targets:
-            if throttle is not None:
-                self._thaw_key(key, throttle)
-                self._throttles.pop(key, None)
-            return
-        if throttle is None:
-            self._throttles[key] = _Throttle(targets, fraction)
-            return
-        gone = [t for t in throttle.frozen if t not in targets]
-        if gone and not self._thaw_targets(key, throttle, gone):
-            return
-        throttle.targets = targets
-        throttle.fraction = fraction
-
-    def fraction(self, key: str) -> float:
-        throttle = self._throttles.get(key)
-        return throttle.fraction if throttle is not None else 0.0
-
-    def throttled_seconds(self, key: str) -> float:
-        """Time ``key`` has spent frozen since it was first throttled (a running total)."""
-        total = self._seconds.get(key, 0.0)
-        throttle = self._throttles.get(key)
-        if throttle is not None and throttle.frozen_since is not None:
-            total += max(0.0, self._clock() - throttle.frozen_since)
-        return total
-
-    def forget(self, key: str) -> None:
-        """The tenant is gone: thaw it and drop its total."""
-        self.set(key, (), 0.0)
-        self._seconds.pop(key, None)
-
-    def stop_all(self) -> None:
-        """Thaw everything now and stop throttling (``set`` again to resume)."""
-        for key, throttle in list(self._throttles.items()):
-            self._thaw_key(key, throttle)
-        self._throttles.clear()
-
-    @property
-    def frozen(self) -> set[T]:
-        """The targets frozen at this instant."""
-        return {t for throttle in self._throttles.values() for t in throttle.frozen}
-
-    # -- the loop -------------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Until cancelled; whatever ends it (cancel, error), everything it froze is thawed."""
-        if self._running:
-            raise RuntimeError("DutyCycler.run is already running")
-        self._running = True
-        try:
-            start = self._clock()
-            while True:
-                self._freeze_all(start)
-                end = start + self.period
-                while True:
-                    now = self._clock()
-                    wake = end
-                    for key, throttle in list(self._throttles.items()):
-                        if not throttle.frozen or throttle.fraction >= 1.0:
-                            continue
-                        deadline = start + throttle.fraction * self.period
-                        if now >= deadline:
-                            self._thaw_key(key, throttle)
-                        else:
-                            wake = min(wake, deadline)
-                    if now >= end:
-                        break
-                    await self._sleep(wake - now)
-                now = self._clock()
-                start = end if now - end < self.period else now  # fell a whole period behind: resync
-        finally:
-            self._running = False
-            self.stop_all()
-
-    def _freeze_all(self, now: float) -> None:
-        for key, throttle in list(self._throttles.items()):
-            if throttle.fraction <= 0.0:
-                continue
-            for target in throttle.targets:
-                if target in throttle.frozen:
-                    continue  # no-op: still frozen (fraction 1)
-                try:
-                    self._freeze(target)
-                except Exception as exc:  # a vanished cgroup, a permission error: drop the tenant
-                    self._failed(key, target, "freeze", exc)
-                    self._drop(key, throttle)
-                    break
-                if not throttle.frozen:
-                    throttle.frozen_since = now
-                throttle.frozen.add(target)
-
-    def _thaw_key(self, key: str, throttle: _Throttle[T]) -> bool:
-        return self._thaw_targets(key, throttle, list(throttle.frozen))
-
-    def _thaw_targets(self, key: str, throttle: _Throttle[T], targets: list[T]) -> bool:
-        """Thaw ``targets`` of ``key``; False when one failed (the key is then dropped)."""
-        ok = True
-        for target in targets:
-            if target not in throttle.frozen:
-                continue
-            throttle.frozen.discard(target)  # tried once: never retried as if still frozen
-            try:
-                self._thaw(target)
-            except Exception as exc:
-                self._failed(key, target, "thaw", exc)
-                ok = False
-        if not throttle.frozen and throttle.frozen_since is not None:
-            self._seconds[key] = self._seconds.get(key, 0.0) + max(0.0, self._clock() - throttle.frozen_since)
-            throttle.frozen_since = None
-        if not ok:
-            self._drop(key, throttle)
-        return ok
-
-    def _drop(self, key: str, throttle: _Throttle[T]) -> None:
-        """Stop throttling ``key`` after a failure: thaw what is still frozen (best effort)."""
-        if self._throttles.get(key) is throttle:
-            del self._throttles[key]
-        for target in list(throttle.frozen):
-            throttle.frozen.discard(target)
-            try:
-                self._thaw(target)
-            except Exception as exc:
-                self._failed(key, target, "thaw", exc)
-        if throttle.frozen_since is not None:
-            self._seconds[key] = self._seconds.get(key, 0.0) + max(0.0, self._clock() - throttle.frozen_since)
-            throttle.frozen_since = None
-
-    def _failed(self, key: str, target: T, what: str, exc: Exception) -> None:
-        if target in self._warned:
-            return
-        self._warned[target] = None
-        if len(self._warned) > self._max_warned:
-            self._warned.popitem(last=False)
-        log.warning("%s %s of %s failed, no longer throttling it: %s", what, target, key, exc)

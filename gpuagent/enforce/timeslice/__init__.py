@@ -1,0 +1,30 @@
+"""Time-slice shares on one GPU: controllers decide each tenant's frozen fraction, a plan places the frozen
+time within each period, and the cycler applies it by freezing cgroups.
+
+- ``rotation.py``: :class:`RotationController`, the default (``share_scheme: rotation``): slots in proportion
+  to the shares, exclusive, with a slow correction from NVML's per-process view;
+- ``controller.py``: :class:`ShareController`, the PI on NVML's per-process view of ``share_scheme: duty``;
+- ``plans.py``: :class:`RotationPlan` (exclusive slots) and :class:`DutyPlan` (overlapping thawed ends),
+  both with a dithered period;
+- ``cycler.py``: :class:`Cycler`, the event-loop task that applies a plan (:class:`DutyCycler` for duty).
+
+Why the rotation, and the derivation of both controllers: docs/shares.md.
+"""
+
+from gpuagent.enforce.timeslice.controller import ShareController, Tenant
+from gpuagent.enforce.timeslice.cycler import Cycler, DutyCycler
+from gpuagent.enforce.timeslice.plans import DutyPlan, Period, RotationPlan, desired, make_plan
+from gpuagent.enforce.timeslice.rotation import RotationController
+
+__all__ = [
+    "Cycler",
+    "DutyCycler",
+    "DutyPlan",
+    "Period",
+    "RotationController",
+    "RotationPlan",
+    "ShareController",
+    "Tenant",
+    "desired",
+    "make_plan",
+]
