@@ -7,11 +7,14 @@
 - The serial pass: the ``serial`` tests (they measure CPU shares of real processes), one at a time in one
   pytest process, without xdist.
 
-On two CPUs or more both passes run at once, and the serial pass owns the highest CPU: its tenants burn
-there (``BURN_CPU``, ``agent_off_the_burn_cpu``), while the parallel pass is kept off it (its CPU affinity,
-which every process it starts inherits) and runs at a lower priority (``nice``) on the others, where the
-serial pass's agent runs beside it. When the serial pass ends, the parallel pass's processes get every CPU
-back. On one CPU the passes run one after the other. Both passes share one registry of loopback ports
+On two CPUs or more both passes run at once. The serial pass's tenants burn on the highest CPU
+(``BURN_CPU``, ``agent_off_the_burn_cpu``) at a high priority, and the parallel pass runs on every CPU at
+the lowest (``nice 19``, inherited by every process it starts): whatever the serial pass runs (tenants,
+agents, the GPU check's items) wins each CPU it wants, and the parallel pass uses the rest, the burn CPU
+too whenever no tenant burns there. (Keeping the parallel pass off the burn CPU instead left it one CPU for
+the whole serial pass, five minutes in which its Prometheus-backed tests timed out.) When the serial pass
+ends, the parallel pass's processes get their priority back. On one CPU the passes run one after the
+other. Both passes share one registry of loopback ports
 (``tests/ports.py``). The serial pass's output is printed when it ends; the exit status is the first
 failing pass's.
 
@@ -35,7 +38,7 @@ from xml.etree import ElementTree
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-PARALLEL_NICE = 5  # the serial pass's agent shares the parallel pass's CPUs: it goes first there
+PARALLEL_NICE = 19  # while the serial pass runs: whatever it runs goes first on every CPU
 NO_TESTS = 5  # pytest's exit status when a pass selects no test (a filter matching only the other pass's)
 
 
@@ -101,20 +104,20 @@ def _run(name: str, cmd: list[str], env: dict[str, str]) -> int:
 
 def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str, str], cpus: list[int],
                   serial_log: Path) -> list[int]:
-    serial_cpu, others = cpus[-1], set(cpus[:-1])
-    print(f"the serial pass owns CPU {serial_cpu} (its tenants burn there); the parallel pass runs on "
-          f"{_cpu_list(others)} until it ends, then on {_cpu_list(cpus)}", flush=True)
+    serial_cpu = cpus[-1]
+    print(f"the serial pass's tenants burn on CPU {serial_cpu}; the parallel pass runs on {_cpu_list(cpus)} "
+          f"at nice {PARALLEL_NICE} until the serial pass ends", flush=True)
+    own_nice = os.nice(0)
 
-    def confine() -> None:  # in the parallel pass's pytest, before it starts anything
-        os.sched_setaffinity(0, others)
-        os.nice(PARALLEL_NICE)
+    def lower() -> None:  # in the parallel pass's pytest, before it starts anything
+        os.nice(PARALLEL_NICE - os.nice(0))
 
     started = time.monotonic()
     with serial_log.open("wb") as log:
         serial = subprocess.Popen(serial_cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
         try:
-            parallel = subprocess.Popen(parallel_cmd, cwd=ROOT, env=env, preexec_fn=confine)
+            parallel = subprocess.Popen(parallel_cmd, cwd=ROOT, env=env, preexec_fn=lower)
         except BaseException:
             serial.kill()
             serial.wait()
@@ -122,7 +125,7 @@ def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str,
         try:
             serial_code = serial.wait()
             serial_seconds = time.monotonic() - started
-            _widen(parallel.pid, set(cpus))
+            _restore(parallel.pid, own_nice)
             parallel_code = parallel.wait()
         except BaseException:
             for proc in (serial, parallel):
@@ -130,16 +133,17 @@ def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str,
                     proc.terminate()
                     proc.wait()
             raise
-    print(f"\n== serial pass (CPU {serial_cpu}), its output:", flush=True)
+    print(f"\n== serial pass (tenants on CPU {serial_cpu}), its output:", flush=True)
     sys.stdout.write(serial_log.read_text(errors="replace"))
     print(f"== serial pass: exit {serial_code} after {serial_seconds:.0f} s; parallel pass: exit "
           f"{parallel_code} after {time.monotonic() - started:.0f} s", flush=True)
     return [parallel_code, serial_code]
 
 
-def _widen(pid: int, cpus: set[int]) -> None:
-    """Every CPU for ``pid`` and the processes under it: parents first, so a child started meanwhile inherits
-    the wider set; twice, for any started between the listing and the change."""
+def _restore(pid: int, nice: int) -> None:
+    """``nice`` again for ``pid`` and the processes under it: parents first, so a child started meanwhile
+    inherits it; twice, for any started between the listing and the change. Lowering a nice value needs
+    root (CAP_SYS_NICE): without it the pass finishes at the low priority."""
     for _ in range(2):
         try:
             root = psutil.Process(pid)
@@ -147,8 +151,8 @@ def _widen(pid: int, cpus: set[int]) -> None:
         except psutil.NoSuchProcess:
             return
         for proc in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):  # it ended between the listing and now
-                proc.cpu_affinity(sorted(cpus))
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                proc.nice(nice)
 
 
 def _cpu_list(cpus: set[int] | list[int]) -> str:
