@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "examples" / "scenarios"
 # Every tier short, so that "once every tier has come round" is a few seconds.
 TIERS = {"poll_interval": 0.5, "profiling_interval": 1.0, "energy_interval": 1.0, "network_interval": 1.0,
-         "slow_poll_interval": 2.0}
+         "slow_poll_interval": 2.0,
+         # the loopback link only: the host's links are shared with the tests beside this one, which make veth
+         # pairs between the two scrapes (a link that appeared brings families the first scrape could not have)
+         "network_links": ["lo"], "network_links_exclude": []}
 STEADY_AFTER_SECONDS = 4.0
 SECOND_READ_ONLY = {"gpuagent_network_receive_bytes_per_second", "gpuagent_network_transmit_bytes_per_second"}
 PROF = {f"DCGM_FI_PROF_{name}" for name in (

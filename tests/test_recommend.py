@@ -181,6 +181,24 @@ def test_a_workload_pools_its_pods_and_adds_what_they_held_at_once() -> None:
     assert only_b.device_size == pytest.approx(2 / 7, abs=1e-3)
 
 
+
+def test_a_whole_gpu_read_through_the_rates_jitter_is_a_whole_gpu() -> None:
+    """GPUs held are rates of allocated seconds over a short window, which scrape timing moves by a few
+    percent (a median of 0.994 was read for a whole GPU under load, and packed as shared); device sizes are
+    whole, k/7 MIG slices or 1/N replicas, so a median over 0.9 is whole and one of 0.57 stays 4/7."""
+    start, step = 0.0, 1.0
+    jittery, slice_ = PodHistory(), PodHistory()
+    for k in range(1, 17):
+        t = start + k * step
+        jittery.held[t], jittery.devices[t] = (0.97, 1.02, 0.994, 0.99)[k % 4], 1.0
+        slice_.held[t], slice_.devices[t] = 4 / 7 * (1 + 0.02 * (-1) ** k), 1.0
+    jittery.totals["GPU-a"] = {"allocated_seconds": 16.0}
+    slice_.totals["MIG-b"] = {"allocated_seconds": 16 * 4 / 7}
+    whole = build_stats(DEPLOYMENT, {"a": jittery}, {"GPU-a": H100}, {H100: H100_MEMORY}, start, step, 99)
+    assert whole.device_size == 1.0 and whole.gpus_held == 1.0
+    part = build_stats(DEPLOYMENT, {"b": slice_}, {"MIG-b": H100}, {H100: H100_MEMORY}, start, step, 99)
+    assert part.device_size == pytest.approx(4 / 7, abs=0.02)
+
 # -- rules --------------------------------------------------------------------------------------------------------
 
 def test_rounding_is_up_and_bounded() -> None:

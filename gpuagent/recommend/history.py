@@ -21,6 +21,12 @@ from gpuagent.recommend.model import Distribution, WorkloadKey, WorkloadStats
 
 DAY = 86400.0
 
+# Devices come in few sizes: a whole GPU, a MIG slice (k/7 or k/8 of one: at most 4/7 short of whole), a
+# time-slicing replica (1/N: at most 1/2). A size is measured as a rate of allocated seconds over a short
+# window, which the scrapes' timing moves by a few percent (a counter read 1.5 s after the last, by an agent
+# counting every 0.5 s); so a median over this is a whole GPU.
+WHOLE_ABOVE = 0.9
+
 
 @dataclass
 class PodHistory:
@@ -107,6 +113,8 @@ def build_stats(key: WorkloadKey, pods: Mapping[str, PodHistory], models: Mappin
     sizes = sorted(h.held[t] / h.devices[t] for h in histories for t, gpus in h.held.items()
                    if gpus > 0 and h.devices.get(t))
     device_size = min(1.0, percentile(sizes, 50)) if sizes else 1.0
+    if device_size >= WHOLE_ABOVE:  # a whole GPU read through the rates' jitter (see WHOLE_ABOVE)
+        device_size = 1.0
     # the most GPUs held at once: devices (a count, exact) at that size; a rate's maximum would carry the
     # scrapes' jitter (a counter read 1.5 s after the last, by an agent that counts every 0.5 s)
     gpus_held = round(devices_held) * device_size
