@@ -222,9 +222,9 @@ def verdict_key(raw_hints: bytes, hints: NodeHints) -> bytes:
     were taken, and its GPUs' and MIG instances' UUIDs (each replaced by its position, so NVLink peers keep
     their shape). Two nodes with the same key get the same verdict for any request (``fit_node`` reads
     none of those but through positions), so the extender judges each distinct state once a request."""
-    hostname = re.escape(json.dumps(hints.hostname).encode())
-    key = _TAKEN_AT.sub(b"", re.sub(rb'"hostname":\s*' + hostname, b"", raw_hints))
-    for pos, gpu in enumerate(hints.gpus):
+    name = json.dumps(hints.hostname).encode()
+    key = _TAKEN_AT.sub(b"", raw_hints.replace(b'"hostname":' + name, b"").replace(b'"hostname": ' + name, b""))
+    for pos, gpu in enumerate(hints.gpus):  # bytes.replace: a scan in C each, cheaper than one regex's
         if gpu.uuid:
             key = key.replace(gpu.uuid.encode(), b"#%d" % pos)
         for number, instance in enumerate(gpu.mig_instances):
