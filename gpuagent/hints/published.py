@@ -223,7 +223,8 @@ def verdict_key(raw_hints: bytes, hints: NodeHints) -> bytes:
     their shape). Two nodes with the same key get the same verdict for any request (``fit_node`` reads
     none of those but through positions), so the extender judges each distinct state once a request."""
     name = json.dumps(hints.hostname).encode()
-    key = _TAKEN_AT.sub(b"", raw_hints.replace(b'"hostname":' + name, b"").replace(b'"hostname": ' + name, b""))
+    key = raw_hints.replace(b'"hostname":' + name, b"").replace(b'"hostname": ' + name, b"")
+    key = _TAKEN_AT.sub(b"", key)
     for pos, gpu in enumerate(hints.gpus):  # bytes.replace: a scan in C each, cheaper than one regex's
         if gpu.uuid:
             key = key.replace(gpu.uuid.encode(), b"#%d" % pos)
