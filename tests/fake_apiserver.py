@@ -851,8 +851,9 @@ def pod_list(pods: Iterable[Mapping[str, Any]], resource_version: str = "1000") 
 FAST_RETRIES = {"relist_backoff": 0.02, "max_backoff": 0.1}
 
 
-async def eventually(predicate: Callable[[], object], timeout: float = 1.0) -> None:
-    """Until ``predicate()`` is true, polling every 5 ms; fails after ``timeout`` seconds."""
+async def eventually(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    """Until ``predicate()`` is true, polling every 5 ms; fails after ``timeout`` seconds (generous: a
+    passing test returns as soon as it is true, and a loaded machine delays what it waits for)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

@@ -147,7 +147,7 @@ def test_report_csv_cells_never_start_a_formula_and_figures_stay_numbers(namespa
         for column in ("namespace", "pod", "workload_kind", "workload"):
             assert not row[column].startswith(FORMULA_STARTS) and not row[column].lstrip().startswith(FORMULA_STARTS)
         assert float(row["allocated_gpu_hours"]) == 1.0 and float(row["busy_gpu_hours"]) < 0  # -1.5 s, a number
-    assert {rows[1]["pod"].removeprefix("'"), pod} == {pod}  # the name itself, after the quote
+    assert rows[1]["pod"] in (pod, "'" + pod)  # the name itself, after the quote if it needed one
 
 
 @FAST
