@@ -47,7 +47,7 @@ from bench_extender import free_port, pod_args, real_hints, wait_for_port  # noq
 
 from gpuagent.hints.cluster_view import ClusterView  # noqa: E402
 from gpuagent.hints.codec import hints_from_jsonable  # noqa: E402
-from gpuagent.hints.extender import Extender  # noqa: E402
+from gpuagent.hints.extender import Extender, tune_garbage_collector  # noqa: E402
 from gpuagent.hints.published import Generation, decode_state, project, state_object  # noqa: E402
 from gpuagent.hints.publisher import PublishPolicy  # noqa: E402
 from gpuagent.kubeapi import ApiConnection  # noqa: E402
@@ -161,6 +161,7 @@ async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int, busy
     nodes = [f"node-{i:05d}" for i in range(count)]
     try:
         wait_for_port(port, timeout=120)
+        tune_garbage_collector()  # as the extender's process does when it starts
         view, stop, task = await started_view(port)
         extender = Extender(view, max_age_seconds=900.0)
         started = time.perf_counter()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import gc
 import logging
 import os
 import signal
@@ -21,7 +20,7 @@ from dataclasses import replace
 from socket import gethostname
 from typing import TYPE_CHECKING, Any
 
-from gpuagent import preflight
+from gpuagent import gctune, preflight
 from gpuagent.accounting import Accountant, AccountingSettings
 from gpuagent.accounting.events import IdleEventPoster
 from gpuagent.api.admin import AdminActions, bind_admin_socket, build_admin_app
@@ -617,9 +616,7 @@ def tune_garbage_collector() -> None:
     at CPython's defaults the collector ran many times a poll and its full passes walked the whole heap,
     14-36 % of a poll's CPU at 110-250 pods (``bench/bench_scale.py``, docs/scale.md). Cycles are still
     collected."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
+    gctune.tune(GC_YOUNG_OBJECTS)
 
 
 def poll_once(config: Config) -> NodeSnapshot:

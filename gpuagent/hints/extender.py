@@ -45,6 +45,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from gpuagent import gctune
 from gpuagent.hints.agents import STATES, AgentCache, AgentDirectory, AgentEntry, AgentTLS
 from gpuagent.hints.claim_reader import ClaimReader
 from gpuagent.hints.claims import Unjudged
@@ -80,6 +81,10 @@ UNKNOWN_LOG_SECONDS = 60.0
 MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
 LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
 YIELD_EVERY_NODES = 250
+# The garbage collector of the extender's process (``tune_garbage_collector``): its view holds every node's
+# state for hours and each call makes a few objects per node; at CPython's thresholds the collections a
+# call met added 15 ms to a never-seen pod's p99 over 5,000 nodes (48.6 against 33.8 ms with none).
+GC_THRESHOLDS = (50_000, 20, 100)
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -506,6 +511,7 @@ async def serve(
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **guard.limits.runner_options())
     await extender.cache.start()
     await runner.setup()
+    tune_garbage_collector()
     listing = asyncio.create_task(lister.run(stop), name="node-list") if lister is not None else None
     try:
         site = GuardedSite(runner, host, port, guard, ssl_context=ssl_context, reuse_address=True)
@@ -524,6 +530,12 @@ async def serve(
         await extender.cache.close()
         await extender.claims.close()
         log.info("extender stopped")
+
+
+def tune_garbage_collector() -> None:
+    """Once the extender is built (and again by the cluster view after each list, which freezes): see
+    ``GC_THRESHOLDS``."""
+    gctune.tune(*GC_THRESHOLDS)
 
 
 def _stop_on_signals() -> asyncio.Event:
