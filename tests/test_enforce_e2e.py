@@ -108,6 +108,7 @@ async def run_enforced(
         pods.append(make_pod(name, namespace="ml", uid=uid, containers=("main",), annotations=annotations))
         processes.append({"pid": proc.pid, "name": name, "gpu": 0, "memory": "1Gi",
                           "sm_util": {"follow_cpu": {"scale": 1.0, "queue_seconds": 0.2}}})
+    sandbox.favour_cpu()  # the tenants win their CPU against other tests' cgroups (the parallel pass)
     scenario = tmp_path / "share.yaml"
     scenario.write_text(yaml.safe_dump({"version": 1, "name": "share", "processes": processes,
                                         "gpus": [{"model": "H100-SXM5-80GB"}]}))

@@ -65,6 +65,7 @@ async def test_freezing_works_per_mps_client_and_leaves_the_server_and_mps_limit
         sm_util = {"follow_cpu": {"scale": 1.0, "queue_seconds": 0.2}} if kind == "mps_client" else 0
         processes.append({"pid": procs[name].pid, "name": name, "gpu": 0, "type": kind, "memory": "1Gi",
                           "sm_util": sm_util})
+    cgroup_sandbox.favour_cpu()  # the tenants win their CPU against other tests' cgroups (the parallel pass)
     scenario = tmp_path / "mps.yaml"
     scenario.write_text(yaml.safe_dump({"version": 1, "name": "mps-enforce", "processes": processes,
                                         "gpus": [{"model": "H100-SXM5-80GB"}]}))
