@@ -224,7 +224,7 @@ async def test_a_resume_point_expired_while_away_relists(api: FakeApiServer, sta
     api.expire_watch()  # compaction while the agent is cut off
     b = api.add_pod(make_pod("b"))
     await api.start()
-    await eventually(lambda: uid_of(b) in metadata.names_by_uid(), timeout=2.0)
+    await eventually(lambda: uid_of(b) in metadata.names_by_uid(), timeout=10.0)
     assert len(api.lists) == 2
 
 
@@ -276,8 +276,10 @@ async def test_server_down_then_back_recovers_with_capped_backoff(
     b = api.add_pod(make_pod("b"))
     back = time.monotonic()
     await api.start()
-    await eventually(lambda: metadata.status == (True, "") and uid_of(b) in metadata.names_by_uid(), timeout=1.0)
-    assert time.monotonic() - back < 0.2 + 0.15  # within one capped retry
+    await eventually(lambda: metadata.status == (True, "") and uid_of(b) in metadata.names_by_uid(), timeout=5.0)
+    # within one capped retry (0.2 s, plus whatever a loaded machine adds), long before the 1.6 s that an
+    # uncapped backoff would wait
+    assert time.monotonic() - back < 1.0
     assert len(warnings(caplog)) == 1 and "unreachable" in warnings(caplog)[0]  # logged once, not per retry
     assert any("answers again" in r.getMessage() for r in caplog.records if r.name == LOGGER)
 
@@ -304,7 +306,7 @@ async def test_forbidden_is_reported_as_rbac_and_logged_once(
     assert error.startswith(f"forbidden: pods list on node {NODE}")
     assert "RBAC" in error and 'cannot list resource "pods"' in error
     assert not metadata.synced
-    await eventually(lambda: metadata.synced, timeout=2.0)
+    await eventually(lambda: metadata.synced, timeout=10.0)
     assert len(api.lists) == 5  # retried every max_backoff
     assert metadata.status == (True, "")
     forbidden = [m for m in warnings(caplog) if "forbidden" in m]
