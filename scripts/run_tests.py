@@ -14,15 +14,9 @@ agents, the GPU check's items) wins each CPU it wants, and the parallel pass use
 too whenever no tenant burns there. (Keeping the parallel pass off the burn CPU instead left it one CPU for
 the whole serial pass, five minutes in which its Prometheus-backed tests timed out.) When the serial pass
 ends, the parallel pass's processes get their priority back. On one CPU the passes run one after the
-other.
-
-While a test measures CPU shares (its ``agent_off_the_burn_cpu`` fixture holds the claim file named by
-``TEST_BURN_CPU_CLAIM``), the runner moves the parallel pass off the burn CPU and back when it ends: a
-parallel test's burner in a cgroup of its own took CPU from the tenants whatever the nice values (the kernel
-shares a CPU between cgroups first) and moved a 70/30 split to 0.61/0.39 in two full runs of five.
-
-Both passes share one registry of loopback ports (``tests/ports.py``). The serial pass's output is printed
-when it ends; the exit status is the first failing pass's.
+other. Both passes share one registry of loopback ports
+(``tests/ports.py``). The serial pass's output is printed when it ends; the exit status is the first
+failing pass's.
 
     .venv/bin/python scripts/run_tests.py                   # both passes, 4 workers
     .venv/bin/python scripts/run_tests.py -n 2 -- -x        # 2 workers; pytest arguments after --
@@ -66,8 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reports = [Path(scratch) / "parallel.xml", Path(scratch) / "serial.xml"]
         parallel_cmd += ["--junitxml", str(reports[0])]
         serial_cmd += ["--junitxml", str(reports[1])]
-        env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports"),
-               "TEST_BURN_CPU_CLAIM": str(Path(scratch) / "burn-cpu-claimed")}
+        env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports")}
         # Bytecode is cached (in the checkout's __pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE
         # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
         # agent or CLI process a test starts compiled the gpuagent package again.
@@ -129,11 +122,9 @@ def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str,
             serial.kill()
             serial.wait()
             raise
-        claim = Path(env["TEST_BURN_CPU_CLAIM"])
         try:
-            serial_code = _wait_yielding_the_burn_cpu(serial, parallel.pid, claim, set(cpus), serial_cpu)
+            serial_code = serial.wait()
             serial_seconds = time.monotonic() - started
-            _affinity(parallel.pid, set(cpus))
             _restore(parallel.pid, own_nice)
             parallel_code = parallel.wait()
         except BaseException:
@@ -147,34 +138,6 @@ def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str,
     print(f"== serial pass: exit {serial_code} after {serial_seconds:.0f} s; parallel pass: exit "
           f"{parallel_code} after {time.monotonic() - started:.0f} s", flush=True)
     return [parallel_code, serial_code]
-
-
-def _wait_yielding_the_burn_cpu(serial: subprocess.Popen[bytes], parallel_pid: int, claim: Path,
-                                cpus: set[int], burn_cpu: int) -> int:
-    """Wait for the serial pass; while ``claim`` exists, the parallel pass (every process under
-    ``parallel_pid``) keeps off ``burn_cpu``."""
-    yielded = False
-    while serial.poll() is None:
-        claimed = claim.exists()
-        if claimed != yielded:
-            _affinity(parallel_pid, cpus - {burn_cpu} if claimed else cpus)
-            yielded = claimed
-        time.sleep(0.1)
-    return serial.returncode
-
-
-def _affinity(pid: int, cpus: set[int]) -> None:
-    """``cpus`` for ``pid`` and the processes under it: parents first, so a child started meanwhile inherits
-    them; twice, for any started between the listing and the change."""
-    for _ in range(2):
-        try:
-            root = psutil.Process(pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for proc in tree:
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                proc.cpu_affinity(sorted(cpus))
 
 
 def _restore(pid: int, nice: int) -> None:

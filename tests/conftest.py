@@ -70,22 +70,15 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def agent_off_the_burn_cpu() -> Iterator[None]:
-    """The test process (the agent) off the highest CPU, where end-to-end tests' tenants contend; and,
-    under ``scripts/run_tests.py``, that CPU the tenants' alone while the test runs: the runner keeps the
-    parallel pass off it while the file named by ``TEST_BURN_CPU_CLAIM`` exists."""
+    """The test process (the agent) off the highest CPU, where end-to-end tests' tenants contend."""
     before = os.sched_getaffinity(0)
     others = before - {max(before)}
     if not others:
         pytest.skip("needs two CPUs: one for the tenants, one for the agent")
     os.sched_setaffinity(0, others)
-    claim = os.environ.get("TEST_BURN_CPU_CLAIM")
-    if claim:
-        Path(claim).touch()
     try:
         yield
     finally:
-        if claim:
-            Path(claim).unlink(missing_ok=True)
         os.sched_setaffinity(0, before)
 
 
