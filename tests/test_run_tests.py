@@ -94,7 +94,7 @@ def test_the_serial_pass_owns_the_highest_cpu_while_the_parallel_pass_runs_besid
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs: on one the passes run one after the other (the next test)")
-    done = run(tmp_path, "-n", "2")
+    done = run(tmp_path, "-n", "2", "--side-by-side")
     assert done.returncode == 0, done.stdout + done.stderr
     serial, first, second = (probe(tmp_path, n) for n in ("serial", "parallel-0", "parallel-1"))
     assert serial["cpus"] == cpus and serial["worker"] is None
@@ -114,7 +114,7 @@ def test_on_one_cpu_the_passes_run_one_after_the_other_and_a_failure_fails_the_r
     cpu = min(os.sched_getaffinity(0))
     done = run(tmp_path, "-n", "1", fail="parallel-0", cpus={cpu})
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"one CPU ({cpu}): the parallel pass, then the serial pass" in done.stdout
+    assert f"CPU {cpu}: the parallel pass, then the serial pass" in done.stdout
     assert "1 failed, 1 passed" in done.stdout and "== parallel pass: exit 1" in done.stdout
     assert "== serial pass: exit 0" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1] == "both passes: 2 passed, 1 failed, 0 skipped"
