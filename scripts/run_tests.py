@@ -7,22 +7,22 @@
 - The serial pass: the ``serial`` tests (they measure CPU shares of real processes), one at a time in one
   pytest process, without xdist.
 
-By default the parallel pass runs first, on every CPU, then the serial pass alone: what the serial tests
-measure (the CPU shares of real processes) is then theirs. ``--side-by-side`` runs both at once, a minute
-or two sooner on two CPUs but not reliably green there: the kernel shares a CPU between cgroups before nice
-values count, so a parallel test's burner in a cgroup of its own still takes CPU from the tenants (70/30
-came out 0.61/0.39 in two full runs of five). Side by side, the serial pass's tenants burn on the highest CPU
-(``BURN_CPU``, ``agent_off_the_burn_cpu``) at a high priority, and the parallel pass runs on every CPU at
-the lowest (``nice 19``, inherited by every process it starts): whatever the serial pass runs (tenants,
-agents, the GPU check's items) wins each CPU it wants, and the parallel pass uses the rest, the burn CPU
-too whenever no tenant burns there. (Keeping the parallel pass off the burn CPU instead left it one CPU for
-the whole serial pass, five minutes in which its Prometheus-backed tests timed out.) When the serial pass
-ends, the parallel pass's processes get their priority back; on one CPU the passes run one after the
-other anyway. Both passes share one registry of loopback ports (``tests/ports.py``). The serial pass's
-output is printed when it ends; the exit status is the first failing pass's.
+On two CPUs or more the passes run side by side (the default): the serial pass's tenants burn on the
+highest CPU (``BURN_CPU``, ``agent_off_the_burn_cpu``) at a high priority in cgroups of the highest CPU
+weight (``CgroupSandbox.favour_cpu``, the GPU check's sandbox alike), and the parallel pass runs on every
+CPU at the lowest priority (``nice 19``, inherited by every process it starts). The kernel shares a CPU
+between cgroups by their weights before nice values count, so the weight is what keeps a parallel test's
+burner, in a cgroup of its own, off the tenants' CPU (before it, 70/30 came out 0.61/0.39 in two full runs
+of five); whatever the serial pass runs wins each CPU it wants, and the parallel pass uses the rest, the
+burn CPU too whenever no tenant burns there. (Keeping the parallel pass off the burn CPU instead left it one
+CPU for the whole serial pass, in which its Prometheus-backed tests timed out.) When the serial pass ends,
+the parallel pass's processes get their priority back. ``--one-after-the-other`` runs the parallel pass
+first and then the serial pass alone (a minute or two longer on two CPUs), as one CPU always does. Both
+passes share one registry of loopback ports (``tests/ports.py``). The serial pass's output is printed when
+it ends; the exit status is the first failing pass's.
 
-    .venv/bin/python scripts/run_tests.py                   # both passes, one after the other, 4 workers
-    .venv/bin/python scripts/run_tests.py --side-by-side    # both at once
+    .venv/bin/python scripts/run_tests.py                          # both passes at once, 4 workers
+    .venv/bin/python scripts/run_tests.py --one-after-the-other    # the parallel pass, then the serial one
     .venv/bin/python scripts/run_tests.py -n 2 -- -x        # 2 workers; pytest arguments after --
 """
 
@@ -50,8 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--workers", type=int, default=int(os.environ.get("PYTEST_WORKERS", "4")),
                         help="pytest-xdist workers of the parallel pass (default: $PYTEST_WORKERS or 4)")
-    parser.add_argument("--side-by-side", action="store_true",
-                        help="run both passes at once (faster, less reliable on two CPUs: see above)")
+    parser.add_argument("--one-after-the-other", action="store_true",
+                        help="the parallel pass, then the serial pass alone (slower; one CPU always does)")
     parser.add_argument("pytest_args", nargs="*", help="passed to both passes (after --)")
     args = parser.parse_args(argv)
     if args.workers < 1:
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
         # agent or CLI process a test starts compiled the gpuagent package again.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        if len(cpus) < 2 or not args.side_by_side:
+        if len(cpus) < 2 or args.one_after_the_other:
             print(f"{_cpu_list(cpus)}: the parallel pass, then the serial pass", flush=True)
             codes = [_run("parallel", parallel_cmd, env), _run("serial", serial_cmd, env)]
         else:

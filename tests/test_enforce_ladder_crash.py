@@ -22,8 +22,10 @@ from gpuagent.config import load_config
 
 pytestmark = pytest.mark.integration
 
-IGNORES_TERM = ("python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                                 "while True: time.sleep(1)")
+# Ignores SIGTERM, then says so by creating the file named by its argument (a loaded machine can take a
+# second to start an interpreter: a SIGTERM before the handler would end it like the polite one).
+IGNORES_TERM = ("python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                 "open(sys.argv[1], 'w').close()\nwhile True: time.sleep(1)")
 EXITS_ON_TERM = ("sleep", "600")
 
 
@@ -46,7 +48,13 @@ def scenario_file(tmp_path: Path, processes: list[dict]) -> Path:
 
 
 async def run_ladder(sandbox: CgroupSandbox, tmp_path: Path, mode: str) -> dict[str, object]:
-    stubborn, stubborn_uid = pod_process(sandbox, IGNORES_TERM)
+    ready = tmp_path / "stubborn.ready"
+    stubborn, stubborn_uid = pod_process(sandbox, (*IGNORES_TERM, str(ready)))
+    for _ in range(600):
+        if ready.exists():
+            break
+        await asyncio.sleep(0.05)
+    assert ready.exists(), "the stubborn tenant never started"
     polite, polite_uid = pod_process(sandbox, EXITS_ON_TERM)
     scenario = scenario_file(tmp_path, [
         {"pid": stubborn.pid, "name": "stubborn", "gpu": 0, "memory": "10Gi", "sm_util": 10},

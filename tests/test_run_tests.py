@@ -94,7 +94,7 @@ def test_the_serial_pass_owns_the_highest_cpu_while_the_parallel_pass_runs_besid
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs: on one the passes run one after the other (the next test)")
-    done = run(tmp_path, "-n", "2", "--side-by-side")
+    done = run(tmp_path, "-n", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     serial, first, second = (probe(tmp_path, n) for n in ("serial", "parallel-0", "parallel-1"))
     assert serial["cpus"] == cpus and serial["worker"] is None
