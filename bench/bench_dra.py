@@ -164,8 +164,7 @@ async def bench_polls(rounds: int) -> None:
                     results[kind] = samples
                     print(f"poll, 8 GPUs, {kind:13} ({named} pods named)  {stats(samples)}")
             finally:
-                await agent.devices.close()
-                await agent.pods.close()
+                await agent.aclose()
         ratio = statistics.median(results["DRA (CDI)"]) / statistics.median(results["device plugin"])
         print(f"poll median, DRA / device plugin: {ratio:.2f}")
 

@@ -149,8 +149,5 @@ async def running_agent(node: KubeletNode, nvml: Any, scenario: Path, *, clock: 
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-        await agent.devices.close()
-        await agent.pods.close()
-        if agent.network is not None:
-            await agent.network.close()
+        await agent.aclose()
 

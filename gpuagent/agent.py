@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from socket import gethostname
@@ -381,16 +381,30 @@ class Agent:
             clean = await shutdown.run(tasks, [
                 Step("http", runner.cleanup),
                 *([Step("admin", admin_runner.cleanup)] if admin_runner is not None else []),
-                Step("nvml", self.devices.close),
-                Step("pods", self.pods.close),
-                *([Step("network", self.network.close)] if self.network is not None else []),
-                Step("idle-events", self.accountant.close),
-                *([Step("publish-state", self.publisher.close)] if self.publisher is not None else []),
-                *([Step("gpu-health", self.health.writer.aclose)]
-                  if self.health is not None and self.health.writer is not None else []),
+                *(Step(name, close) for name, close in self._closers()),
             ])
             log.info("stopped" if clean else "stopped, leaving the above unfinished")
         return clean
+
+    def _closers(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
+        """What the agent opened besides its HTTP servers, by name, in the order it is closed."""
+        closers: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("nvml", self.devices.close), ("pods", self.pods.close)]
+        if self.network is not None:
+            closers.append(("network", self.network.close))
+        closers.append(("idle-events", self.accountant.close))
+        if self.publisher is not None:
+            closers.append(("publish-state", self.publisher.close))
+        if self.health is not None and self.health.writer is not None:
+            closers.append(("gpu-health", self.health.writer.aclose))
+        return closers
+
+    async def aclose(self) -> None:
+        """Thaw whatever the enforcer froze, then close what the agent opened, as :meth:`serve` ends: for an
+        agent driven by :meth:`poll_once` alone (the demo's history, a bench, a test)."""
+        self._thaw_everything()
+        for _, close in self._closers():
+            await close()
 
     def shutdown_plan(self, **process: Any) -> Shutdown:
         """The bounded shutdown of this agent: thaw the enforcer's freezes first, wait for the GPU workers;
@@ -619,17 +633,26 @@ def tune_garbage_collector() -> None:
     gctune.tune(GC_YOUNG_OBJECTS)
 
 
+def read_only(config: Config) -> Config:
+    """``config`` for a one-shot look (``snapshot``, ``hints``): the same sources and figures, nothing acted
+    on. Run on a node with the production config, the look would otherwise enforce beside the live agent
+    (freeze, journal, SIGTERM or evict a pod over its memory limit), write the Node's health, publish the
+    GPUNodeState and post Events: that is the agent's work, never a command's run to look."""
+    health = "off" if config.health_mode == "off" else "audit"
+    return replace(config, mode="off", health_mode=health, publish_state="off", idle_events="off")
+
+
 def poll_once(config: Config) -> NodeSnapshot:
-    """``gpuagent snapshot``: two polls 200 ms apart, the last one (per-process figures since the first)."""
+    """``gpuagent snapshot``: two polls 200 ms apart, the last one (per-process figures since the first),
+    read only (:func:`read_only`)."""
 
     async def main() -> NodeSnapshot:
-        agent = Agent(config)
+        agent = Agent(read_only(config))
         try:
             await agent.poll_once()
             await asyncio.sleep(0.2)
             return await agent.poll_once()
         finally:
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
 
     return asyncio.run(main())

@@ -241,3 +241,24 @@ async def test_poll_snapshot_carries_timing_and_nvml_accounting() -> None:
     assert calls["nvmlDeviceGetComputeRunningProcesses"] == 3
     assert calls["nvmlDeviceGetUtilizationRates"] == 3
     assert calls["nvmlDeviceGetSerial"] <= 3
+
+
+def test_a_one_shot_look_acts_on_nothing_whatever_the_config_says(tmp_path: Path) -> None:
+    """``gpuagent snapshot``/``hints`` with a node's production config: the figures, no enforcement (no
+    freeze, journal or signal beside the live agent), no Node written, nothing published, no Event."""
+    from gpuagent.agent import poll_once, read_only
+
+    journal = tmp_path / "journal.json"
+    config = load_config(None, env={}, overrides={
+        "backend": "sim", "mode": "enforce", "journal_path": str(journal), "health_mode": "enforce",
+        "publish_state": "on", "idle_events": "on", "pod_resources_socket": None,
+        "policies": [{"match_namespace": "*", "gpu_memory": "1Mi", "gpu_share": 1}],  # everyone over both
+    })
+    looked = read_only(config)
+    assert (looked.mode, looked.health_mode, looked.publish_state, looked.idle_events) == (
+        "off", "audit", "off", "off")
+    assert looked.policies == config.policies and looked.scenario == config.scenario
+    assert read_only(load_config(None, env={}, overrides={"health_mode": "off"})).health_mode == "off"
+    snap = poll_once(config)
+    assert snap.gpus and snap.pods is not None  # the figures, as the live agent would see them
+    assert snap.enforcement is None and not journal.exists()

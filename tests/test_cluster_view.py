@@ -343,9 +343,7 @@ async def test_an_agent_publishes_its_node_for_the_extender(api: FakeApiServer, 
         await task
         await made.close()
     finally:
-        await agent.publisher.close()
-        await agent.pods.close()
-        await agent.devices.close()
+        await agent.aclose()
 
 
 

@@ -150,8 +150,7 @@ async def node_snapshot(node: Node) -> NodeSnapshot:
             async with PodResourcesServer(socket, pods=node.kubelet_pods()):
                 return await polls(agent)
         finally:
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
 
 
 def workloads(snapshot: NodeSnapshot) -> dict[int, tuple]:
@@ -267,8 +266,7 @@ async def test_dra_pods_without_the_api_server(node: Node, caplog: pytest.LogCap
                     "gives /dev/nvidia7, but no GPU here has that minor number")
                 assert len([r for r in caplog.records if "cannot be mapped" in r.getMessage()]) == 2
         finally:
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
 
 
 async def test_dra_pods_with_the_api_server(node: Node) -> None:
@@ -318,8 +316,7 @@ async def test_dra_pods_with_the_api_server(node: Node) -> None:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                await agent.devices.close()
-                await agent.pods.close()
+                await agent.aclose()
 
 
 async def test_no_dra_pods_no_slice_requests(node: Node) -> None:
@@ -339,8 +336,7 @@ async def test_no_dra_pods_no_slice_requests(node: Node) -> None:
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                await agent.devices.close()
-                await agent.pods.close()
+                await agent.aclose()
 
 
 async def test_a_bug_in_the_dra_mapping_costs_only_the_dra_devices(

@@ -58,8 +58,7 @@ async def _poll(scenario: Path, times: tuple[float, ...]) -> NodeSnapshot:
             clock.t = t
             snapshot = await agent.poll_once()
     finally:
-        await agent.devices.close()
-        await agent.pods.close()
+        await agent.aclose()
     return snapshot
 
 

@@ -89,8 +89,7 @@ async def test_every_mps_client_is_its_pods_with_its_limits(tmp_path: Path, proc
                     snaps.append(await agent.poll_once())
                     clock.advance(1.0)
         finally:
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
     snap = snaps[-1]
     processes = {p.pid: p for g in snap.gpus for p in g.processes}
 

@@ -70,8 +70,7 @@ async def test_real_cgroups_become_pod_labels(cgroup_sandbox: CgroupSandbox, tmp
             async with PodResourcesServer(socket, pods=served):
                 snap = await agent.poll_once()
         finally:
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
     body = generate_text(agent.registry).decode()
     by_pid = {p.pid: p.workload for g in snap.gpus for p in g.processes}
     for index, (namespace, pod, container, uid, cid) in enumerate(pods):

@@ -123,8 +123,7 @@ async def test_attribution_with_the_kubelets_allocations(tmp_path: Path, proc_ro
                 assert {s.name: s for s in snap.sources}["pod_resources"].ok
                 assert {p.pid: p.workload for g in snap.gpus for p in g.processes}[FAKE_PID].name == "trainer-1"
         finally:
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
 
 
 async def test_no_kubelet_means_cgroups_only(tmp_path: Path, proc_root: Path) -> None:
@@ -132,8 +131,7 @@ async def test_no_kubelet_means_cgroups_only(tmp_path: Path, proc_root: Path) ->
     try:
         snap = await agent.poll_once()
     finally:
-        await agent.devices.close()
-        await agent.pods.close()
+        await agent.aclose()
     status = {s.name: s for s in snap.sources}["pod_resources"]  # configured explicitly: reported as failing
     assert not status.ok and "kubelet.sock" in status.error
     trainer = {p.pid: p.workload for g in snap.gpus for p in g.processes}[FAKE_PID]
@@ -178,8 +176,7 @@ async def test_the_api_server_names_pods_the_kubelet_alone_cannot(tmp_path: Path
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
     assert {s.name: s.ok for s in snap.sources}["api_server"]
     by_pid = {p.pid: p.workload for g in snap.gpus for p in g.processes}
     for pid, name in ((FAKE_PID + 1, "infer-b"), (FAKE_PID + 2, "infer-c")):
@@ -213,8 +210,7 @@ async def test_the_kubelet_is_read_every_interval_of_the_agents_clock(tmp_path: 
                     now[0] += 1.0
                 assert reads == [1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3]
         finally:
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
 
 
 async def test_environments_are_read_once_and_an_unknown_one_a_few_times_more(tmp_path: Path) -> None:

@@ -175,8 +175,7 @@ async def _record(scenario_path: str, *, days: float, step: float, end_unix: flo
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-            await agent.devices.close()
-            await agent.pods.close()
+            await agent.aclose()
 
 
 def write_history(out: TextIO, *, scenario: str | None = None, days: float = 7.0, step: float = 300.0,
