@@ -251,6 +251,10 @@ class PodResourcesClient:
                 options=[
                     ("grpc.max_receive_message_length", self._max_message_bytes),
                     ("grpc.enable_http_proxy", 0),
+                    # its own subchannels: gRPC shares them between channels to one target by default, so
+                    # the channel made afresh after a refused connection could inherit the old one in its
+                    # reconnect back-off and fail at once with the old error (seen when a kubelet restarts)
+                    ("grpc.use_local_subchannel_pool", 1),
                 ],
             )
             conn = _Channel(channel, api_pb2_grpc.PodResourcesListerStub(channel), loop, inode)
