@@ -16,7 +16,10 @@ burner, in a cgroup of its own, off the tenants' CPU (before it, 70/30 came out 
 of five); whatever the serial pass runs wins each CPU it wants, and the parallel pass uses the rest, the
 burn CPU too whenever no tenant burns there. (Keeping the parallel pass off the burn CPU instead left it one
 CPU for the whole serial pass, in which its Prometheus-backed tests timed out.) When the serial pass ends,
-the parallel pass's processes get their priority back. ``--one-after-the-other`` runs the parallel pass
+the parallel pass's processes get their priority back. A test of the parallel pass that failed at that
+priority (a bound on time, a subprocess slow to start) is rerun alone at the end, at the runner's priority,
+and the run says so: one that passes then counts as passed, one that fails again fails the run (more than
+``MAX_RERUN`` failures are not rerun). ``--one-after-the-other`` runs the parallel pass
 first and then the serial pass alone (a minute or two longer on two CPUs), as one CPU always does. Both
 passes share one registry of loopback ports (``tests/ports.py``). The serial pass's output is printed when
 it ends; the exit status is the first failing pass's.
@@ -41,9 +44,13 @@ from xml.etree import ElementTree
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rerun_plugin  # beside this script: its environment variables' names
+
 ROOT = Path(__file__).resolve().parent.parent
 PARALLEL_NICE = 19  # while the serial pass runs: whatever it runs goes first on every CPU
 NO_TESTS = 5  # pytest's exit status when a pass selects no test (a filter matching only the other pass's)
+MAX_RERUN = 10  # more failures than this beside the serial pass is not the priority: no rerun
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers: expected at least 1, got {args.workers}")
-    pytest = [sys.executable, "-m", "pytest"]
+    pytest = [sys.executable, "-m", "pytest", "-p", "rerun_plugin"]
     # in collection order, where conftest.py puts the modules that start processes first
     parallel_cmd = [*pytest, "-m", "not serial", "-n", str(args.workers), "--dist", "loadfile",
                     "--no-loadscope-reorder", *args.pytest_args]
@@ -66,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         reports = [Path(scratch) / "parallel.xml", Path(scratch) / "serial.xml"]
         parallel_cmd += ["--junitxml", str(reports[0])]
         serial_cmd += ["--junitxml", str(reports[1])]
-        env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports")}
+        failed_file = Path(scratch) / "parallel.failed"
+        path = os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports"), "PYTHONPATH": path}
         # Bytecode is cached (in the checkout's __pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE
         # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
         # agent or CLI process a test starts compiled the gpuagent package again.
@@ -74,31 +83,83 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(cpus) < 2 or args.one_after_the_other:
             print(f"{_cpu_list(cpus)}: the parallel pass, then the serial pass", flush=True)
             codes = [_run("parallel", parallel_cmd, env), _run("serial", serial_cmd, env)]
+            recovered = 0
         else:
-            codes = _side_by_side(parallel_cmd, serial_cmd, env, cpus, Path(scratch) / "serial.log")
-        print(_closing_line(reports), flush=True)
+            recording = {**env, rerun_plugin.FAILED_ENV: str(failed_file)}  # the parallel pass's failures
+            codes = _side_by_side(parallel_cmd, serial_cmd, env, cpus, Path(scratch) / "serial.log",
+                                  parallel_env=recording)
+            recovered = 0
+            if codes[0] == 1:  # tests failed (not an interrupted or broken run)
+                codes[0], recovered = _rerun_alone(parallel_cmd, env, failed_file, Path(scratch))
+        print(_closing_line(reports, recovered), flush=True)
     failed = [code for code in codes if code not in (0, NO_TESTS)]
     if failed:
         return failed[0]
     return NO_TESTS if all(code == NO_TESTS for code in codes) else 0
 
 
-def _closing_line(reports: Sequence[Path]) -> str:
+def _rerun_alone(parallel_cmd: list[str], env: dict[str, str], failed_file: Path, scratch: Path
+                 ) -> tuple[int, int]:
+    """Rerun, alone at the runner's own priority, the tests of the parallel pass that failed while it ran
+    at the lowest priority beside the serial pass (a test of timing or of a subprocess's start can miss
+    there what it meets on a machine of its own); the parallel pass's exit status after it, and how many
+    passed. More than ``MAX_RERUN`` failures is not a matter of priority: they stand."""
+    failed = sorted(set(failed_file.read_text().splitlines())) if failed_file.exists() else []
+    if not failed or len(failed) > MAX_RERUN:
+        return 1, 0
+    print(f"\n== rerunning alone the {len(failed)} test(s) that failed beside the serial pass: "
+          f"{', '.join(failed)}", flush=True)
+    only = scratch / "rerun.only"
+    only.write_text("\n".join(failed) + "\n")
+    cmd = [arg for arg in parallel_cmd if arg not in ("--no-loadscope-reorder",)]
+    cmd = _without(cmd, ("-n", "--dist", "--junitxml"))
+    code = _run("rerun", [*cmd, "-p", "no:xdist", "--junitxml", str(scratch / "rerun.xml")],
+                {**env, rerun_plugin.ONLY_ENV: str(only)})
+    passed = _counts([scratch / "rerun.xml"])[0]
+    if code != 0:
+        return 1, passed
+    print(f"== the {len(failed)} test(s) passed alone: the parallel pass counts as passed", flush=True)
+    return 0, passed
+
+
+def _without(cmd: list[str], options: Sequence[str]) -> list[str]:
+    """``cmd`` without each of ``options`` and the value after it."""
+    out, skip = [], False
+    for arg in cmd:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def _closing_line(reports: Sequence[Path], recovered: int = 0) -> str:
     """Both passes' counts in one line, pytest's words (each pass printed its own above): the run's last
-    line, so whoever reads only the end of the log reads the whole suite's result."""
+    line, so whoever reads only the end of the log reads the whole suite's result. ``recovered``: tests of
+    the parallel pass that failed beside the serial pass and passed when rerun alone, counted as passed."""
+    passed, failed, skipped = _counts(reports)
+    line = f"both passes: {passed + recovered} passed, {failed - recovered} failed, {skipped} skipped"
+    return line + (f" ({recovered} passed on a rerun alone)" if recovered else "")
+
+
+def _counts(reports: Sequence[Path]) -> tuple[int, int, int]:
+    """Passed, failed (errors included) and skipped tests of the JUnit XML ``reports`` (a missing or broken
+    one, a pass that selected nothing or died before writing, counts nothing: its exit status says so)."""
     passed = failed = skipped = 0
     for report in reports:
         try:
             root = ElementTree.parse(report).getroot()
         except (OSError, ElementTree.ParseError):
-            continue  # a pass that selected nothing, or died before writing: its exit status says so
+            continue
         for suite in root.iter("testsuite"):
             tests, skips = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
             fails = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
             passed += tests - skips - fails
             failed += fails
             skipped += skips
-    return f"both passes: {passed} passed, {failed} failed, {skipped} skipped"
+    return passed, failed, skipped
 
 
 def _run(name: str, cmd: list[str], env: dict[str, str]) -> int:
@@ -109,7 +170,7 @@ def _run(name: str, cmd: list[str], env: dict[str, str]) -> int:
 
 
 def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str, str], cpus: list[int],
-                  serial_log: Path) -> list[int]:
+                  serial_log: Path, *, parallel_env: dict[str, str] | None = None) -> list[int]:
     serial_cpu = cpus[-1]
     print(f"the serial pass's tenants burn on CPU {serial_cpu}; the parallel pass runs on {_cpu_list(cpus)} "
           f"at nice {PARALLEL_NICE} until the serial pass ends", flush=True)
@@ -123,7 +184,7 @@ def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str,
         serial = subprocess.Popen(serial_cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
         try:
-            parallel = subprocess.Popen(parallel_cmd, cwd=ROOT, env=env, preexec_fn=lower)
+            parallel = subprocess.Popen(parallel_cmd, cwd=ROOT, env=parallel_env or env, preexec_fn=lower)
         except BaseException:
             serial.kill()
             serial.wait()
