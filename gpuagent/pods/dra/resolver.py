@@ -88,12 +88,9 @@ class DraResolver:
         self._cdi_duration = monotonic() - started
         self._index, self._caps = index, caps
         errors = index.errors if index is not None else ()
-        if errors != self._logged_cdi_errors:
-            if errors:
-                log.warning("CDI specs: %d file(s) cannot be used: %s", len(errors), "; ".join(errors))
-            else:
-                log.info("CDI specs: every file is readable again")
-            self._logged_cdi_errors = errors
+        self._logged_cdi_errors = _log_change(
+            self._logged_cdi_errors, errors, "CDI specs: %d file(s) cannot be used: %s",
+            "CDI specs: every file is readable again")
 
     def _read(self, dynamic: Sequence[DynamicAllocation]) -> tuple[CdiIndex | None, Any]:
         index = self.cdi.refresh() if self.cdi is not None else None
@@ -167,12 +164,9 @@ class DraResolver:
         malformed = tuple(f"{driver}/{pool}/{name} (slice {d.slice}): {e}"
                           for (driver, pool, name), d in devices.items() for e in d.taint_errors)
         problems = (*malformed, *unplaced)
-        if problems != self._logged_taint_problems:
-            if problems:
-                log.warning("DRA device taints: %d left out: %s", len(problems), "; ".join(problems))
-            else:
-                log.info("DRA device taints: every one is readable and on a GPU of this node again")
-            self._logged_taint_problems = problems
+        self._logged_taint_problems = _log_change(
+            self._logged_taint_problems, problems, "DRA device taints: %d left out: %s",
+            "DRA device taints: every one is readable and on a GPU of this node again")
         error = _cut(f"{len(problems)} device taint(s) left out: " + "; ".join(problems)) if problems else ""
         self._taints = (taints, SourceStatus(TAINTS_SOURCE, not problems, 0.0, error))
         self._taints_key = key
@@ -215,6 +209,16 @@ class DraResolver:
         else:
             log.info("DRA: no device left unmapped")
         self._logged_unmapped = now
+
+
+def _log_change(before: tuple[str, ...], now: tuple[str, ...], bad: str, good: str) -> tuple[str, ...]:
+    """One log line per change of a set of problems: ``bad`` (with their count and list) or ``good``."""
+    if now != before:
+        if now:
+            log.warning(bad, len(now), "; ".join(now))
+        else:
+            log.info(good)
+    return now
 
 
 def _cut(text: str) -> str:
