@@ -45,7 +45,8 @@ class HealthMonitor:
         conditions = conditions_of(faults, self._conditions, now)
         self._conditions = {c.type: c for c in conditions}
         plan = plan_for(faults, conditions, snapshot, self.settings)
-        # not offered: a degraded or fatal fault, a node condition's or (a DRA driver's taint) the GPU's alone
+        # not offered: a GPU with a degraded or fatal fault, whether it bears on a node condition or (a DRA
+        # driver's device taint, in report) on the GPU alone
         unhealthy = tuple(dict.fromkeys(f.gpu_uuid for f in faults if f.gpu_uuid
                                         and f.severity in (table.DEGRADED, table.FATAL)))
         base = HealthState(mode=self.settings.mode, faults=faults, conditions=conditions,
