@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 from gpuagent.snapshot import (
     AccountingState,
     DraDevice,
+    DraTaint,
     EnforcementState,
     HealthState,
     NodeHints,
@@ -170,11 +171,12 @@ class Agent:
         pods: tuple[PodUse, ...] = ()
         statuses: tuple[SourceStatus, ...] = ()
         dra: tuple[DraDevice, ...] = ()
+        dra_taints: tuple[DraTaint, ...] = ()
         if gpus:
             try:
                 attributed = await self.pods.attribute(gpus)
                 gpus, pods, statuses = attributed.gpus, attributed.pods, attributed.statuses
-                dra = attributed.dra
+                dra, dra_taints = attributed.dra, attributed.dra_taints
             except Exception as exc:  # attribution failing must not cost the device figures
                 if repr(exc) != self._pods_failure:
                     log.exception("pod attribution failed")
@@ -210,6 +212,7 @@ class Agent:
             poll_histogram=self._durations.frozen(),
             poll_interval_seconds=self.config.poll_interval,
             dra=dra,
+            dra_taints=dra_taints,
         )
         if self.enforcer is not None:
             snapshot = replace(snapshot, enforcement=self._enforce(snapshot))
@@ -460,7 +463,7 @@ def build_health(config: Config) -> HealthMonitor | None:
         cordon_at=config.health_cordon, drain_at=config.health_drain, namespace_modes=modes,
         default_namespace_mode=config.health_drain_default, quarantine_budget=config.health_quarantine_budget,
         budget_namespace=config.health_budget_namespace, clear_after=config.health_clear_after,
-        events=config.health_events,
+        events=config.health_events, dra_taints=config.health_dra_taints,
     )
     writer = None
     if config.health_mode == "enforce":

@@ -35,6 +35,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBERNETES_API_MODES = ("auto", "on", "off")
 MODES = ("off", "audit", "enforce")
 MEMORY_ACTIONS = ("warn", "kill", "evict")
+HEALTH_DRA_TAINT_MODES = ("off", "report", "classify")  # gpuagent.health.table.DRA_TAINT_MODES
 HEALTH_THRESHOLDS = ("degraded", "fatal", "never")  # the least severity that gets an action (gpuagent.health)
 DRAIN_MODES = ("evict", "wait", "skip")
 # Network links left out by default: the loopback and what a node has one of per pod or per CNI.
@@ -726,6 +727,12 @@ class Config:
     )
     health_events: bool = _key(
         True, _bool, "post an Event on the node and its pods for each new fault (enforce)", "BOOL"
+    )
+    health_dra_taints: str = _key(
+        "report", _choice(*HEALTH_DRA_TAINT_MODES),
+        "a DRA driver's NoSchedule/NoExecute device taints (ResourceSlices): off; report (a fault, the GPU "
+        "not offered, the Node untouched); classify (also the Node's conditions and quarantine, by severity)",
+        "{" + ",".join(HEALTH_DRA_TAINT_MODES) + "}",
     )
 
     config_file: str | None = field(default=None, compare=False)  # the YAML file read, None when none

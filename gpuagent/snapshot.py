@@ -294,6 +294,24 @@ class DraDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class DraTaint:
+    """A taint a DRA driver put on one of its devices in its ResourceSlice (KEP-5055), and the GPU it is on:
+    ``effect`` "NoSchedule" keeps new claims off the device, "NoExecute" also evicts its pods, "None" (or an
+    effect unknown to the agent) only informs."""
+
+    driver: str
+    pool: str
+    device: str
+    key: str
+    value: str
+    effect: str
+    gpu_uuid: str  # the GPU (a MIG device's parent)
+    mig_uuid: str | None = None
+    time_added: str | None = None  # RFC 3339, as the slice says
+    slice: str = ""  # the ResourceSlice it was read from
+
+
+@dataclass(frozen=True, slots=True)
 class ShareState:
     """One pod's time-slice share on one GPU, as the enforcer last decided it. Ratios are 0-1."""
 
@@ -739,6 +757,7 @@ class NodeSnapshot:
     accounting: AccountingState | None = None  # per-workload GPU-seconds, memory, energy, idle (None: off)
     hints: NodeHints | None = None  # capacity and load figures for schedulers
     dra: tuple[DraDevice, ...] = ()  # devices of pods' ResourceClaims (DRA) and the GPUs they map to
+    dra_taints: tuple[DraTaint, ...] = ()  # the DRA drivers' device taints (ResourceSlices), on their GPUs
     health: HealthState | None = None  # faults classified, node conditions, quarantine (None: health off)
     publish: PublishState | None = None  # the GPUNodeState's writes (None: not published)
 

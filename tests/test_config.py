@@ -124,6 +124,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "health_budget_namespace",
         "health_clear_after",
         "health_events",
+        "health_dra_taints",
     ]
     assert KEYS_BY_NAME["poll_interval"].env == "GPUAGENT_POLL_INTERVAL"
     assert KEYS_BY_NAME["poll_interval"].flag == "--poll-interval"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from test_health import gpu, snap
+from test_health import UUIDS, gpu, snap
 
 from gpuagent.health import HealthMonitor, HealthSettings
-from gpuagent.snapshot import Health, RemappedRows, allocation_view, to_jsonable
+from gpuagent.snapshot import DraTaint, Health, RemappedRows, XidRecord, allocation_view, to_jsonable
 from gpuagent.top import render
 from gpuagent.top.arrange import ViewOptions, arrange
 from gpuagent.top.client import OK, AgentStatus
@@ -45,3 +45,14 @@ def test_top_without_health_in_the_state_shows_no_fault() -> None:
     del state["health"]
     node = node_view(state)
     assert node.failing_conditions == () and node.quarantine == "" and all(g.fault is None for g in node.gpus)
+
+
+def test_top_shows_a_dra_drivers_taint_as_the_gpus_fault_and_not_a_workloads_error() -> None:
+    taint = DraTaint("gpu.nvidia.com", "gpu-node-1", "gpu-2", "gpu.nvidia.com/xid", "79", "NoSchedule", UUIDS[2])
+    s = replace(snap(gpu(0, xid=XidRecord(13, 0.0, {13: 1}, {13: 1})), gpu(1), gpu(2)), dra_taints=(taint,))
+    s = replace(s, health=HealthMonitor(HealthSettings(mode="audit")).update(s))
+    screen = _screen(json.loads(json.dumps({**to_jsonable(s), "allocation": allocation_view(s)})))
+    gpu2 = next(line for line in screen.splitlines() if "GPU 2" in line)
+    assert "FAULT DraDeviceTainted (degraded, none)" in gpu2
+    gpu0 = next(line for line in screen.splitlines() if "GPU 0" in line)
+    assert "FAULT" not in gpu0  # XID 13 is the application's

@@ -2,18 +2,19 @@
 
 Two kinds of signal: *levels*, present as long as the GPU shows them (pending remaps, a link down, a
 slowdown, the GPU lost), and *occurrences* (XIDs: an XID is an event, counted; a new one is one whose count
-rose since the last poll, so a storm of thousands is one occurrence per poll). The classifier keeps only the
+rose since the last poll, so a storm of thousands is one occurrence per poll). The DRA drivers' device taints
+(``snapshot.dra_taints``, KEP-5055) are levels too, a source of their own. The classifier keeps only the
 last counts; what stays, for how long, and what a reset clears is :mod:`gpuagent.health.tracker`'s job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from gpuagent.health import table
 from gpuagent.health.table import Rule
-from gpuagent.snapshot import GpuSample, Health, NodeSnapshot
+from gpuagent.snapshot import DraTaint, GpuSample, Health, NodeSnapshot
 
 NVML_SOURCE = "nvml"
 
@@ -36,7 +37,10 @@ class Observation:
 class Classifier:
     """``observe(snapshot)`` -> this poll's observations; remembers each GPU's XID counts in between."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, dra_taints: str = "report") -> None:
+        if dra_taints not in table.DRA_TAINT_MODES:
+            raise ValueError(f"dra_taints must be one of {table.DRA_TAINT_MODES}, not {dra_taints!r}")
+        self.dra_taints = dra_taints
         self._xid_totals: dict[str, Mapping[int, int]] = {}
         self._never_up: dict[str, frozenset[int]] = {}  # GPU -> links down since the first read
 
@@ -49,6 +53,9 @@ class Classifier:
         for gpu in snapshot.gpus:
             out += self._xids(gpu)
             out += gpu_levels(gpu, self._links_went_down(gpu))
+        if self.dra_taints != "off" and snapshot.dra_taints:
+            index = {g.info.uuid: g.info.index for g in snapshot.gpus}
+            out += dra_observations(snapshot.dra_taints, index, classify=self.dra_taints == "classify")
         return out
 
     def _links_went_down(self, gpu: GpuSample) -> tuple[int, ...]:
@@ -114,3 +121,31 @@ def gpu_levels(gpu: GpuSample, links_down: tuple[int, ...] = ()) -> list[Observa
         if reasons & table.CLOCKS_EVENT_HW_POWER_BRAKE:
             out.append(seen(table.POWER_BRAKE))
     return out
+
+
+def dra_observations(taints: Iterable[DraTaint], index: Mapping[str, int], *, classify: bool = False
+                     ) -> list[Observation]:
+    """The DRA drivers' NoSchedule and NoExecute device taints as one level fault per GPU and effect (the
+    taints of its MIG devices with it); ``classify``: with the node condition the taint names, so that it
+    counts for the Node like the agent's own faults. Informational taints ("None", unknown effects) are no
+    fault."""
+    grouped: dict[tuple[int, str, str], list[DraTaint]] = {}  # (GPU index, its rule, GPU) -> its taints
+    for t in taints:
+        rule = table.DRA_RULES.get(t.effect)
+        if rule is not None and t.gpu_uuid in index:
+            grouped.setdefault((index[t.gpu_uuid], rule.reason, t.gpu_uuid), []).append(t)
+    out = []
+    for (gpu_index, reason, uuid), found in sorted(grouped.items()):  # NoSchedule's reason sorts first
+        rule = next(r for r in table.DRA_RULES.values() if r.reason == reason)
+        if classify:
+            conditions = {table.dra_condition(t.key, t.value) for t in found}
+            rule = replace(rule, condition=min(conditions, key=table.CONDITIONS.index))
+        described = "; ".join(sorted({_taint_text(t) for t in found}))
+        out.append(Observation(rule, gpu_index, uuid, rule.message.format(taints=described)))
+    return out
+
+
+def _taint_text(t: DraTaint) -> str:
+    taint = f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
+    since = f" since {t.time_added}" if t.time_added else ""
+    return f"{t.driver} device {t.device} {taint}{since}"

@@ -26,7 +26,7 @@ class HealthMonitor:
     def __init__(self, settings: HealthSettings, writer: NodeWriter | None = None) -> None:
         self.settings = settings
         self.writer = writer
-        self._classifier = Classifier()
+        self._classifier = Classifier(dra_taints=settings.dra_taints)
         self._tracker = FaultTracker(clear_after=settings.clear_after)
         self._conditions: dict[str, NodeCondition] = {}
         self._audit: Counter[tuple[str, str]] = Counter()
@@ -45,7 +45,9 @@ class HealthMonitor:
         conditions = conditions_of(faults, self._conditions, now)
         self._conditions = {c.type: c for c in conditions}
         plan = plan_for(faults, conditions, snapshot, self.settings)
-        unhealthy = tuple(dict.fromkeys(f.gpu_uuid for f in faults if f.gpu_uuid and f.condition is not None
+        # not offered: a GPU with a degraded or fatal fault, whether it bears on a node condition or (a DRA
+        # driver's device taint, in report) on the GPU alone
+        unhealthy = tuple(dict.fromkeys(f.gpu_uuid for f in faults if f.gpu_uuid
                                         and f.severity in (table.DEGRADED, table.FATAL)))
         base = HealthState(mode=self.settings.mode, faults=faults, conditions=conditions,
                            severity=plan.severity, unhealthy_gpus=unhealthy)

@@ -38,6 +38,7 @@ class HealthSettings:
     budget_namespace: str = "gpuagent"
     clear_after: float = 300.0
     events: bool = True
+    dra_taints: str = "report"  # off | report (the GPU not offered) | classify (also the Node's conditions)
 
     def namespace_mode(self, namespace: str | None) -> str:
         return self.namespace_modes.get(namespace or "", self.default_namespace_mode)

@@ -17,6 +17,8 @@ healthy after a reset (``needs_reset``). docs/health.md renders this table; the 
 - NVLink: ``nvmlDeviceGetNvLinkState`` answering disabled for a link that was up at some read since the agent
   started, on a GPU whose other links are up (a link never up, e.g. a PCIe card's missing bridge, is not a
   fault).
+- DRA device taints: KEP-5055 (``resource.k8s.io`` v1beta2/v1 ``ResourceSlice.spec.devices[].taints``) and
+  NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu, its DeviceHealthCheck taints).
 - The agent's own view: a GPU NVML calls lost (``NVML_ERROR_GPU_IS_LOST``: off the bus), unresponsive (a call
   hung past its timeout), failing reads, and NVML itself failing.
 """
@@ -47,6 +49,7 @@ class Rule:
     action: str
     message: str
     source: str
+    hysteresis: bool = True  # False: it clears the poll it is gone (a taint removed on purpose, not a flap)
 
     @property
     def needs_reset(self) -> bool:
@@ -125,6 +128,18 @@ GPU_STALE = Rule("GpuStale", DRIVER, DEGRADED, "none", "the GPU's last read did 
 NVML_FAILING = Rule("NvmlFailing", DRIVER, FATAL, "reboot", "NVML fails on this node: {detail}",
                     "the agent's NVML guard (nvmlInit, the driver)")
 
+# A DRA driver's device taints (KEP-5055), by effect: the driver's own verdict on its device. No node
+# condition unless ``health_dra_taints: classify`` (then the one the taint names, :func:`dra_condition`); a
+# "None" effect, or one the agent does not know, is informational and no fault (KEP-5055: unknown = None).
+_DRA = "KEP-5055 device taints (ResourceSlice spec.devices[].taints); the DRA driver's own health check"
+DRA_TAINTED = Rule("DraDeviceTainted", None, DEGRADED, "none",
+                   "the DRA driver tainted the device NoSchedule: {taints}", _DRA, hysteresis=False)
+DRA_TAINTED_NO_EXECUTE = Rule("DraDeviceTaintedNoExecute", None, FATAL, "none",
+                              "the DRA driver tainted the device NoExecute (its pods are evicted): {taints}",
+                              _DRA, hysteresis=False)
+DRA_RULES = {"NoSchedule": DRA_TAINTED, "NoExecute": DRA_TAINTED_NO_EXECUTE}
+DRA_TAINT_MODES = ("off", "report", "classify")
+
 OTHER_RULES = (ECC_UNCORRECTABLE, PAGE_RETIREMENT_PENDING, ROW_REMAP_PENDING, ROW_REMAP_FAILURE, NVLINK_DOWN,
                THERMAL_SLOWDOWN, POWER_BRAKE, GPU_LOST, GPU_UNRESPONSIVE, GPU_READ_ERROR, GPU_STALE,
                NVML_FAILING)
@@ -149,5 +164,16 @@ def worst(severities: object) -> str:
 
 
 def rules_by_reason() -> dict[str, Rule]:
-    """Every rule by its reason (XID rules and the others)."""
-    return {r.reason: r for r in (*XID_RULES.values(), *OTHER_RULES)}
+    """Every rule by its reason (XID rules, the others and the DRA taints)."""
+    return {r.reason: r for r in (*XID_RULES.values(), *OTHER_RULES, *DRA_RULES.values())}
+
+
+def dra_condition(key: str, value: str) -> str:
+    """The node condition a DRA device taint bears on (``health_dra_taints: classify``): an XID taint
+    (NVIDIA's ``gpu.nvidia.com/xid=<code>``) that of the XID's row when it has one, any other the hardware's
+    (the device, as its driver judges it)."""
+    if key.rpartition("/")[2] == "xid" and value.isdigit():
+        condition = rule_for_xid(int(value)).condition
+        if condition is not None:
+            return condition
+    return HARDWARE

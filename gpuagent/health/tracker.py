@@ -6,8 +6,9 @@ whose recommended action is a GPU reset, a reboot or a replacement: that one is 
 healthy *after a reset*. A reset is seen when, after the fault's onset, the GPU was unreachable (lost, in
 error, absent from the poll) or NVML itself failed (a driver reload), and it now answers again; or when its
 volatile double-bit ECC counter went down (those counters start again at a reset). A new occurrence of the
-fault starts the hold again. A *level* that needs a reset (a pending remap, the GPU lost, a link down) ends
-with the reset itself, so it clears the poll it is no longer seen.
+fault starts the hold again. A fault whose rule has no hysteresis (a DRA driver's device taint: removed on
+purpose, it does not flap) clears the poll it is gone. A *level* that needs a reset (a pending remap, the GPU
+lost, a link down) ends with the reset itself, so it clears the poll it is no longer seen.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class FaultTracker:
                     entry.since = now
                     new.append(entry)
                 entry.reset_seen = False if o.occurrence else entry.reset_seen
-                entry.last_seen, entry.message = now, o.message
+                entry.last_seen, entry.message, entry.rule = now, o.message, o.rule
         reachable, resets = self._resets(snapshot)
         for key, entry in list(self._entries.items()):
             entry.active = key in seen
@@ -81,7 +82,7 @@ class FaultTracker:
             if entry.rule.needs_reset:
                 if entry.reset_seen and (uuid is None or uuid in reachable):
                     del self._entries[key]  # healthy after a reset
-            elif now - entry.last_seen >= self.clear_after:
+            elif not entry.rule.hysteresis or now - entry.last_seen >= self.clear_after:
                 del self._entries[key]
         faults = tuple(e.fault() for e in sorted(self._entries.values(), key=_order))
         return faults, tuple(e.fault() for e in new)

@@ -131,7 +131,7 @@ def gpu_faults(snapshot: NodeSnapshot) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     health = snapshot.health
     for f in health.faults if health is not None else ():
-        if f.gpu_uuid is None or f.condition is None or f.severity not in ("degraded", "fatal"):
+        if f.gpu_uuid is None or f.severity not in ("degraded", "fatal"):
             continue
         if f.gpu_uuid not in out or (out[f.gpu_uuid][0], f.severity) == ("degraded", "fatal"):
             out[f.gpu_uuid] = (f.severity, f.reason)

@@ -23,7 +23,7 @@ from gpuagent.pods.cgroup import CgroupIdentity, CgroupParseError, CgroupReader
 from gpuagent.pods.environ import Environ, EnvironReader
 from gpuagent.pods.mps import MpsLimitError, with_client_limits
 from gpuagent.pods.podresources import PodResourcesClient, PodResourcesUnavailable
-from gpuagent.snapshot import MPS_CLIENT, DraDevice, GpuSample, PodUse, SourceStatus
+from gpuagent.snapshot import MPS_CLIENT, DraDevice, DraTaint, GpuSample, PodUse, SourceStatus
 
 if TYPE_CHECKING:
     from gpuagent.kubeapi import ApiConnection
@@ -42,6 +42,7 @@ class PodsReading:
     pods: tuple[PodUse, ...]
     statuses: tuple[SourceStatus, ...]
     dra: tuple[DraDevice, ...] = ()
+    dra_taints: tuple[DraTaint, ...] = ()  # the DRA drivers' device taints on this node's GPUs
 
 
 class PodsSource:
@@ -100,13 +101,17 @@ class PodsSource:
             ok, error = self._metadata.status
             statuses.append(SourceStatus(METADATA_SOURCE, ok, 0.0, error))
             names = self._metadata.names_by_uid() if self._metadata.synced else None
-        allocations, dra = self._allocations, ()
+        allocations, dra, dra_taints = self._allocations, (), ()
         if self._dra is not None:
             allocations, mapping = self._dra.allocations(self._allocations, self._dynamic, gpus)
             statuses.extend(self._dra.statuses(mapping))
             dra = mapping.devices
+            dra_taints, taints_status = self._dra.taints(gpus)
+            if taints_status is not None:
+                statuses.append(taints_status)
         attributed, pods = self._attributor.attribute(gpus, identities, allocations, names, self._environs)
-        return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses), dra=dra)
+        return PodsReading(gpus=attributed, pods=pods, statuses=tuple(statuses), dra=dra,
+                           dra_taints=dra_taints)
 
     async def _identify(self, pids: set[int], clients: set[int]) -> dict[int, CgroupIdentity | None]:
         """Each PID's identity, and the environment of a pod's process or MPS client until it is read (one

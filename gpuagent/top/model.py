@@ -166,11 +166,12 @@ _SEVERITY = {"info": 1, "degraded": 2, "fatal": 3}
 
 
 def _worst_faults(health: Mapping[str, Any] | None) -> dict[str, str]:
-    """GPU UUID -> its worst fault, as top shows it."""
+    """GPU UUID -> its worst fault, as top shows it: a degraded or fatal one (a node condition's, or a DRA
+    driver's device taint, which is the GPU's alone); a workload's own error (info) is not the GPU's."""
     worst: dict[str, tuple[int, str]] = {}
     for f in _dicts((health or {}).get("faults")):
         uuid, severity = f.get("gpu_uuid"), f.get("severity")
-        if not isinstance(uuid, str) or severity not in _SEVERITY or f.get("condition") is None:
+        if not isinstance(uuid, str) or _SEVERITY.get(severity, 0) < _SEVERITY["degraded"]:
             continue
         rank = _SEVERITY[severity]
         if uuid not in worst or rank > worst[uuid][0]:

@@ -24,12 +24,14 @@ from gpuagent.pods.dra.mapper import DraMapping, Places, cap_minors, map_devices
 from gpuagent.pods.dra.nvcaps import MigMinors
 from gpuagent.pods.dra.slices import SOURCE as SLICES_SOURCE
 from gpuagent.pods.dra.slices import ResourceSlices
+from gpuagent.pods.dra.taints import tainted_gpus
 from gpuagent.pods.podresources import DeviceAllocation, DynamicAllocation
-from gpuagent.snapshot import DraDevice, GpuSample, SourceStatus
+from gpuagent.snapshot import DraDevice, DraTaint, GpuSample, SourceStatus
 
 log = logging.getLogger(__name__)
 
 SOURCE = "dra"  # every DRA GPU device mapped to a GPU
+TAINTS_SOURCE = "dra_device_taints"  # every device taint in the slices well-formed and on a GPU of this node
 CDI_SOURCE = "cdi"  # every CDI spec file readable
 MAX_ERROR_CHARS = 1000
 _NAMED_IN_STATUS = 3
@@ -58,6 +60,9 @@ class DraResolver:
         self._combined_key: tuple[Any, ...] | None = None
         self._combined: tuple[DeviceAllocation, ...] = ()
         self._logged_unmapped: frozenset[tuple[str, ...]] = frozenset()
+        self._taints_key: tuple[Any, ...] | None = None
+        self._taints: tuple[tuple[DraTaint, ...], SourceStatus | None] = ((), None)
+        self._logged_taint_problems: tuple[str, ...] = ()
         # a bug of this module, as the dra source's error (it never costs the rest of attribution)
         self._failures = {"refresh": "", "map": ""}
 
@@ -83,12 +88,9 @@ class DraResolver:
         self._cdi_duration = monotonic() - started
         self._index, self._caps = index, caps
         errors = index.errors if index is not None else ()
-        if errors != self._logged_cdi_errors:
-            if errors:
-                log.warning("CDI specs: %d file(s) cannot be used: %s", len(errors), "; ".join(errors))
-            else:
-                log.info("CDI specs: every file is readable again")
-            self._logged_cdi_errors = errors
+        self._logged_cdi_errors = _log_change(
+            self._logged_cdi_errors, errors, "CDI specs: %d file(s) cannot be used: %s",
+            "CDI specs: every file is readable again")
 
     def _read(self, dynamic: Sequence[DynamicAllocation]) -> tuple[CdiIndex | None, Any]:
         index = self.cdi.refresh() if self.cdi is not None else None
@@ -148,6 +150,28 @@ class DraResolver:
             self._combined_key = combined_key
         return self._combined, mapping
 
+    def taints(self, gpus: Sequence[GpuSample]) -> tuple[tuple[DraTaint, ...], SourceStatus | None]:
+        """The drivers' device taints on this node's GPUs, and the ``dra_device_taints`` status (None until
+        the slices are watched and listed). Redone only when the slices or the GPUs change; a taint of a bad
+        shape, or on a device naming no GPU here, is left out, named in the status and logged once."""
+        if self.slices is None or not self.slices.wanted or not self.slices.synced:
+            return (), None
+        devices = self.slices.devices()
+        key = (devices, tuple(g.info.uuid for g in gpus))
+        if key == self._taints_key:
+            return self._taints
+        taints, unplaced = tainted_gpus(devices.items(), key[1])
+        malformed = tuple(f"{driver}/{pool}/{name} (slice {d.slice}): {e}"
+                          for (driver, pool, name), d in devices.items() for e in d.taint_errors)
+        problems = (*malformed, *unplaced)
+        self._logged_taint_problems = _log_change(
+            self._logged_taint_problems, problems, "DRA device taints: %d left out: %s",
+            "DRA device taints: every one is readable and on a GPU of this node again")
+        error = _cut(f"{len(problems)} device taint(s) left out: " + "; ".join(problems)) if problems else ""
+        self._taints = (taints, SourceStatus(TAINTS_SOURCE, not problems, 0.0, error))
+        self._taints_key = key
+        return self._taints
+
     def statuses(self, mapping: DraMapping) -> tuple[SourceStatus, ...]:
         """``dra`` (and ``cdi``, ``dra_resource_slices`` when in use) while there are DRA GPU devices."""
         failure = "; ".join(f for f in self._failures.values() if f)
@@ -185,6 +209,16 @@ class DraResolver:
         else:
             log.info("DRA: no device left unmapped")
         self._logged_unmapped = now
+
+
+def _log_change(before: tuple[str, ...], now: tuple[str, ...], bad: str, good: str) -> tuple[str, ...]:
+    """One log line per change of a set of problems: ``bad`` (with their count and list) or ``good``."""
+    if now != before:
+        if now:
+            log.warning(bad, len(now), "; ".join(now))
+        else:
+            log.info(good)
+    return now
 
 
 def _cut(text: str) -> str:

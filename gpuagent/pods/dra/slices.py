@@ -8,8 +8,9 @@ claim is prepared (its dynamic MIG mode) has no ``uuid`` yet: the CDI spec maps 
 
 The slices are listed and watched like the pods (:class:`gpuagent.reflector.Reflector`, field selector
 ``spec.nodeName=<node>``), keeping only the configured GPU drivers' devices, of each pool's newest
-generation (a driver republishing a pool bumps it; older slices are stale until deleted). RBAC: get, list and
-watch on ``resourceslices`` in ``resource.k8s.io``.
+generation (a driver republishing a pool bumps it; older slices are stale until deleted), with their
+device taints (KEP-5055: the driver's own health verdict, :mod:`gpuagent.pods.dra.taints`). RBAC: get,
+list and watch on ``resourceslices`` in ``resource.k8s.io``.
 
 ``run`` waits until :meth:`ResourceSlices.want` is called: the agent calls it when the kubelet first reports
 a DRA GPU device, so a node without DRA pods never asks the API server (nor needs the RBAC) for slices.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
+from gpuagent.pods.dra.taints import DeviceTaint, parse_taints
 from gpuagent.reflector import Reflector, list_decoder
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ class SliceDevice:
     type: str | None = None  # "gpu", "mig", ... as the driver says
     profile: str | None = None  # a MIG device's profile, e.g. "1g.10gb"
     slice: str = ""  # the ResourceSlice it was listed in
+    taints: tuple[DeviceTaint, ...] = ()  # KEP-5055 device taints (the driver's health, an admin's rule)
+    taint_errors: tuple[str, ...] = ()  # each taint of a bad shape, left out
 
 
 @functools.cache
@@ -56,6 +60,7 @@ def _wire() -> SimpleNamespace:
     ])
     device = msgspec.defstruct("Device", [
         ("name", str, ""), ("attributes", dict[str, attribute] | None, None),  # type: ignore[valid-type]
+        ("taints", Any, None),  # checked by pods.dra.taints: a bad taint costs itself, not the slice
     ])
     pool = msgspec.defstruct("ResourcePool", [("name", str, ""), ("generation", int, 0)])
     spec = msgspec.defstruct("ResourceSliceSpec", [
@@ -80,8 +85,10 @@ def device_of(slice_name: str, driver: str, device: Any) -> SliceDevice:
     for name, value in (device.attributes or {}).items():
         if value.string is not None:
             strings[name.removeprefix(prefix)] = value.string
+    taints, errors = parse_taints(device.taints)
     return SliceDevice(uuid=strings.get("uuid") or None, parent_uuid=strings.get("parentUUID") or None,
-                       type=strings.get("type"), profile=strings.get("profile"), slice=slice_name)
+                       type=strings.get("type"), profile=strings.get("profile"), slice=slice_name,
+                       taints=taints, taint_errors=errors)
 
 
 class ResourceSlices(Reflector):
