@@ -131,6 +131,9 @@ class ShownFormatter(logging.Formatter):
         return "\n  ".join(shown(line) for line in super().format(record).split("\n"))
 
 
+CHATTY_LIBRARIES = ("httpx2", "httpx", "httpcore")  # a log line per request at INFO
+
+
 def setup_logging(level: str) -> None:
     """One line per record on stderr, on the root logger; calling it again replaces our handler only."""
     root = logging.getLogger()
@@ -143,6 +146,11 @@ def setup_logging(level: str) -> None:
     handler._gpuagent = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # The API server's HTTP client logs every request at INFO ("HTTP Request: GET ... 200 OK"): a watch, the
+    # publisher and the health writer made that a line a second. Its requests show at debug only; its
+    # warnings and errors always.
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
 def one_shot_log_level(config: Config) -> str:

@@ -614,3 +614,28 @@ def test_output_piped_into_a_reader_that_stops_early_is_not_an_error(command: st
     errors = agent.stderr.read().decode()
     assert agent.wait(timeout=120) == 0, errors
     assert "Traceback" not in errors and "BrokenPipe" not in errors, errors
+
+
+def test_the_http_clients_request_lines_show_at_debug_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """An agent with a watch, the publisher and the health writer logged a line per request at INFO."""
+    from gpuagent.cli import setup_logging
+
+    client = logging.getLogger("httpx2")
+    before = client.level
+    root_level = logging.getLogger().level
+    try:
+        setup_logging("info")
+        client.info("HTTP Request: GET https://api/apis 200 OK")
+        client.warning("the API server closed the connection")
+        logging.getLogger("gpuagent.test").info("the agent's own line")
+        err = capsys.readouterr().err
+        assert "HTTP Request" not in err and "closed the connection" in err and "the agent's own line" in err
+        setup_logging("debug")
+        client.info("HTTP Request: GET https://api/apis 200 OK")
+        assert "HTTP Request" in capsys.readouterr().err
+    finally:
+        client.setLevel(before)
+        logging.getLogger().setLevel(root_level)
+        for handler in logging.getLogger().handlers[:]:
+            if getattr(handler, "_gpuagent", False):
+                logging.getLogger().removeHandler(handler)
