@@ -20,11 +20,12 @@ import jsonschema
 import pytest
 import yaml
 from fake_apiserver import FakeApiServer, eventually
-from fixture_files import filter_request
+from fixture_files import PUBLISHED, filter_request
 from test_extender import all_free, all_held
 
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.cluster_view import UNKNOWN_REASON, ClusterView
+from gpuagent.hints.codec import hints_from_jsonable
 from gpuagent.hints.extender import Extender, from_options
 from gpuagent.hints.extender_config import load_options
 from gpuagent.hints.published import (
@@ -35,6 +36,7 @@ from gpuagent.hints.published import (
     state_object,
 )
 from gpuagent.hints.publisher import PublishPolicy, StatePublisher
+from gpuagent.hints.verdict_key import verdict_key
 from gpuagent.kubeapi import ApiConnection
 from gpuagent.snapshot import NodeHints
 
@@ -102,6 +104,24 @@ def test_the_object_round_trips_and_bad_objects_name_the_problem() -> None:
         decode_state(json.dumps({**body, "heartbeatTime": "yesterday"}).encode())
     with pytest.raises(ValueError, match="bad GPUNodeState"):
         decode_state(b"{not json")
+
+
+@pytest.mark.parametrize("name", ["h100-8x-64proc", "a100-mig"])
+def test_an_object_an_earlier_agent_wrote_still_decodes(name: str) -> None:
+    """Agents and extenders of two versions coexist during an upgrade: the stored objects (as the API server
+    lists them, managed fields and all) were written by the agent of the previous version."""
+    raw = (PUBLISHED / f"gpunodestate-{name}.json").read_bytes()
+    stored = json.loads(raw)
+    state = decode_state(raw)
+    assert (state.node, state.resource_version) == (name, "187342")
+    assert state.generation == Generation(1795000000123456789, 42)
+    assert state.heartbeat_unix == pytest.approx(1795000300.5)
+    assert state.hints == hints_from_jsonable(stored["hints"])  # as the agents' own codec reads them
+    assert state.key == verdict_key(state.hints)
+    # and today's agent still writes that format: the same object from the same hints
+    written = state_object(name, state.hints, state.generation, state.heartbeat_unix)
+    assert {k: v for k, v in stored.items() if k != "metadata"} == \
+        {k: v for k, v in written.items() if k != "metadata"}
 
 
 def test_the_object_is_valid_under_the_shipped_crd() -> None:
