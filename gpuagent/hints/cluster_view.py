@@ -17,8 +17,10 @@ sequence, or of an earlier agent (lower epoch) with no newer heartbeat, is ignor
 flight by a replaced agent cannot roll a node back. A node whose object cannot be decoded keeps its last
 good state (or none) and is counted; the log names it once.
 
-Memory: nodes whose states have the same verdict key (``hints.published.verdict_key``: the same state but
-for their names) share one decoded copy and its index, so a fleet of alike idle nodes costs one state.
+Memory: nodes whose states have the same verdict key (``hints.verdict_key``: alike in everything the
+extender's verdicts read) share one decoded copy and its index, so a fleet of alike idle nodes costs one
+state. A node's hints here are therefore those of the first node seen in its state: what differs between
+them (names, memory used, MIG instances) is what nothing of the extender reads.
 """
 
 from __future__ import annotations
