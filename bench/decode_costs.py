@@ -27,7 +27,7 @@ from typing import Any
 from gpuagent.hints import published
 from gpuagent.hints.codec import hints_from_jsonable
 from gpuagent.hints.published import Generation, decode_state, project, state_object
-from gpuagent.hints.verdict_key import verdict_key
+from gpuagent.hints.verdict_key import kind_keys, verdict_key
 from gpuagent.snapshot import GpuHints, NodeHints
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,13 +172,16 @@ def fleet_objects(bodies: list[dict[str, Any]], count: int, how: Variation, busy
 
 def distinct_states(bodies: list[dict[str, Any]], ref: str, count: int) -> dict[str, Any]:
     """Distinct verdict keys in modelled fleets (each ``VARIATIONS``, half the nodes busy), by ``ref``'s
-    key and by the working tree's, per node kind."""
+    key and by the working tree's (the state's, and those of shared and MIG requests), per node kind."""
     old = baseline_module(ref)
     out: dict[str, Any] = {"nodes": count, "busy_fraction": 0.5}
     for label, how in VARIATIONS.items():
         objects = fleet_objects(bodies, count, how)
+        states = [decode_state(raw) for raw in objects]
+        per_kind = [kind_keys(state.hints, state.key) for state in states]
         keys = {"baseline": [old.decode_state(raw).key for raw in objects],
-                "now": [decode_state(raw).key for raw in objects]}
+                "now": [state.key for state in states],  # the view's: what an exclusive request reads
+                "now_shared": [k.shared for k in per_kind], "now_mig": [k.mig for k in per_kind]}
         row: dict[str, Any] = {}
         for k, name in enumerate((*KINDS, "all")):
             row[name] = {version: len(set(found if name == "all" else found[k::len(KINDS)]))

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from fake_apiserver import FakeApiServer, eventually
 from fixture_files import PUBLISHED, filter_request
-from test_extender import all_free, all_held
+from test_extender import all_free, all_held, gpu, node_hints
 
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.cluster_view import UNKNOWN_REASON, ClusterView
@@ -38,7 +38,7 @@ from gpuagent.hints.published import (
 from gpuagent.hints.publisher import PublishPolicy, StatePublisher
 from gpuagent.hints.verdict_key import verdict_key
 from gpuagent.kubeapi import ApiConnection
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot import GpuHints, NodeHints
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "deploy" / "gpunodestate-crd.yaml"
@@ -389,6 +389,36 @@ async def test_nodes_in_the_same_state_are_judged_once_a_request(api: FakeApiSer
     assert set(reply["NodeNames"]) == {f"n{i}" for i in range(10)} | {f"n{i}" for i in range(20, 30)}
     failed = {reply["FailedNodes"][f"n{i}"] for i in range(10, 20)}
     assert len(failed) == 1  # the same state, the same reason
+
+
+async def test_nodes_running_pods_of_their_own_are_judged_once_for_a_shared_pod(
+        api: FakeApiServer, view: ClusterView, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node's time-sliced GPUs hold its own pods: an exclusive pod's reasons name them ("not free for
+    exclusive use"), a shared pod's never do, so the shared pod is judged once for all of them."""
+    import gpuagent.hints.extender as extender_module
+
+    for i in range(10):
+        gpus = tuple(replace_tenant_names(gpu(g, tenants=1, free_gib=40, share=0.5), f"team/job-{i}-{g}")
+                     for g in range(4))
+        publish(api, f"n{i}", node_hints(f"n{i}", gpus))
+    scored: list[str] = []
+    real = extender_module._score
+    monkeypatch.setattr(extender_module, "_score", lambda entry, request: scored.append(entry.node) or
+                        real(entry, request))
+    extender = Extender(view, max_age_seconds=900.0)
+    nodes = [f"n{i}" for i in range(10)]
+    shared = gpu_pod_filter(nodes)
+    shared["Pod"]["metadata"]["annotations"]["gpuagent.io/gpu-share"] = "30%"
+    reply = await extender.filter(shared)
+    assert len(reply["NodeNames"]) == 10 and len(scored) == 1
+    scored.clear()
+    reply = await extender.filter(gpu_pod_filter(nodes))  # exclusive: each node's reason names its pods
+    assert len(scored) == 10 and len(reply["FailedNodes"]) == 10
+    assert "team/job-3-0" in reply["FailedNodes"]["n3"]
+
+
+def replace_tenant_names(gpu: GpuHints, name: str) -> GpuHints:
+    return dataclasses.replace(gpu, tenants=tuple(dataclasses.replace(t, name=name) for t in gpu.tenants))
 
 
 async def test_a_repeated_answer_is_reused_until_a_state_changes_or_ages_out(api: FakeApiServer) -> None:

@@ -19,8 +19,8 @@ from test_hints_fastpath import RATIOS, node_hints, requests
 
 from gpuagent.hints.agents import AgentEntry
 from gpuagent.hints.extender import Verdict, _score
-from gpuagent.hints.score import FitRequest, _not_whole_gpu, node_index
-from gpuagent.hints.verdict_key import verdict_key
+from gpuagent.hints.score import FitRequest, _not_whole_gpu, kind_name, node_index
+from gpuagent.hints.verdict_key import KindKeys, kind_keys, verdict_key
 from gpuagent.snapshot import GpuHints, MigInstanceHint, MigProfileHint, NodeHints, TenantHint
 
 GIB = 2**30
@@ -68,11 +68,34 @@ def test_every_field_of_the_hints_is_either_read_or_left_out() -> None:
     assert {f.name for f in dataclasses.fields(TenantHint)} >= TENANT_READ
 
 
+def _tenant(draw: st.DrawFn, name: str) -> TenantHint:
+    return TenantHint(name=name, kind=draw(TEXT), share_ratio=draw(st.none() | RATIOS),
+                      memory_limit_bytes=draw(BYTES), memory_used_bytes=draw(st.integers(0, 80 * GIB)),
+                      sm_util_ratio=draw(st.none() | RATIOS), allocated=draw(st.booleans()),
+                      replicas=draw(st.integers(0, 4)), mig_instance=draw(st.none() | TEXT),
+                      mps_active_thread_ratio=draw(st.none() | RATIOS))
+
+
+def _tenants(draw: st.DrawFn, gpu: GpuHints, reads: str) -> tuple[TenantHint, ...]:
+    """Other tenants, alike in what requests of kind ``reads`` read of them: "exclusive" (every kind) the
+    count and first three names where a whole-GPU request could go; "shared" there whether there is one,
+    and the first's name on a GPU held exclusively; "mig" nothing."""
+    whole = _not_whole_gpu(gpu) is None
+    if reads == "mig" or not whole or (reads == "shared" and not gpu.tenants):
+        count = draw(st.integers(0, 4)) if reads == "mig" or not whole else 0
+        return tuple(_tenant(draw, draw(TEXT)) for _ in range(count))
+    if reads == "shared":
+        first = gpu.tenants[0].name if gpu.sharing_mode == "exclusive" else draw(TEXT)
+        return tuple(_tenant(draw, first if k == 0 else draw(TEXT)) for k in range(draw(st.integers(1, 4))))
+    return tuple(_tenant(draw, t.name if k < 3 else draw(TEXT)) for k, t in enumerate(gpu.tenants))
+
+
 @st.composite
-def alike(draw: st.DrawFn, hints: NodeHints) -> NodeHints:
-    """``hints`` with everything the key leaves out drawn afresh: the node's and GPUs' other fields, the
-    tenants' figures (and names where no reason reads them), the idle MIG instances' UUIDs, peers on other
-    nodes, and (for agent-written UUIDs) every GPU's UUID, renamed consistently."""
+def alike(draw: st.DrawFn, hints: NodeHints, reads: str = "exclusive") -> NodeHints:
+    """``hints`` with everything the key of requests of kind ``reads`` leaves out drawn afresh: the node's
+    and GPUs' other fields, the tenants (``_tenants``), the idle MIG instances' UUIDs, peers on other nodes,
+    and (for agent-written UUIDs) every GPU's UUID, renamed consistently. The exclusive kind's key is the
+    state's (``verdict_key``): it reads the most."""
     rename: dict[str, str] = {}
     if regular(hints):
         fresh = draw(st.lists(st.text(min_size=1, max_size=8), min_size=len(hints.gpus),
@@ -80,14 +103,7 @@ def alike(draw: st.DrawFn, hints: NodeHints) -> NodeHints:
         rename = {g.uuid: f"GPU-x{new}" for g, new in zip(hints.gpus, fresh, strict=True)}
     gpus = []
     for gpu in hints.gpus:
-        named = _not_whole_gpu(gpu) is None  # where the reasons name tenants
-        tenants = tuple(
-            TenantHint(name=t.name if named and k < 3 else draw(TEXT), kind=draw(TEXT),
-                       share_ratio=draw(st.none() | RATIOS), memory_limit_bytes=draw(BYTES),
-                       memory_used_bytes=draw(st.integers(0, 80 * GIB)), sm_util_ratio=draw(st.none() | RATIOS),
-                       allocated=draw(st.booleans()), replicas=draw(st.integers(0, 4)),
-                       mig_instance=draw(st.none() | TEXT), mps_active_thread_ratio=draw(st.none() | RATIOS))
-            for k, t in enumerate(gpu.tenants))
+        tenants = _tenants(draw, gpu, reads)
         profiles = tuple(replace(p, idle_instances=tuple(draw(TEXT) for _ in p.idle_instances))
                          for p in gpu.free_mig_profiles)
         on_node = {g.uuid for g in hints.gpus}
@@ -106,6 +122,19 @@ def test_states_with_the_same_key_get_the_same_verdicts(data: st.DataObject, hin
     other = data.draw(alike(hints))
     assert verdict_key(other) == verdict_key(hints)  # what was redrawn is left out of the key ...
     assert verdicts(other, asked) == verdicts(hints, asked)  # ... and no verdict reads it
+    assert kind_keys(other) == kind_keys(hints)  # the state's key decides every kind's
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), hints=node_hints(), asked=st.lists(requests(), min_size=1, max_size=9))
+def test_states_with_the_same_key_for_a_kind_get_the_same_verdicts_for_that_kind(
+        data: st.DataObject, hints: NodeHints, asked: list[FitRequest]) -> None:
+    keys = kind_keys(hints)
+    for reads in KindKeys._fields:
+        other = data.draw(alike(hints, reads))
+        assert getattr(kind_keys(other), reads) == getattr(keys, reads), reads
+        mine = [request for request in asked if kind_name(request) == reads]
+        assert verdicts(other, mine) == verdicts(hints, mine), reads
 
 
 # --- anything read changes the key ------------------------------------------------------------------------------
@@ -191,14 +220,47 @@ CHANGES: dict[str, Change] = {
 }
 
 
+TENANT_CHANGES = {"a tenant more", "a named tenant's name"}  # read by whole-GPU kinds alone, below
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hints=node_hints())
 def test_states_that_differ_in_anything_read_get_different_keys(hints: NodeHints) -> None:
     key = verdict_key(hints)
+    keys = kind_keys(hints)
+    assert keys.exclusive == key
     for what, change in CHANGES.items():
         changed = change(hints)
         if changed is not None:
             assert verdict_key(changed) != key, what
+            if what not in TENANT_CHANGES:  # what every kind reads changes every kind's key
+                other = kind_keys(changed)
+                assert other.shared != keys.shared and other.mig != keys.mig, what
+
+
+def _whole_held(hints: NodeHints) -> int | None:
+    """A GPU a whole-GPU request could use, held exclusively by a tenant: a shared request's reason names
+    it ("held exclusively by")."""
+    return next((pos for pos, g in enumerate(hints.gpus) if _not_whole_gpu(g) is None and g.tenants
+                 and g.sharing_mode == "exclusive"), None)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hints=node_hints())
+def test_a_shared_key_differs_where_a_shared_reason_reads_a_tenant(hints: NodeHints) -> None:
+    shared = kind_keys(hints).shared
+    pos = _whole_held(hints)
+    if pos is not None:
+        gpu = hints.gpus[pos]
+        renamed = replace(gpu, tenants=(replace(gpu.tenants[0], name=gpu.tenants[0].name + "-x"),
+                                        *gpu.tenants[1:]))
+        assert kind_keys(replace(hints, gpus=(*hints.gpus[:pos], renamed, *hints.gpus[pos + 1:]))).shared \
+            != shared
+    for pos, gpu in enumerate(hints.gpus):  # a tenant where there was none, on a GPU shared requests may use
+        if _not_whole_gpu(gpu) is None and not gpu.tenants:
+            held = replace(gpu, tenants=(TENANT,))
+            assert kind_keys(replace(hints, gpus=(*hints.gpus[:pos], held, *hints.gpus[pos + 1:]))).shared \
+                != shared
 
 
 def test_every_field_read_has_a_change_that_shows_in_the_key() -> None:
