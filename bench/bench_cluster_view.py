@@ -1,13 +1,17 @@
 """Benchmark the extender's cluster view at fleet scale: published GPUNodeStates read with one list and watch.
 
 Usage: .venv/bin/python bench/bench_cluster_view.py [--nodes 1000,5000,20000] [--calls 40]
+       .venv/bin/python bench/bench_cluster_view.py --decode [--baseline main] [--fleet 3000]
 
 - A fake API server (``tests/fake_apiserver.py``: list, watch with resourceVersions, server-side apply) runs
   in a child process holding N GPUNodeStates, each the projection of a real ``/v1/hints`` body (``poll_once``
   of the simulated 8xH100/64-process, A100-MIG and laptop nodes, in turn) under its own node name.
 - cold: a fresh extender's first filter over all N nodes: its time (one LIST, decoding every object,
   judging every node) and how many nodes it could judge (the goal: all of them).
-- decode: one object into ``NodeHints`` (``hints.published.decode_state``), per node kind.
+- decode: one object into ``NodeHints`` and its verdict key (``hints.published.decode_state``), per node
+  kind, and the two parts of it (``bench/decode_costs.py``). ``--decode`` runs this part alone; with
+  ``--baseline REF`` it measures ``published.py`` at git revision REF beside the working tree's in
+  alternating rounds, and counts the distinct verdict keys each gives a modelled fleet of ``--fleet`` nodes.
 - filter: the warm extender, in process (``Extender.filter``: parse, judge every node, build the reply), p50
   and p99 over ``--calls``: a never-seen pod (a new memory request each call, every node scored again) and
   a seen pod (the per-node memo answers).
@@ -44,11 +48,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import psutil  # noqa: E402
 from bench_extender import free_port, pod_args, real_hints, wait_for_port  # noqa: E402
+from decode_costs import decode_costs, distinct_states, side_by_side  # noqa: E402
 
 from gpuagent.hints.cluster_view import ClusterView  # noqa: E402
 from gpuagent.hints.codec import hints_from_jsonable  # noqa: E402
 from gpuagent.hints.extender import Extender, tune_garbage_collector  # noqa: E402
-from gpuagent.hints.published import Generation, decode_state, project, state_object  # noqa: E402
+from gpuagent.hints.published import Generation, project, state_object  # noqa: E402
 from gpuagent.hints.publisher import PublishPolicy  # noqa: E402
 from gpuagent.kubeapi import ApiConnection  # noqa: E402
 from gpuagent.snapshot import NodeHints  # noqa: E402
@@ -212,20 +217,6 @@ async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int, busy
     return out
 
 
-def decode_costs(bodies: list[dict[str, Any]], rounds: int = 2000) -> dict[str, Any]:
-    out = {}
-    for body, name in zip(bodies, ("8xH100, 64 processes", "A100 MIG", "laptop 1 GPU"), strict=True):
-        hints = project(hints_from_jsonable(body), None)
-        obj = state_object("n", hints, Generation(1, 1), time.time())
-        raw = json.dumps(obj, separators=(",", ":")).encode()
-        started = time.perf_counter()
-        for _ in range(rounds):
-            decode_state(raw)
-        out[name] = {"us_per_object": round((time.perf_counter() - started) / rounds * 1e6, 1),
-                     "object_bytes": len(raw)}
-    return out
-
-
 LONG_WINDOW = 300.0  # the hints' long SM-use average, which the schedulable share follows (seconds)
 
 
@@ -298,6 +289,10 @@ async def main(bodies: list[dict[str, Any]]) -> None:
     parser.add_argument("--write-nodes", type=int, default=20, help="nodes the write-rate model simulates")
     parser.add_argument("--write-seconds", type=int, default=3600, help="seconds it simulates")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
+    parser.add_argument("--decode", action="store_true", help="measure decoding alone (no fleet, no writes)")
+    parser.add_argument("--baseline", help="with --decode: a git revision to measure beside")
+    parser.add_argument("--rounds", type=int, default=21, help="with --baseline: alternating rounds")
+    parser.add_argument("--fleet", type=int, default=3000, help="with --baseline: modelled nodes")
     args = parser.parse_args()
     results_dir = args.out
     try:
@@ -308,6 +303,14 @@ async def main(bodies: list[dict[str, Any]]) -> None:
                                            "load_average": os.getloadavg()}}
     results["decode"] = decode_costs(bodies)
     print(json.dumps(results["decode"]), flush=True)
+    if args.decode:
+        if args.baseline:
+            results["decode_side_by_side"] = side_by_side(bodies, args.baseline, rounds=args.rounds)
+            print(json.dumps(results["decode_side_by_side"]), flush=True)
+            results["distinct_states"] = distinct_states(bodies, args.baseline, args.fleet)
+            print(json.dumps(results["distinct_states"]), flush=True)
+        write_results(results_dir, "cluster_view_decode", results)
+        return
     results["extender"] = []
     for count in (int(n) for n in args.nodes.split(",")):
         for busy in (float(b) for b in args.busy.split(",")):
@@ -317,7 +320,11 @@ async def main(bodies: list[dict[str, Any]]) -> None:
     if not args.skip_writes:
         results["writes"] = write_rates(bodies, nodes=args.write_nodes, seconds=args.write_seconds)
         print(json.dumps(results["writes"]), flush=True)
-    out = results_dir / f"cluster_view_{time.strftime('%Y%m%dT%H%M%S')}.json"
+    write_results(results_dir, "cluster_view", results)
+
+
+def write_results(folder: Path, name: str, results: dict[str, Any]) -> None:
+    out = folder / f"{name}_{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {out}")
 

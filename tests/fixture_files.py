@@ -13,6 +13,7 @@ from typing import Any
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CGROUP = FIXTURES / "cgroup"
 KUBERNETES = FIXTURES / "kubernetes"
+PUBLISHED = FIXTURES / "published"  # GPUNodeState objects as an agent of an earlier version wrote them
 
 
 def kubernetes_body(name: str) -> Any:

@@ -82,3 +82,16 @@ def test_bench_cluster_view_judges_every_node_cold_and_after_a_restart(tmp_path:
     assert extender["filter_in_process"]["never_seen_pod"]["runs"] == 2
     assert writes["steady"]["writes_per_node_per_hour"] > 0 and "churn" in writes
     assert len(list(out.glob("cluster_view_*.json"))) == 1
+
+
+def test_bench_cluster_view_decode_mode_measures_beside_a_baseline(tmp_path: Path) -> None:
+    done = run_bench("bench/bench_cluster_view.py", "--decode", "--baseline", "HEAD", "--rounds", "2",
+                     "--fleet", "12", "--out", str(tmp_path))
+    decode, side_by_side, states = (json.loads(line) for line in done.stdout.strip().splitlines()[:-1])
+    kinds = {"8xH100, 64 processes", "A100 MIG", "laptop 1 GPU"}
+    assert set(decode) == kinds and all(decode[k]["verdict_key_us"] > 0 for k in kinds)
+    assert side_by_side["baseline"] == "HEAD" and set(side_by_side["kinds"]) == kinds
+    assert all(row["baseline_us"] > 0 and row["now_us"] > 0 for row in side_by_side["kinds"].values())
+    for variation in ("names and UUIDs only", "and memory use", "and pods of their own"):
+        assert states[variation]["all"]["now"] <= states[variation]["all"]["baseline"] <= 12
+    assert len(list(tmp_path.glob("cluster_view_decode_*.json"))) == 1

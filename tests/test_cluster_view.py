@@ -20,11 +20,12 @@ import jsonschema
 import pytest
 import yaml
 from fake_apiserver import FakeApiServer, eventually
-from fixture_files import filter_request
-from test_extender import all_free, all_held
+from fixture_files import PUBLISHED, filter_request
+from test_extender import all_free, all_held, gpu, node_hints
 
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.cluster_view import UNKNOWN_REASON, ClusterView
+from gpuagent.hints.codec import hints_from_jsonable
 from gpuagent.hints.extender import Extender, from_options
 from gpuagent.hints.extender_config import load_options
 from gpuagent.hints.published import (
@@ -35,8 +36,9 @@ from gpuagent.hints.published import (
     state_object,
 )
 from gpuagent.hints.publisher import PublishPolicy, StatePublisher
+from gpuagent.hints.verdict_key import verdict_key
 from gpuagent.kubeapi import ApiConnection
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot import GpuHints, NodeHints
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "deploy" / "gpunodestate-crd.yaml"
@@ -102,6 +104,24 @@ def test_the_object_round_trips_and_bad_objects_name_the_problem() -> None:
         decode_state(json.dumps({**body, "heartbeatTime": "yesterday"}).encode())
     with pytest.raises(ValueError, match="bad GPUNodeState"):
         decode_state(b"{not json")
+
+
+@pytest.mark.parametrize("name", ["h100-8x-64proc", "a100-mig"])
+def test_an_object_an_earlier_agent_wrote_still_decodes(name: str) -> None:
+    """Agents and extenders of two versions coexist during an upgrade: the stored objects (as the API server
+    lists them, managed fields and all) were written by the agent of the previous version."""
+    raw = (PUBLISHED / f"gpunodestate-{name}.json").read_bytes()
+    stored = json.loads(raw)
+    state = decode_state(raw)
+    assert (state.node, state.resource_version) == (name, "187342")
+    assert state.generation == Generation(1795000000123456789, 42)
+    assert state.heartbeat_unix == pytest.approx(1795000300.5)
+    assert state.hints == hints_from_jsonable(stored["hints"])  # as the agents' own codec reads them
+    assert state.key == verdict_key(state.hints)
+    # and today's agent still writes that format: the same object from the same hints
+    written = state_object(name, state.hints, state.generation, state.heartbeat_unix)
+    assert {k: v for k, v in stored.items() if k != "metadata"} == \
+        {k: v for k, v in written.items() if k != "metadata"}
 
 
 def test_the_object_is_valid_under_the_shipped_crd() -> None:
@@ -369,6 +389,36 @@ async def test_nodes_in_the_same_state_are_judged_once_a_request(api: FakeApiSer
     assert set(reply["NodeNames"]) == {f"n{i}" for i in range(10)} | {f"n{i}" for i in range(20, 30)}
     failed = {reply["FailedNodes"][f"n{i}"] for i in range(10, 20)}
     assert len(failed) == 1  # the same state, the same reason
+
+
+async def test_nodes_running_pods_of_their_own_are_judged_once_for_a_shared_pod(
+        api: FakeApiServer, view: ClusterView, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node's time-sliced GPUs hold its own pods: an exclusive pod's reasons name them ("not free for
+    exclusive use"), a shared pod's never do, so the shared pod is judged once for all of them."""
+    import gpuagent.hints.extender as extender_module
+
+    for i in range(10):
+        gpus = tuple(replace_tenant_names(gpu(g, tenants=1, free_gib=40, share=0.5), f"team/job-{i}-{g}")
+                     for g in range(4))
+        publish(api, f"n{i}", node_hints(f"n{i}", gpus))
+    scored: list[str] = []
+    real = extender_module._score
+    monkeypatch.setattr(extender_module, "_score", lambda entry, request: scored.append(entry.node) or
+                        real(entry, request))
+    extender = Extender(view, max_age_seconds=900.0)
+    nodes = [f"n{i}" for i in range(10)]
+    shared = gpu_pod_filter(nodes)
+    shared["Pod"]["metadata"]["annotations"]["gpuagent.io/gpu-share"] = "30%"
+    reply = await extender.filter(shared)
+    assert len(reply["NodeNames"]) == 10 and len(scored) == 1
+    scored.clear()
+    reply = await extender.filter(gpu_pod_filter(nodes))  # exclusive: each node's reason names its pods
+    assert len(scored) == 10 and len(reply["FailedNodes"]) == 10
+    assert "team/job-3-0" in reply["FailedNodes"]["n3"]
+
+
+def replace_tenant_names(gpu: GpuHints, name: str) -> GpuHints:
+    return dataclasses.replace(gpu, tenants=tuple(dataclasses.replace(t, name=name) for t in gpu.tenants))
 
 
 async def test_a_repeated_answer_is_reused_until_a_state_changes_or_ages_out(api: FakeApiServer) -> None:

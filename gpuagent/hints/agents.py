@@ -31,6 +31,7 @@ import aiohttp
 from gpuagent.hints.codec import hints_from_jsonable
 from gpuagent.hints.extender_config import DEFAULT_AGENT_URL, NODE_PLACEHOLDER, valid_node_name
 from gpuagent.hints.score import NodeIndex, node_index
+from gpuagent.hints.verdict_key import KindKeys
 from gpuagent.httperrors import client_error_text, read_body
 from gpuagent.snapshot import NodeHints
 
@@ -75,6 +76,7 @@ class AgentEntry:
     answered_at: float | None = None  # monotonic time of the last 200 or 304
     error: str | None = None  # why the last fetch failed; None when it succeeded
     key: bytes | None = None  # the cluster view's: equal for nodes whose states schedule alike
+    keys: KindKeys | None = None  # the cluster view's, per kind of request: equal where those schedule alike
 
     def state(self, now: float, max_age_seconds: float) -> str:
         if self.hints is None or self.answered_at is None:

@@ -17,14 +17,17 @@ sequence, or of an earlier agent (lower epoch) with no newer heartbeat, is ignor
 flight by a replaced agent cannot roll a node back. A node whose object cannot be decoded keeps its last
 good state (or none) and is counted; the log names it once.
 
-Memory: nodes whose states have the same verdict key (``hints.published.verdict_key``: the same state but
-for their names) share one decoded copy and its index, so a fleet of alike idle nodes costs one state.
+Memory: nodes whose states have the same verdict key (``hints.verdict_key``: alike in everything the
+extender's verdicts read) share one decoded copy and its index, so a fleet of alike idle nodes costs one
+state. A node's hints here are therefore those of the first node seen in its state: what differs between
+them (names, memory used, MIG instances) is what nothing of the extender reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import math
@@ -44,6 +47,7 @@ from gpuagent.hints.published import (
     decode_state,
 )
 from gpuagent.hints.score import NodeIndex, node_index
+from gpuagent.hints.verdict_key import KindKeys, kind_keys
 from gpuagent.kubeapi import ApiConnection
 from gpuagent.reflector import Reflector, wire
 from gpuagent.snapshot import NodeHints
@@ -61,10 +65,12 @@ class _Meta:
 
 @dataclass(slots=True)
 class _Shared:
-    """One state's decoded hints and index, and how many nodes are in it."""
+    """One state's decoded hints, index and keys, and how many nodes are in it."""
 
     hints: NodeHints
     index: NodeIndex
+    key: bytes  # the state's verdict key (one bytes object for all its nodes)
+    keys: KindKeys  # its keys per kind of request, worked out once per state
     users: int = 0
 
 
@@ -154,15 +160,16 @@ class ClusterView(Reflector):
         self._bad.discard(node)
         self.version += 1
         previous = self._entries.get(node)
-        if previous is not None and previous.key == state.key:
-            hints, index = previous.hints, previous.index  # the same objects: the per-node memo holds
-        else:
-            if previous is not None:
-                self._release(previous.key)
-            hints, index = self._acquire(state.key, state.hints)
         age = max(0.0, self._wall() - state.heartbeat_unix)
-        self._entries[node] = AgentEntry(node=node, url=None, hints=hints, index=index,
-                                         answered_at=self._monotonic() - age, key=state.key)
+        answered_at = self._monotonic() - age
+        if previous is not None and previous.key == state.key:  # the same objects: the per-node memo holds
+            self._entries[node] = dataclasses.replace(previous, answered_at=answered_at)
+            return
+        if previous is not None:
+            self._release(previous.key)
+        shared = self._acquire(state.key, state.hints)
+        self._entries[node] = AgentEntry(node=node, url=None, hints=shared.hints, index=shared.index,
+                                         answered_at=answered_at, key=shared.key, keys=shared.keys)
 
     def _drop(self, obj: Any) -> None:
         item: _Item = obj
@@ -176,13 +183,13 @@ class ClusterView(Reflector):
             self._release(entry.key)
             self.version += 1
 
-    def _acquire(self, key: bytes, hints: NodeHints) -> tuple[NodeHints, NodeIndex]:
-        """The hints and index kept for ``key``: nodes in the same state share one copy."""
+    def _acquire(self, key: bytes, hints: NodeHints) -> _Shared:
+        """The hints, index and keys kept for ``key``: nodes in the same state share one copy."""
         shared = self._shared.get(key)
         if shared is None:
-            shared = self._shared[key] = _Shared(hints, node_index(hints))
+            shared = self._shared[key] = _Shared(hints, node_index(hints), key, kind_keys(hints, key))
         shared.users += 1
-        return shared.hints, shared.index
+        return shared
 
     def _release(self, key: bytes | None) -> None:
         shared = self._shared.get(key) if key is not None else None

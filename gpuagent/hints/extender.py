@@ -61,7 +61,8 @@ from gpuagent.hints.extender_protocol import (
 )
 from gpuagent.hints.nodes import KnownNodes, NodeLister
 from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_request, pod_name
-from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, node_index
+from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, kind_name, node_index
+from gpuagent.hints.verdict_key import KindKeys
 from gpuagent.httpbody import BodyError, BodyLimits, error_response, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error, json_errors
 from gpuagent.httpguard import ConnectionGuard, GuardedSite
@@ -215,8 +216,8 @@ class Extender:
         # request -> the verdicts of the last MEMO_REQUESTS distinct requests: per node, reused while a
         # node's hints are the same object (a refresh that got a 304 keeps it), which serves the prioritize
         # that follows each filter and the replicas of one workload, which ask alike; and per state key
-        # (the cluster view's ``verdict_key``), so nodes in the same state (idle nodes of one model, say)
-        # are judged once for a request never seen.
+        # (the cluster view's ``kind_keys``, the request's kind's), so nodes in the same state (idle nodes of
+        # one model, say) are judged once for a request never seen.
         self._memo: OrderedDict[FitRequest, _RequestMemo] = OrderedDict()
         self._unknown_logged_at: float | None = None
         self._unknown_since_log = 0
@@ -265,6 +266,7 @@ class Extender:
             if last is not None and last[0] == version and now <= last[1] and last[2] == nodes:
                 return self._count(verb, last[3])  # nothing changed, nothing aged out: the same answer
         entries = await self.cache.lookup(nodes)
+        kind = KindKeys._fields.index(kind_name(request))
         verdicts: dict[str, Verdict] = {}
         scored = 0
         unknown = 0
@@ -288,7 +290,8 @@ class Extender:
             if known is not None and known[0] is hints:
                 verdicts[node] = known[1]
                 continue
-            key = entry.key
+            keys = entry.keys  # this kind of request's key leaves out what only other kinds read
+            key = keys[kind] if keys is not None else None
             verdict = by_state.get(key) if key is not None else None
             if verdict is None:
                 verdict = _score(entry, request)

@@ -16,22 +16,22 @@ NodeResourceTopology objects have them (observed state with no desired state, so
   scheduling decision could change, not when a utilisation average wobbles: that is what bounds the write
   rate (docs/scheduling.md, "The cluster view", has the budget and its measurement).
 
-Decoding (``decode_state``) is msgspec into the same frozen ``NodeHints`` the agent serves, type-checked
-(a wrong type names its path); unknown keys are ignored, so an older extender reads a newer agent's object.
+Decoding (``decode_state``) is msgspec into the same frozen ``NodeHints`` the agent serves, in the same pass
+as the object around them, type-checked (a wrong type names its path); unknown keys are ignored, so an older
+extender reads a newer agent's object. Each decoded state carries its verdict key (``hints.verdict_key``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from gpuagent.hints.codec import hints_to_jsonable
+from gpuagent.hints.verdict_key import verdict_key
 from gpuagent.snapshot import GpuHints, MigInstanceHint, NodeHints, TenantHint
 
 GROUP = "gpuagent.io"
@@ -173,18 +173,12 @@ def object_path(node: str) -> str:
 
 # --- the extender's side ------------------------------------------------------------------------------------
 
-# UUIDs, masked in a verdict key (each pattern starts with a literal, which the regex engine scans for fast)
-_GPU_UUID = re.compile(rb'GPU-[^"]*')
-_MIG_UUID = re.compile(rb'MIG-[^"]*')
-
-
 @dataclass(frozen=True, slots=True)
 class _Wire:
     """msgspec's decoders, built on first use (msgspec comes with lightkube, imported only then)."""
 
     obj: Any
     listing: Any
-    hints: Any
     error: type[Exception]
 
 
@@ -194,19 +188,18 @@ def _wire() -> _Wire:
 
     meta = msgspec.defstruct("Meta", [("name", str, ""), ("resourceVersion", str, "")])
     agent = msgspec.defstruct("Agent", [("epoch", int, 0), ("sequence", int, 0)])
-    obj = msgspec.defstruct("GPUNodeState", [
+    obj = msgspec.defstruct("GPUNodeState", [  # the hints in the same pass: no second parse of their bytes
         ("metadata", meta, msgspec.field(default_factory=meta)),
         ("agent", agent, msgspec.field(default_factory=agent)),
         ("heartbeatTime", str, ""),
-        ("hints", msgspec.Raw, msgspec.Raw(b"")),
+        ("hints", NodeHints | None, None),
     ])
     list_meta = msgspec.defstruct("ListMeta", [("resourceVersion", str, "")])
     listing = msgspec.defstruct("GPUNodeStateList", [
         ("metadata", list_meta, msgspec.field(default_factory=list_meta)),
         ("items", list[msgspec.Raw] | None, None),
     ])
-    return _Wire(msgspec.json.Decoder(obj), msgspec.json.Decoder(listing), msgspec.json.Decoder(NodeHints),
-                 msgspec.DecodeError)
+    return _Wire(msgspec.json.Decoder(obj), msgspec.json.Decoder(listing), msgspec.DecodeError)
 
 
 def decode_list(body: bytes) -> tuple[list[Any], str]:
@@ -219,36 +212,18 @@ def decode_list(body: bytes) -> tuple[list[Any], str]:
     return list(listing.items or ()), listing.metadata.resourceVersion
 
 
-def verdict_key(raw_hints: bytes, hints: NodeHints) -> bytes:
-    """The hints' bytes with what names this node rather than its state taken out: its hostname, when they
-    were taken, and its GPUs' and MIG devices' UUIDs (masked), followed by the GPUs' NVLink peers as
-    positions, so the links keep their shape. Two nodes with the same key get the same verdict for any
-    request: ``fit_node`` reads a UUID only to tell GPUs apart (which GPU, which peers) and a MIG device's
-    only to count them; so the extender judges each distinct state once a request."""
-    name = json.dumps(hints.hostname).encode()  # compact JSON (the API server's), or with a space
-    key = raw_hints.replace(b'"hostname":' + name, b"").replace(b'"hostname": ' + name, b"")
-    start = key.find(b'"taken_at_unix":')
-    if start >= 0:  # a number: up to the next comma or brace
-        end = min(i for i in (key.find(b",", start), key.find(b"}", start), len(key)) if i >= 0)
-        key = key[:start] + key[end:]
-    key = _MIG_UUID.sub(b"MIG-", _GPU_UUID.sub(b"GPU-", key))
-    position = {gpu.uuid: pos for pos, gpu in enumerate(hints.gpus)}
-    links = [[position.get(peer, peer) for peer in gpu.nvlink_peers] for gpu in hints.gpus]
-    return key + str(links).encode()
-
-
 def decode_state(raw: Any) -> PublishedState:
     """One object (bytes or msgspec Raw); raises ``ValueError`` naming what is wrong (bad JSON, a field of
     the wrong type with its path, no hints, an unreadable heartbeat)."""
     wire = _wire()
     try:
         obj = wire.obj.decode(raw)
-        name = obj.metadata.name
-        if bytes(obj.hints) in (b"", b"null"):
-            raise ValueError(f"{KIND} {name!r}: no hints")
-        hints = wire.hints.decode(obj.hints)
     except wire.error as exc:
         raise ValueError(f"bad {KIND}: {exc}") from None
+    name = obj.metadata.name
+    hints = obj.hints
+    if hints is None:
+        raise ValueError(f"{KIND} {name!r}: no hints")
     try:
         heartbeat = datetime.fromisoformat(obj.heartbeatTime.replace("Z", "+00:00")).timestamp()
     except ValueError:
@@ -260,5 +235,5 @@ def decode_state(raw: Any) -> PublishedState:
         generation=Generation(obj.agent.epoch, obj.agent.sequence),
         heartbeat_unix=heartbeat,
         hints=hints,
-        key=verdict_key(bytes(obj.hints), hints),
+        key=verdict_key(hints),
     )

@@ -510,7 +510,8 @@ def _choose(index: NodeIndex, options: list[_Option], request: FitRequest) -> li
     return chosen
 
 
-def _kind_name(request: FitRequest) -> str:
+def kind_name(request: FitRequest) -> str:
+    """Which kind of request: "shared", "exclusive" or "mig" (the ``NodeIndex`` attribute it is sized on)."""
     if request.mig_profile is not None:
         return "mig"
     return "exclusive" if request.exclusive else "shared"
@@ -530,13 +531,13 @@ class NodeFit(NamedTuple):
     nvlink_ratio: float | None = None  # between the chosen GPUs, for a multi-GPU placement
 
     def _kind(self) -> _Kind:
-        return getattr(self.index, _kind_name(self.request))  # type: ignore[no-any-return]
+        return getattr(self.index, kind_name(self.request))  # type: ignore[no-any-return]
 
     def _sized_out(self) -> dict[int, int]:
         if self.sized_out is not None:
             return dict(self.sized_out)
         failed: list[tuple[int, int]] = []
-        _OPTIONS[_kind_name(self.request)](self.index, self._kind().rows, self.request, failed)
+        _OPTIONS[kind_name(self.request)](self.index, self._kind().rows, self.request, failed)
         return dict(failed)
 
     @property
@@ -590,7 +591,7 @@ class NodeFit(NamedTuple):
             if text is None and sized_out:
                 if self.sized_out is None:  # every row is ruled out: why, for this one only
                     failed: list[tuple[int, int]] = []
-                    _OPTIONS[_kind_name(self.request)](index, (index.rows[pos],), self.request, failed)
+                    _OPTIONS[kind_name(self.request)](index, (index.rows[pos],), self.request, failed)
                     why = failed[0][1]
                 else:
                     why = dict(self.sized_out).get(pos, -1)
@@ -635,7 +636,7 @@ class NodeFit(NamedTuple):
 def fit_node(index: NodeIndex, request: FitRequest) -> NodeFit:
     """Whether ``request`` fits the node, on which GPUs, and how well (0-100); no reason text is written
     (``NodeFit.reasons``) and no sharing mode recommended (``NodeFit.result``): the extender's fast path."""
-    name = _kind_name(request)
+    name = kind_name(request)
     kind: _Kind = getattr(index, name)
     if name != "mig" and _cannot_fit_any(kind, request):
         return NodeFit(False, 0, (), None, 0, index, request)
