@@ -2,8 +2,9 @@
 
 The device poller runs at a fixed rate; each poll publishes a new immutable :class:`NodeSnapshot` by a
 single attribute assignment (atomic for every reader on the loop and in threads). The HTTP server reads
-only that. The tasks are supervised: the first one to fail is logged and stops the others; SIGTERM and
-SIGINT stop everything within ``shutdown_timeout``, thawing first (:mod:`gpuagent.shutdown`).
+only that. The tasks are supervised (:mod:`gpuagent.serving` runs them beside the HTTP servers): the first
+one to fail is logged and stops the others; SIGTERM and SIGINT stop everything within ``shutdown_timeout``,
+thawing first (:mod:`gpuagent.shutdown`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from socket import gethostname
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuagent import gctune, preflight
 from gpuagent.accounting import Accountant, AccountingSettings
 from gpuagent.accounting.events import IdleEventPoster
-from gpuagent.api.admin import AdminActions, bind_admin_socket, build_admin_app
+from gpuagent.api.admin import AdminActions
 from gpuagent.api.app import build_app
-from gpuagent.api.tls import load_web_config, server_ssl_context
 from gpuagent.config import Config, ConfigError, load_config
 from gpuagent.devices.loader import load_nvml
 from gpuagent.devices.poller import DevicePoller
@@ -39,27 +39,22 @@ from gpuagent.export import build_registry
 from gpuagent.health import HealthMonitor, HealthSettings
 from gpuagent.hints.engine import HintsEngine
 from gpuagent.hints.publisher import StatePublisher
-from gpuagent.httperrors import json_errors, server_logger
-from gpuagent.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.network.podnet import pod_pids
 from gpuagent.network.source import network_source
 from gpuagent.pods.cgroup import CgroupReader
 from gpuagent.pods.environ import EnvironReader
 from gpuagent.pods.podresources import PodResourcesClient
 from gpuagent.pods.source import PodsSource
-from gpuagent.shutdown import IO_THREAD_PREFIX, Shutdown, Step, arm_backstop, process_exit
+from gpuagent.serving import TaskStarter, serve_until_stopped
+from gpuagent.shutdown import IO_THREAD_PREFIX, Shutdown, arm_backstop, process_exit
 
 if TYPE_CHECKING:
     from gpuagent.kubeapi import ApiConnection
     from gpuagent.pods.dra.resolver import DraResolver
     from gpuagent.pods.metadata import PodMetadata
 from gpuagent.snapshot import (
-    AccountingState,
     DraDevice,
     DraTaint,
-    EnforcementState,
-    HealthState,
-    NodeHints,
     NodeSnapshot,
     PodUse,
     PollHistogram,
@@ -67,12 +62,12 @@ from gpuagent.snapshot import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # A second SIGTERM/SIGINT this soon after the first is the same request delivered twice, not an operator
 # insisting: GNU timeout, and a kill of the process group beside the main process, deliver two at once.
 DUPLICATE_SIGNAL_SECONDS = 0.1
 GC_YOUNG_OBJECTS = 10_000  # allocations between collections of the youngest generation (CPython's: 700)
-HTTP_DRAIN_SECONDS = 2.0  # at shutdown, requests in flight get this long (at most a quarter of the deadline)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -138,17 +133,14 @@ class Agent:
         self.enforcer = build_enforcer(config, monotonic=monotonic)
         self.accountant = build_accountant(config)
         self.publisher = build_publisher(config, monotonic=monotonic, wall_clock=clock)
-        self._accounting_failure = ""
         self.health = build_health(config)  # None with health_mode: off
-        self._health_failure = ""
         self.hints = HintsEngine()  # moving averages of SM use: 10 s and 5 min time constants
-        self._hints_failure = ""
         self.latest: NodeSnapshot | None = None
         self._durations = PollDurations()
         self._polls = 0
         self._poll_failure = ""
         self._pods_failure = ""
-        self._enforce_failure = ""
+        self._failures: dict[str, str] = {}  # a consumer's failure message -> its last error (_guarded)
         self.registry = build_registry(lambda: self.latest, clock=clock, xid_window_seconds=config.xid_window,
                                        backend=self.backend)
 
@@ -215,13 +207,20 @@ class Agent:
             dra_taints=dra_taints,
         )
         if self.enforcer is not None:
-            snapshot = replace(snapshot, enforcement=self._enforce(snapshot))
+            enforcement = self._guarded("enforcement failed; thawing everything until it works again",
+                                        self.enforcer.update, snapshot, on_failure=self.enforcer.shutdown)
+            snapshot = replace(snapshot, enforcement=enforcement)
             # the share controller closes its loop on per-process use: read it every poll where it acts
             self.devices.read_process_utilization_every_poll(self.enforcer.contended_gpus)
-        snapshot = replace(snapshot, accounting=self._account(snapshot))
+        # counters and idle flags (the idle Events queued, never awaited)
+        accounting = self._guarded("accounting failed", self.accountant.update, snapshot)
+        snapshot = replace(snapshot, accounting=accounting)
         if self.health is not None:  # before the hints: a GPU with a fault is not offered
-            snapshot = replace(snapshot, health=self._health(snapshot))
-        snapshot = replace(snapshot, hints=self._hints(snapshot))  # last: it reads everything above
+            # GPU faults and what is done about them (the Node's writes queued, never awaited)
+            health = self._guarded("classifying GPU health failed", self.health.update, snapshot)
+            snapshot = replace(snapshot, health=health)
+        hints = self._guarded("computing the scheduling hints failed", self.hints.update, snapshot)
+        snapshot = replace(snapshot, hints=hints)  # last: it reads everything above
         if self.publisher is not None:
             self.publisher.offer(snapshot.hints)
             snapshot = replace(snapshot, publish=self.publisher.state())
@@ -253,58 +252,22 @@ class Agent:
             return None
         return AdminActions(thaw=self.admin_thaw, reload_policies=self.admin_reload_policies)
 
-    def _hints(self, snapshot: NodeSnapshot) -> NodeHints | None:
-        """This poll's scheduling hints; their failure costs the hints, not the poll."""
+    def _guarded(self, failed: str, update: Callable[[NodeSnapshot], _T], snapshot: NodeSnapshot,
+                 on_failure: Callable[[], object] | None = None) -> _T | None:
+        """``update(snapshot)`` for one consumer, whose failure costs its part of this poll's snapshot (None),
+        not the poll: ``failed`` is logged with the traceback once per distinct error (a success forgets
+        it), then ``on_failure()`` runs."""
         try:
-            hints = self.hints.update(snapshot)
+            result = update(snapshot)
         except Exception as exc:
-            if repr(exc) != self._hints_failure:
-                log.exception("computing the scheduling hints failed")
-                self._hints_failure = repr(exc)
+            if repr(exc) != self._failures.get(failed, ""):
+                log.exception(failed)
+                self._failures[failed] = repr(exc)
+            if on_failure is not None:
+                on_failure()
             return None
-        self._hints_failure = ""
-        return hints
-
-    def _health(self, snapshot: NodeSnapshot) -> HealthState | None:
-        """This poll's GPU faults and what is done about them (the Node's writes are queued, never awaited);
-        its failure costs the health state, not the poll."""
-        assert self.health is not None
-        try:
-            state = self.health.update(snapshot)
-        except Exception as exc:
-            if repr(exc) != self._health_failure:
-                log.exception("classifying GPU health failed")
-                self._health_failure = repr(exc)
-            return None
-        self._health_failure = ""
-        return state
-
-    def _account(self, snapshot: NodeSnapshot) -> AccountingState | None:
-        """This poll's accounting (counters, idle flags; Events queued, never awaited); its failure costs
-        accounting only, for this poll."""
-        try:
-            state = self.accountant.update(snapshot)
-        except Exception as exc:
-            if repr(exc) != self._accounting_failure:
-                log.exception("accounting failed")
-                self._accounting_failure = repr(exc)
-            return None
-        self._accounting_failure = ""
-        return state
-
-    def _enforce(self, snapshot: NodeSnapshot) -> EnforcementState | None:
-        """The enforcer's decisions on this poll's snapshot; its failure costs enforcement, not the poll."""
-        assert self.enforcer is not None
-        try:
-            state = self.enforcer.update(snapshot)
-        except Exception as exc:
-            if repr(exc) != self._enforce_failure:
-                log.exception("enforcement failed; thawing everything until it works again")
-                self._enforce_failure = repr(exc)
-            self.enforcer.shutdown()
-            return None
-        self._enforce_failure = ""
-        return state
+        self._failures[failed] = ""
+        return result
 
     async def poll_forever(self) -> None:
         """Poll at a fixed rate; a poll that overruns skips the ticks it missed instead of bunching up."""
@@ -320,9 +283,8 @@ class Agent:
 
     async def serve(self, stop: asyncio.Event, shutdown: Shutdown | None = None) -> bool:
         """Run the poller and the HTTP server until ``stop`` is set or one of them fails, then shut down
-        (``shutdown``, by default one that reports and never exits the process); True if that was clean."""
-        from aiohttp import web
-
+        (``shutdown``, by default one that reports and never exits the process); True if that was clean.
+        What runs is said here, how it is run and stopped in :func:`gpuagent.serving.serve_until_stopped`."""
         recovered = recover_frozen(self.config)
         if recovered:
             log.warning("thawed %d cgroups a previous run left frozen (from %s)", recovered,
@@ -331,63 +293,27 @@ class Agent:
         admin = self.admin_actions()
         app = build_app(lambda: self.latest, self.registry, clock=self._clock, admin=admin,
                         admin_token_file=self.config.admin_token_file)
-        drain = min(HTTP_DRAIN_SECONDS, self.config.shutdown_timeout / 4)
-        guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
-        guard.install(app)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain, logger=server_logger(),
-                               **guard.limits.runner_options())
-        await runner.setup()
-        admin_runner = None
-        if admin is not None and self.config.admin_socket:
-            admin_runner = web.AppRunner(build_admin_app(admin, (json_errors,)), access_log=None,
-                                         shutdown_timeout=drain, logger=server_logger())
-        tasks: list[asyncio.Task[Any]] = []
-        try:
-            if admin_runner is not None:
-                await admin_runner.setup()
-                path = self.config.admin_socket
-                await web.SockSite(admin_runner, bind_admin_socket(path)).start()
-                log.info("serving the admin endpoints on unix socket %s (mode 0600)", path)
-            web_config = self.config.web_config
-            ssl_context = server_ssl_context(load_web_config(web_config)) if web_config else None
-            host, port = self.config.listen_host, self.config.listen_port
-            site = GuardedSite(runner, host, port, guard, ssl_context=ssl_context)
-            await site.start()
-            log.info("serving on %s://%s:%d (backend %s, poll every %gs)", "https" if ssl_context else "http",
-                     host, port, self.backend, self.config.poll_interval)
-            tasks = [
-                asyncio.create_task(self.poll_forever(), name="poller"),
-                asyncio.create_task(stop.wait(), name="stop"),
-            ]
-            if self.pods.metadata is not None:
-                tasks.append(asyncio.create_task(self.pods.metadata.run(), name="pod-metadata"))
-            slices = self.pods.dra.slices if self.pods.dra is not None else None
-            if slices is not None:  # lists nothing until the kubelet reports a DRA GPU device
-                tasks.append(asyncio.create_task(slices.run(), name="dra-resource-slices"))
-            if self.enforcer is not None and self.enforcer.cycling:
-                tasks.append(asyncio.create_task(self.enforcer.run(), name="duty-cycle"))
-            if self.accountant.events is not None:
-                tasks.append(asyncio.create_task(self.accountant.events.run(), name="idle-events"))
-            if self.publisher is not None:
-                tasks.append(asyncio.create_task(self.publisher.run(), name="publish-state"))
-            if self.health is not None and self.health.writer is not None:
-                tasks.append(asyncio.create_task(self.health.writer.run(), name="gpu-health-writer"))
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task.get_name() == "stop" or task.cancelled():
-                    continue
-                if task.exception() is not None:
-                    log.error("task %s failed; stopping", task.get_name(), exc_info=task.exception())
-                    raise task.exception()  # type: ignore[misc]
-                log.error("task %s ended on its own; stopping", task.get_name())
-        finally:
-            clean = await shutdown.run(tasks, [
-                Step("http", runner.cleanup),
-                *([Step("admin", admin_runner.cleanup)] if admin_runner is not None else []),
-                *(Step(name, close) for name, close in self._closers()),
-            ])
-            log.info("stopped" if clean else "stopped, leaving the above unfinished")
-        return clean
+        return await serve_until_stopped(self.config, app, admin=admin, backend=self.backend,
+                                         poller=self.poll_forever, tasks=self._tasks(), stop=stop,
+                                         shutdown=shutdown, closers=self._closers())
+
+    def _tasks(self) -> list[TaskStarter]:
+        """What runs beside the poller, by task name: the watchers and writers the config turned on."""
+        tasks: list[TaskStarter] = []
+        if self.pods.metadata is not None:
+            tasks.append(("pod-metadata", self.pods.metadata.run))
+        slices = self.pods.dra.slices if self.pods.dra is not None else None
+        if slices is not None:  # lists nothing until the kubelet reports a DRA GPU device
+            tasks.append(("dra-resource-slices", slices.run))
+        if self.enforcer is not None and self.enforcer.cycling:
+            tasks.append(("duty-cycle", self.enforcer.run))
+        if self.accountant.events is not None:
+            tasks.append(("idle-events", self.accountant.events.run))
+        if self.publisher is not None:
+            tasks.append(("publish-state", self.publisher.run))
+        if self.health is not None and self.health.writer is not None:
+            tasks.append(("gpu-health-writer", self.health.writer.run))
+        return tasks
 
     def _closers(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
         """What the agent opened besides its HTTP servers, by name, in the order it is closed."""

@@ -22,7 +22,8 @@ from gpuagent.hints.claim_reader import ClaimReader
 from gpuagent.hints.claims import ClaimGpus, ClaimRef, Unjudged, claim_refs, object_gpus, spec_gpus
 from gpuagent.hints.extender import Extender, build_app, build_registry, claim_reader
 from gpuagent.hints.extender_config import load_options
-from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_request
+from gpuagent.hints.malformed import MalformedPod
+from gpuagent.hints.podrequest import PodRequestError, pod_fit_request
 from gpuagent.hints.score import FitRequest
 from gpuagent.kubeapi import ApiConnection
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from fixture_files import filter_request
 
+from gpuagent.hints.malformed import MalformedPod
 from gpuagent.hints.podrequest import (
-    MalformedPod,
     PodRequestError,
     gpu_counts,
     pod_fit_request,

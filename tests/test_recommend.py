@@ -19,6 +19,9 @@ import yaml
 from test_report import serve
 
 from gpuagent.cli import main
+from gpuagent.prom.errors import ReportError
+from gpuagent.prom.prices import Prices
+from gpuagent.prom.timerange import TimeRange
 from gpuagent.recommend.cli import parse_percent
 from gpuagent.recommend.formats import renderer
 from gpuagent.recommend.history import PodHistory, build_stats, distribution, percentile
@@ -40,9 +43,6 @@ from gpuagent.recommend.patches import patch_for, write_patches
 from gpuagent.recommend.rules import recommend, round_memory, round_share
 from gpuagent.recommend.savings import savings, totals
 from gpuagent.recommend.workloads import group_by_workload, name_without_suffix, pod_workload, unit_workload
-from gpuagent.report import ReportError
-from gpuagent.report.prices import Prices
-from gpuagent.report.timerange import TimeRange
 
 H100, L4, A100_40 = "NVIDIA H100 80GB HBM3", "NVIDIA L4", "NVIDIA A100-SXM4-40GB"
 H100_MEMORY = 81559 * 2**20

@@ -29,16 +29,13 @@ from typing import Any
 import pytest
 
 from gpuagent.cli import main
-from gpuagent.report import ReportError
-from gpuagent.report import queries as q
-from gpuagent.report.collect import Request, collect
-from gpuagent.report.formats import renderer
-from gpuagent.report.formats.numbers import money, percent, quantity
-from gpuagent.report.model import Report, Usage
-from gpuagent.report.prices import Prices, load_prices
-from gpuagent.report.progress import Progress
-from gpuagent.report.prometheus import Auth, PrometheusClient, parse_headers
-from gpuagent.report.timerange import (
+from gpuagent.formats.numbers import money, percent, quantity
+from gpuagent.prom import queries as q
+from gpuagent.prom.client import Auth, PrometheusClient, parse_headers
+from gpuagent.prom.errors import ReportError
+from gpuagent.prom.prices import Prices, load_prices
+from gpuagent.prom.progress import Progress
+from gpuagent.prom.timerange import (
     TimeRange,
     chunks,
     default_step_seconds,
@@ -48,6 +45,9 @@ from gpuagent.report.timerange import (
     promql_duration,
     resolve_range,
 )
+from gpuagent.report.collect import Request, collect
+from gpuagent.report.formats import renderer
+from gpuagent.report.model import Report, Usage
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 GPU = {"GPU-aaaa": H100, "GPU-bbbb": H100, "GPU-cccc": A100}

@@ -254,7 +254,7 @@ async def test_cluster_from_prometheus_with_one_agent_stopped(node: Agent, small
 
 
 async def test_a_cluster_screen_shows_a_prometheus_that_went_away(tmp_path: Path) -> None:
-    from gpuagent.report.prometheus import PrometheusClient
+    from gpuagent.prom.client import PrometheusClient
     from gpuagent.top.cluster import PrometheusSource
 
     source = PrometheusSource(PrometheusClient("http://127.0.0.1:9", timeout_seconds=1))

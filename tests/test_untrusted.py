@@ -33,16 +33,16 @@ from gpuagent.export import build_registry
 from gpuagent.export.exposition import generate_openmetrics, generate_text
 from gpuagent.pods.attribution import _workload
 from gpuagent.pods.cgroup import parse_proc_cgroup
+from gpuagent.prom.cliargs import job_matchers
+from gpuagent.prom.prices import Prices
+from gpuagent.prom.timerange import TimeRange
 from gpuagent.recommend.formats.csv_rows import render_csv as recommend_csv
 from gpuagent.recommend.formats.table import render_table as recommend_table
 from gpuagent.recommend.model import Action, Recommendation, WorkloadKey
 from gpuagent.recommend.patches import Refused, patch_for, write_patches
-from gpuagent.report.cliargs import job_matchers
 from gpuagent.report.formats.csv_rows import render_csv as report_csv
 from gpuagent.report.formats.table import render_table as report_table
 from gpuagent.report.model import NamespaceRow, PodRow, Report, Timeline, Usage, WorkloadRow
-from gpuagent.report.prices import Prices
-from gpuagent.report.timerange import TimeRange
 from gpuagent.snapshot import ProcessSample
 from gpuagent.top import render
 from gpuagent.top.arrange import ViewOptions, arrange

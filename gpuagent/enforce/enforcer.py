@@ -1,11 +1,12 @@
 """The enforcer: turns each snapshot into share and memory decisions, and hands them to the actions gate.
 
 Each poll, per workload (a pod, or a workload a config rule names): its limits (annotations > config rules >
-node defaults), its measured SM use per GPU and its GPU memory. One controller per GPU decides frozen
-fractions (:class:`RotationController` under ``share_scheme: rotation``, :class:`ShareController` under
-``duty``); the :class:`Cycler` applies them between polls with the scheme's plan; the :class:`MemoryLadder`
-decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit mode only counts, every
-step. MIG instances are hard isolation already: no shares there.
+node defaults), its measured SM use per GPU and its GPU memory (grouped by :mod:`gpuagent.enforce.owners`).
+One controller per GPU decides frozen fractions (:class:`RotationController` under ``share_scheme:
+rotation``, :class:`ShareController` under ``duty``); the :class:`Cycler` applies them between polls with the
+scheme's plan; the :class:`MemoryLadder` decides warn → SIGTERM → SIGKILL (or eviction). ``Actions``
+carries out, or in audit mode only counts, every step. MIG instances are hard isolation already: no shares
+there.
 
 The cycler runs in audit mode too, so that audit counts what enforce would do, decision for decision: one
 ``freeze`` (outcome "audit") each time a throttled workload's cgroup would go from thawed to frozen (once per
@@ -30,52 +31,20 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from gpuagent.enforce.actions import Actions, FreezeTarget
-from gpuagent.enforce.memory import MemoryLadder, pod_key
-from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
+from gpuagent.enforce.memory import MemoryLadder
+from gpuagent.enforce.owners import Owner, Owners
+from gpuagent.enforce.policy import NodeDefaults, PolicyRule
 from gpuagent.enforce.timeslice import Cycler, RotationController, ShareController, Tenant
 from gpuagent.snapshot import (
-    MPS_CLIENT,
-    MPS_SERVER,
     EnforcementState,
     NodeSnapshot,
-    PodUse,
-    PolicyProblem,
-    ProcessSample,
     ShareState,
-    Workload,
     combined_mps_limits,
-    sm_share_ratio,
 )
 
 log = logging.getLogger(__name__)
-
-_Answer = tuple[Limits, tuple[PolicyProblem, ...]]  # a workload's limits and its annotations' problems
-
-
-def owner_key(workload: Workload) -> str:
-    """One key per thing limits apply to: ``ns/pod`` for a pod, ``kind:name`` otherwise."""
-    if workload.kind == "pod":
-        return pod_key(workload.name, workload.namespace)  # the ladder's key: its steps name owners by it
-    return f"{workload.kind}:{workload.name}"
-
-
-@dataclass(slots=True)
-class _Owner:
-    """A workload's figures in one snapshot."""
-
-    namespace: str | None
-    name: str
-    limits: Limits
-    util_by_gpu: dict[str, float] = field(default_factory=dict)
-    memory_bytes: int = 0
-    pids: list[int] = field(default_factory=list)
-    gpus: set[str] = field(default_factory=set)  # UUIDs of the GPUs it has processes on
-    targets: set[FreezeTarget] = field(default_factory=set)
-    processes: list[ProcessSample] = field(default_factory=list)
-    mps_client: bool = False  # one of its processes is an MPS client
 
 
 class Enforcer:
@@ -96,8 +65,7 @@ class Enforcer:
         self._work_conserving = work_conserving
         self.actions = actions
         self._ladder = ladder
-        self._defaults = defaults or NodeDefaults()
-        self._rules = tuple(rules)
+        self._owners = Owners(actions, defaults, rules)
         self._cycler = cycler
         self._new_controller = controller
         self._controllers: dict[str, ShareController | RotationController] = {}
@@ -105,16 +73,8 @@ class Enforcer:
         self._throttling: set[str] = set()
         self._targets: dict[str, set[FreezeTarget]] = {}  # what the cycler holds per workload
         self._seen: set[str] = set()
-        self._reported: set[tuple[str, str, str]] = set()  # policy problems logged once each
         self._pending: set[asyncio.Task[object]] = set()
         self._paused_until = float("-inf")  # an operator's manual thaw holds throttling off until then
-        # Each workload's limits and problems by what they are worked out from: this poll's and the last's.
-        self._limits_now: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
-        self._limits_before: dict[tuple[object, ...], tuple[Limits, tuple[PolicyProblem, ...]]] = {}
-        # The same by the identity of what they come from: id(workload) -> (workload, its pod's annotations
-        # object, the key above, the answer).
-        self._by_workload_now: dict[int, tuple[Workload, object, tuple[object, ...], _Answer]] = {}
-        self._by_workload_before: dict[int, tuple[Workload, object, tuple[object, ...], _Answer]] = {}
         self._contended: frozenset[str] = frozenset()
 
     @property
@@ -162,16 +122,14 @@ class Enforcer:
 
     @property
     def rules(self) -> tuple[PolicyRule, ...]:
-        return self._rules
+        return self._owners.rules
 
     def set_rules(self, rules: Sequence[PolicyRule]) -> None:
         """New config policies (an admin reload), used from the next poll on."""
-        self._rules = tuple(rules)
-        self._limits_now, self._limits_before = {}, {}
-        self._by_workload_now, self._by_workload_before = {}, {}
+        self._owners.set_rules(rules)
 
     def update(self, snapshot: NodeSnapshot) -> EnforcementState:
-        owners, problems = self._owners(snapshot)
+        owners, problems = self._owners.group(snapshot)
         tenants: dict[str, int] = defaultdict(int)
         held: set[str] = set()  # GPUs with a shared workload: held even alone (not conserving)
         for owner in owners.values():
@@ -197,82 +155,9 @@ class Enforcer:
 
     # -- who, with which limits --------------------------------------------------------------------
 
-    def _owners(self, snapshot: NodeSnapshot) -> tuple[dict[str, _Owner], tuple[PolicyProblem, ...]]:
-        pods = {(p.namespace, p.name): p for p in snapshot.pods}
-        self._limits_before, self._limits_now = self._limits_now, {}  # kept: what this poll asks for
-        self._by_workload_before, self._by_workload_now = self._by_workload_now, {}
-        owners: dict[str, _Owner] = {}
-        problems: list[PolicyProblem] = []
-        target_for = self.actions.target_for
-        for gpu in snapshot.gpus:
-            uuid, shared = gpu.info.uuid, not gpu.info.mig_enabled  # MIG: hard isolation, no shares
-            for process in gpu.processes:
-                w = process.workload
-                if w is None or process.kind == MPS_SERVER:
-                    continue  # the MPS server serves every tenant: never throttled, never killed
-                key = owner_key(w)
-                owner = owners.get(key)
-                if owner is None:
-                    limits, found = self._limits(w, pods.get((w.namespace, w.name)))
-                    problems.extend(found)
-                    owner = owners[key] = _Owner(w.namespace, w.name, limits)
-                if shared:
-                    share = sm_share_ratio(process)
-                    if share is not None:
-                        owner.util_by_gpu[uuid] = owner.util_by_gpu.get(uuid, 0.0) + share
-                    owner.gpus.add(uuid)
-                owner.memory_bytes += process.used_memory_bytes or 0
-                owner.pids.append(process.pid)
-                owner.processes.append(process)
-                if process.kind == MPS_CLIENT:
-                    owner.mps_client = True
-                target = target_for(w.cgroup_v2, w.cgroup_freezer)
-                if target is not None:
-                    owner.targets.add(target)
-        return owners, tuple(problems)
-
-    def _limits(self, workload: Workload, pod: PodUse | None) -> tuple[Limits, tuple[PolicyProblem, ...]]:
-        """A workload's limits and its annotations' problems; the last poll's answer while everything they
-        are worked out from is the same (limits change only with annotations or rules, and every pod's
-        are asked for on every poll)."""
-        annotations = pod.annotations if pod is not None else None
-        # First by identity: the same Workload object (the attribution passes an unchanged one on) with
-        # the same annotations object (likewise, while the pod's names are the same) asks the same.
-        same = self._by_workload_now.get(id(workload)) or self._by_workload_before.get(id(workload))
-        if same is not None and same[0] is workload and same[1] is annotations:
-            self._by_workload_now[id(workload)] = same
-            self._limits_now[same[2]] = same[3]
-            return same[3]
-        if workload.kind != "pod":
-            key: tuple[object, ...] = (workload.kind, workload.name, workload.namespace, workload.cgroup,
-                                       workload.cgroup_v2, workload.cgroup_freezer)
-        else:
-            key = ("pod", workload.name, workload.namespace, tuple((annotations or {}).items()))
-        known = self._limits_now.get(key) or self._limits_before.get(key)
-        if known is None:
-            known = self._work_out_limits(workload, pod)
-        self._limits_now[key] = known
-        self._by_workload_now[id(workload)] = (workload, annotations, key, known)
-        return known
-
-    def _work_out_limits(self, workload: Workload, pod: PodUse | None
-                         ) -> tuple[Limits, tuple[PolicyProblem, ...]]:
-        if workload.kind != "pod":
-            return limits_for_workload(workload, self._defaults, self._rules), ()
-        if pod is None:  # a pod only known from its cgroup: no annotations to read
-            pod = PodUse(name=workload.name, namespace=workload.namespace, uid=workload.pod_uid)
-        limits, problems = limits_for_pod(pod, self._defaults, self._rules)
-        for problem in problems:
-            seen = (f"{problem.namespace}/{problem.pod}", problem.annotation, problem.value)
-            if seen not in self._reported:
-                self._reported.add(seen)
-                log.warning("pod %s: annotation %s=%r: %s", seen[0], problem.annotation, problem.value,
-                            problem.message)
-        return limits, problems
-
     # -- time-slice shares -------------------------------------------------------------------------
 
-    def _shares(self, snapshot: NodeSnapshot, owners: dict[str, _Owner]) -> tuple[ShareState, ...]:
+    def _shares(self, snapshot: NodeSnapshot, owners: dict[str, Owner]) -> tuple[ShareState, ...]:
         now = self._clock()
         fractions: dict[str, float] = defaultdict(float)
         groups: dict[str, str] = {}  # the GPU each throttled workload takes turns on: where it is held most
@@ -348,7 +233,7 @@ class Enforcer:
 
     # -- memory limits -----------------------------------------------------------------------------
 
-    def _memory(self, owners: dict[str, _Owner]) -> None:
+    def _memory(self, owners: dict[str, Owner]) -> None:
         # The ladder keys pods as "ns/name"; a non-pod workload goes in under its owner key ("kind:name"),
         # so two workloads of different kinds with one name stay apart.
         items = [
@@ -372,7 +257,7 @@ class Enforcer:
                 task.add_done_callback(self._pending.discard)
 
 
-def _held_by_mps(owner: _Owner) -> bool:
+def _held_by_mps(owner: Owner) -> bool:
     """Whether MPS already holds the workload to no more of the SMs than its share: then the controllers
     see it without a share (never throttled, it keeps what it uses), so MPS's limit is not fought."""
     share = owner.limits.share_ratio
@@ -383,7 +268,7 @@ def _held_by_mps(owner: _Owner) -> bool:
     return threads is not None and threads / 100.0 <= share
 
 
-def _ladder_limit(owner: _Owner) -> int | None:
+def _ladder_limit(owner: Owner) -> int | None:
     """The limit the ladder holds a workload to: its GPU memory limit, unless its processes are all MPS
     clients whose pinned limits add up to no more (MPS holds it to those already: see the module)."""
     limit = None if owner.limits.exempt else owner.limits.memory_bytes

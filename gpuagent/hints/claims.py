@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuagent.hints.podrequest import MalformedPod, json_kind
+from gpuagent.hints.malformed import MalformedPod, json_kind
 
 DEFAULT_GPU_CLASSES = ("gpu.nvidia.com",)
 DEFAULT_MIG_CLASSES = ("mig.nvidia.com",)

@@ -59,8 +59,9 @@ from gpuagent.hints.extender_protocol import (
     host_priority_list,
     parse_args,
 )
+from gpuagent.hints.malformed import MalformedPod
 from gpuagent.hints.nodes import KnownNodes, NodeLister
-from gpuagent.hints.podrequest import MalformedPod, PodRequestError, pod_fit_request, pod_name
+from gpuagent.hints.podrequest import PodRequestError, pod_fit_request, pod_name
 from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, kind_name, node_index
 from gpuagent.hints.verdict_key import KindKeys
 from gpuagent.httpbody import BodyError, BodyLimits, error_response, parse_json, read_body

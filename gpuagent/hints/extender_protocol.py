@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuagent.hints.podrequest import json_kind
+from gpuagent.hints.malformed import json_kind
 from gpuagent.hints.score import RequestError
 
 MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY = 0, 10

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuagent.hints.malformed import MalformedPod, json_kind
 from gpuagent.hints.score import FitRequest, RequestError, parse_fit_request
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
 
@@ -47,15 +48,6 @@ if TYPE_CHECKING:
     from gpuagent.hints.claims import ClaimGpus
 
 _COUNT_RE = re.compile(r"\+?[0-9]{1,9}", re.ASCII)  # extended resources are whole numbers
-
-
-class MalformedPod(ValueError):
-    """The Pod JSON is not shaped like a v1 Pod; ``field`` is the path within the ExtenderArgs."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 class PodRequestError(RequestError):
@@ -292,14 +284,3 @@ def _request_field(request_field: str, field: str, counts: PodGpuCount) -> str:
     if not counts.by_resource:
         return f"{field}.spec.resourceClaims"
     return f"{field}.spec (resources {', '.join(counts.by_resource)})"
-
-
-def json_kind(value: Any) -> str:
-    """What a JSON value is, for an error message: "null", "an object", "a list", or the value itself."""
-    if value is None:
-        return "null"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)[:64]

@@ -15,15 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuagent.recommend.formats import FORMATS
-from gpuagent.report.cliargs import (
+from gpuagent.prom.cliargs import (
     add_access_arguments,
     add_output_arguments,
     add_price_arguments,
     add_source_arguments,
     guarded,
 )
-from gpuagent.report.errors import ReportError
+from gpuagent.prom.errors import ReportError
+from gpuagent.recommend.formats import FORMATS
 from gpuagent.untrusted import shown
 
 DEFAULT_SINCE = "7d"
@@ -84,12 +84,12 @@ def run_recommend(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     # Imported here: every gpuagent command builds this parser, only `recommend` needs the rest.
+    from gpuagent.prom.cliargs import prices_from, progress_from, source_from, write_output
+    from gpuagent.prom.timerange import default_step_seconds, parse_duration_seconds
     from gpuagent.recommend.collect import Request, collect
     from gpuagent.recommend.formats import renderer
     from gpuagent.recommend.model import Options
     from gpuagent.recommend.patches import write_patches
-    from gpuagent.report.cliargs import prices_from, progress_from, source_from, write_output
-    from gpuagent.report.timerange import default_step_seconds, parse_duration_seconds
 
     render = renderer(args.format)  # before any query: html without matplotlib fails here, in one line
     options = Options(

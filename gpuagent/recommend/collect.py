@@ -1,10 +1,10 @@
 """Asks Prometheus for every workload's history and builds the :class:`Recommendations`.
 
-The queries (``queries.py``) run in one plan with ``gpuagent report``'s runner and progress line: totals
-and facts per chunk of the range, samples in range queries of at most ``MAX_POINTS`` steps. Their answers
-fill a :class:`~gpuagent.recommend.history.PodHistory` per pod (or other workload); pods are grouped into
-workloads (``workloads.py``), and each workload gets its statistics, recommendation, savings; the pool its
-packing.
+The queries (``queries.py``) run in one plan with the runner and progress line ``gpuagent report`` uses too
+(``gpuagent.prom.plan``): totals and facts per chunk of the range, samples in range queries of at most
+``MAX_POINTS`` steps. Their answers fill a :class:`~gpuagent.recommend.history.PodHistory` per pod (or
+other workload); pods are grouped into workloads (``workloads.py``), and each workload gets its statistics,
+recommendation, savings; the pool its packing.
 """
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from gpuagent.prom import queries as q
+from gpuagent.prom.client import PrometheusClient
+from gpuagent.prom.plan import Key, Plan, models_step, run_plan, step_windows, total_step
+from gpuagent.prom.prices import Prices
+from gpuagent.prom.progress import Progress
+from gpuagent.prom.timerange import TimeRange, chunks, format_duration, format_time
 from gpuagent.recommend import queries as rq
 from gpuagent.recommend.history import PodHistory, build_stats
 from gpuagent.recommend.model import Options, Recommendations, Row, WorkloadKey
@@ -22,13 +28,6 @@ from gpuagent.recommend.packing import pack
 from gpuagent.recommend.rules import recommend
 from gpuagent.recommend.savings import savings, totals
 from gpuagent.recommend.workloads import group_by_workload, pod_workload, unit_workload
-from gpuagent.report import queries as q
-from gpuagent.report.collect import Plan, models_step, run_plan, step_windows, total_step
-from gpuagent.report.model import Key
-from gpuagent.report.prices import Prices
-from gpuagent.report.progress import Progress
-from gpuagent.report.prometheus import PrometheusClient
-from gpuagent.report.timerange import TimeRange, chunks, format_duration, format_time
 
 _UID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 

@@ -12,8 +12,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuagent.report.prices import Prices
-from gpuagent.report.timerange import TimeRange
+from gpuagent.prom.prices import Prices
+from gpuagent.prom.timerange import TimeRange
 
 GIB = 1024**3
 SECONDS_PER_HOUR = 3600.0

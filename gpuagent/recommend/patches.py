@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuagent.prom.errors import ReportError
 from gpuagent.recommend.model import Action, Row
-from gpuagent.report.errors import ReportError
 from gpuagent.untrusted import (
     NAME_MAX_BYTES,
     k8s_name_problem,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuagent.report import queries as rq
-from gpuagent.report.timerange import promql_duration
+from gpuagent.prom import queries as rq
+from gpuagent.prom.timerange import promql_duration
 
 THROTTLED = "throttled_seconds"  # gpuagent_pod_gpu_throttled_seconds_total: pods only
 TOTALS = (rq.ALLOCATED, rq.BUSY, rq.IDLE)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 
 from gpuagent.migprofiles import MigModel, MigProfile, mig_model
+from gpuagent.prom.timerange import format_duration
 from gpuagent.recommend.model import (
     GIB,
     Action,
@@ -41,7 +42,6 @@ from gpuagent.recommend.model import (
     memory_text,
     percent_text,
 )
-from gpuagent.report.timerange import format_duration
 
 SHARE_STEP = 0.05
 MIB = 1024**2

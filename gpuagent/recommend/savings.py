@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpuagent.prom.prices import Prices
 from gpuagent.recommend.model import (
     SECONDS_PER_HOUR,
     SECONDS_PER_WEEK,
@@ -26,7 +27,6 @@ from gpuagent.recommend.model import (
     Totals,
     WorkloadStats,
 )
-from gpuagent.report.prices import Prices
 
 
 def savings(stats: WorkloadStats, recommendation: Recommendation, range_seconds: float,

@@ -6,7 +6,3 @@ API (Prometheus, Thanos, Mimir) for their ``increase()`` over a time range and p
 pod, as a table, CSV, JSON or a self-contained HTML page. It never imports the agent's sources or consumers:
 its only input is the HTTP API.
 """
-
-from gpuagent.report.errors import ReportError
-
-__all__ = ["ReportError"]

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from gpuagent.report.cliargs import (
+from gpuagent.prom.cliargs import (
     add_access_arguments,
     add_output_arguments,
     add_price_arguments,
@@ -56,10 +56,10 @@ def run_report(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     # Imported here: every gpuagent command builds this parser, only `report` needs the rest.
-    from gpuagent.report.cliargs import prices_from, progress_from, source_from, write_output
+    from gpuagent.prom.cliargs import prices_from, progress_from, source_from, write_output
+    from gpuagent.prom.timerange import default_step_seconds, parse_duration_seconds
     from gpuagent.report.collect import Request, collect
     from gpuagent.report.formats import renderer
-    from gpuagent.report.timerange import default_step_seconds, parse_duration_seconds
 
     render = renderer(args.format)  # before any query: html without matplotlib fails here, in one line
     source = source_from(args, time.time())

@@ -3,7 +3,8 @@
 Queries, in order: for each subject (pods; other workloads unless namespaces are picked), each counter and
 each chunk of the range, the counter's ``increase`` over the chunk at the chunk's end, per (group, name,
 UUID), summed over chunks; the GPU models (``gpuagent_gpu_info`` by UUID); and the busy and allocated
-GPU-seconds per step for the efficiency timeline, in range queries of at most ``MAX_POINTS`` points.
+GPU-seconds per step for the efficiency timeline, in range queries of at most ``MAX_POINTS`` points
+(the plan and its shared steps: ``gpuagent.prom.plan``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuagent.report import queries as q
+from gpuagent.prom import queries as q
+from gpuagent.prom.client import PrometheusClient
+from gpuagent.prom.plan import Key, Plan, models_step, run_plan, step_windows, total_step
+from gpuagent.prom.prices import Prices
+from gpuagent.prom.progress import Progress
+from gpuagent.prom.timerange import TimeRange, chunks, format_duration, format_time
 from gpuagent.report.model import (
-    Key,
     NamespaceRow,
     PodRow,
     Report,
@@ -28,12 +33,6 @@ from gpuagent.report.model import (
     by_allocated,
     total_of,
 )
-from gpuagent.report.prices import Prices
-from gpuagent.report.progress import Progress
-from gpuagent.report.prometheus import PrometheusClient
-from gpuagent.report.timerange import TimeRange, chunks, format_duration, format_time
-
-MAX_POINTS = 500  # points per range query (Prometheus refuses more than 11,000)
 
 
 @dataclass(frozen=True)
@@ -81,42 +80,6 @@ def collect(client: PrometheusClient, request: Request, progress: Progress) -> R
     return _report(client, request, len(plan), per_gpu, models, steps, timeline_windows)
 
 
-Plan = list[tuple[str, Callable[[], None]]]  # (what is asked, for the progress line; the query)
-
-
-def run_plan(plan: Plan, progress: Progress) -> None:
-    """Every query of ``plan`` in order, each announced on ``progress``."""
-    progress.start(len(plan))
-    for what, run in plan:
-        progress.step(what)
-        run()
-    progress.finish()
-
-
-def total_step(client: PrometheusClient, expr: str, piece: TimeRange, subject: q.Subject, quantity: str,
-               into: dict[Key, dict[str, float]]) -> Callable[[], None]:
-    """The query adding ``expr`` at the piece's end to ``into[(group, name, UUID)][quantity]``."""
-    def run() -> None:
-        for sample in client.query(expr, piece.end_unix):
-            if math.isnan(sample.value):
-                continue
-            key = (sample.labels.get(subject.group_label, ""), sample.labels.get(subject.name_label, ""),
-                   sample.labels.get(q.UUID_LABEL, ""))
-            into[key][quantity] = into[key].get(quantity, 0.0) + sample.value
-    return run
-
-
-def models_step(client: PrometheusClient, expr: str, piece: TimeRange,
-                into: dict[str, str]) -> Callable[[], None]:
-    """The query filling ``into[UUID] = model`` from ``q.models_query`` at the piece's end."""
-    def run() -> None:
-        for sample in client.query(expr, piece.end_unix):
-            uuid, model = sample.labels.get(q.UUID_LABEL), sample.labels.get(q.MODEL_LABEL)
-            if uuid and model:
-                into[uuid] = model
-    return run
-
-
 def _steps(client: PrometheusClient, expr: str, first: float, last: float, step_seconds: float,
            subject: q.Subject, into: dict[str, dict[float, float]]) -> Callable[[], None]:
     def run() -> None:
@@ -126,14 +89,6 @@ def _steps(client: PrometheusClient, expr: str, first: float, last: float, step_
                 if not math.isnan(value):
                     into[group][round(t, 3)] = into[group].get(round(t, 3), 0.0) + value
     return run
-
-
-def step_windows(time_range: TimeRange, step_seconds: float) -> list[tuple[float, float]]:
-    """(first, last) evaluation times of each range query: points at start + k * step, k >= 1 (each the
-    increase over the step before it), up to the end, ``MAX_POINTS`` per query."""
-    count = math.floor(round(time_range.seconds / step_seconds, 9))
-    times = [round(time_range.start_unix + k * step_seconds, 3) for k in range(1, count + 1)]
-    return [(times[i], times[min(i + MAX_POINTS, len(times)) - 1]) for i in range(0, len(times), MAX_POINTS)]
 
 
 def _report(client: PrometheusClient, request: Request, queries: int,

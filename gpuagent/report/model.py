@@ -12,9 +12,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpuagent.report import queries as q
-from gpuagent.report.prices import Prices
-from gpuagent.report.timerange import TimeRange
+from gpuagent.prom import queries as q
+from gpuagent.prom.plan import Key
+from gpuagent.prom.prices import Prices
+from gpuagent.prom.timerange import TimeRange
 
 SECONDS_PER_HOUR = 3600.0
 BYTES_PER_GIB = float(1024**3)
@@ -162,10 +163,6 @@ def total_of(usages: Iterable[Usage]) -> Usage:
 
 
 # -- building it from query results -------------------------------------------------------------------------
-
-# (group, name, UUID) -> quantity -> base units; group/name: namespace/pod or workload_kind/workload
-Key = tuple[str, str, str]
-
 
 def priced(usage: Usage, model: str | None, prices: Prices) -> Usage:
     """``usage`` of one GPU (of ``model``) with its cost: allocated GPU-hours at the model's price plus

@@ -143,8 +143,8 @@ def _cluster_source(args: argparse.Namespace, session: Any, timeout: float) -> A
     if args.agents is not None:
         return cluster.AgentsSource(cluster.read_agents_file(args.agents), session, timeout_seconds=timeout)
     from gpuagent.hints.extender_config import AgentDirectoryError, check_template
-    from gpuagent.report.errors import ReportError
-    from gpuagent.report.prometheus import parse_headers
+    from gpuagent.prom.client import parse_headers
+    from gpuagent.prom.errors import ReportError
 
     try:
         template = check_template(args.agent_url, "--agent-url") if args.agent_url else None
@@ -195,7 +195,7 @@ def _cluster_frame(source: Any, width: int) -> str:
 
 
 def _print(text: str) -> int:
-    from gpuagent.report.cliargs import write_output
+    from gpuagent.prom.cliargs import write_output
 
     write_output(text, None)
     return 0

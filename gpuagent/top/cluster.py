@@ -7,7 +7,7 @@ are stale, says so and shows "-" where it has no figure: never zeros.
 
 - :class:`AgentsSource` reads the agents file as the extender reads it (node name -> agent URL) and keeps
   an :class:`~gpuagent.top.client.AgentWatch` per node, refreshed concurrently.
-- :class:`PrometheusSource` asks a Prometheus that scrapes the agents (through ``gpuagent report``'s client),
+- :class:`PrometheusSource` asks a Prometheus that scrapes the agents (through ``gpuagent.prom``'s client),
   a few instant queries a refresh; a target Prometheus cannot scrape (``up == 0``) reads "no answer".
 """
 
@@ -23,8 +23,8 @@ import aiohttp
 
 from gpuagent.config import ConfigError, read_yaml_mapping
 from gpuagent.hints.extender_config import AgentDirectoryError, check_node_urls
-from gpuagent.report.errors import ReportError
-from gpuagent.report.prometheus import Auth, PrometheusClient, Sample
+from gpuagent.prom.client import Auth, PrometheusClient, Sample
+from gpuagent.prom.errors import ReportError
 from gpuagent.top.client import NO_ANSWER, OK, STALE, AgentWatch
 from gpuagent.top.errors import TopError
 from gpuagent.top.model import NodeView, node_view
@@ -239,7 +239,7 @@ def _int(value: float | None) -> int | None:
 def prometheus_source(url: str, *, selector: str | None, agent_url: str | None, headers: Mapping[str, str],
                       timeout_seconds: float) -> PrometheusSource:
     """The source for ``--prometheus URL``; a bad URL or selector is a :class:`TopError`."""
-    from gpuagent.report.queries import check_matchers
+    from gpuagent.prom.queries import check_matchers
 
     try:
         client = PrometheusClient(url, timeout_seconds=timeout_seconds, auth=Auth(headers=dict(headers)))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpuagent.formats.plotting import require_plotting
 from gpuagent.recommend.model import Recommendations
-from gpuagent.report.formats import require_plotting
 
 FORMATS = ("table", "json", "csv", "html")
 

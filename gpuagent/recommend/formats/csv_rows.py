@@ -9,9 +9,9 @@ import io
 import json
 from typing import Any
 
+from gpuagent.prom.timerange import format_time
 from gpuagent.recommend.formats.json_doc import recommendation_dict, savings_dict, stats_dict
 from gpuagent.recommend.model import Recommendations
-from gpuagent.report.timerange import format_time
 from gpuagent.untrusted import csv_cell
 
 _LISTS = ("pods", "containers")

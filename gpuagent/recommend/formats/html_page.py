@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpuagent.formats import page
+from gpuagent.formats.numbers import NONE, money, quantity
+from gpuagent.formats.page import escape as _e
+from gpuagent.prom.timerange import format_duration, format_time
 from gpuagent.recommend.formats.table import header_lines
 from gpuagent.recommend.model import SECONDS_PER_HOUR, Recommendations, Row, gib_text, percent_text
-from gpuagent.report.formats import page
-from gpuagent.report.formats.numbers import NONE, money, quantity
-from gpuagent.report.formats.page import escape as _e
-from gpuagent.report.timerange import format_duration, format_time
 
 _STYLE = """
 td.reason { max-width: 620px; font-size: 12px; color: #34495e; }

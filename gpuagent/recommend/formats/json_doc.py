@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gpuagent.prom.timerange import format_time
 from gpuagent.recommend.model import (
     SECONDS_PER_HOUR,
     Options,
@@ -19,7 +20,6 @@ from gpuagent.recommend.model import (
     memory_text,
     percent_text,
 )
-from gpuagent.report.timerange import format_time
 
 
 def render_json(result: Recommendations) -> str:

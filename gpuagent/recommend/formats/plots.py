@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
+from gpuagent.formats.svgplot import MAX_BARS, WIDTH_INCHES, styled, svg, tidy
 from gpuagent.recommend.model import GIB, Action, PoolPacking, Row
-from gpuagent.report.formats.svgplot import MAX_BARS, WIDTH_INCHES, styled, svg, tidy
 
 NOW_COLOR = "#5b6b7c"
 AFTER_COLOR = "#2e8b57"

@@ -3,10 +3,10 @@ and the node pool's packing."""
 
 from __future__ import annotations
 
+from gpuagent.formats.layout import render_columns
+from gpuagent.formats.numbers import NONE, money, quantity
+from gpuagent.prom.timerange import format_duration, format_time
 from gpuagent.recommend.model import Recommendations, Row, gib_text, percent_text
-from gpuagent.report.formats.layout import render_columns
-from gpuagent.report.formats.numbers import NONE, money, quantity
-from gpuagent.report.timerange import format_duration, format_time
 from gpuagent.untrusted import shown
 
 

@@ -3,28 +3,12 @@ plots). Each is a pure function ``Report -> str``; only ``html`` imports the plo
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
-from gpuagent.report.errors import ReportError
+from gpuagent.formats.plotting import require_plotting
 from gpuagent.report.model import Report
 
 FORMATS = ("table", "csv", "json", "html")
-PLOTTING_EXTRA = "report"  # pyproject's extra that brings matplotlib
-
-
-def require_plotting() -> None:
-    """Import matplotlib, which only ``--format html`` draws with; without it (the ``report`` extra not
-    installed) a :class:`ReportError` naming the install command. Any other missing module is a broken
-    install, raised as it is."""
-    try:
-        importlib.import_module("matplotlib")
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "matplotlib":
-            raise
-        raise ReportError(f"--format html draws its plots with matplotlib, which is not installed; it comes "
-                          f"with the '{PLOTTING_EXTRA}' extra: pip install 'gpuagent[{PLOTTING_EXTRA}]' (or "
-                          f"pick --format table, csv or json)") from None
 
 
 def renderer(name: str) -> Callable[[Report], str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import csv
 import io
 
+from gpuagent.prom.timerange import format_time
 from gpuagent.report.model import FIGURES, Report, Usage
-from gpuagent.report.timerange import format_time
 from gpuagent.untrusted import csv_cell
 
 COLUMNS = ("level", "namespace", "pod", "workload_kind", "workload", "start", "end", *FIGURES)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuagent.report.formats import page
+from gpuagent.formats import page
+from gpuagent.formats.numbers import figure, money, percent, quantity
+from gpuagent.formats.page import escape as _e
+from gpuagent.prom.timerange import format_duration, format_time
 from gpuagent.report.formats.columns import describe_prices, figure_names, title
-from gpuagent.report.formats.numbers import figure, money, percent, quantity
-from gpuagent.report.formats.page import escape as _e
 from gpuagent.report.model import Report, Usage, total_of
-from gpuagent.report.timerange import format_duration, format_time
 
 
 def render_html(report: Report) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gpuagent.prom.timerange import format_time
 from gpuagent.report.model import SECONDS_PER_HOUR, Report, TimelinePoint
-from gpuagent.report.timerange import format_time
 
 
 def render_json(report: Report) -> str:

@@ -9,7 +9,7 @@ from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from gpuagent.report.formats.svgplot import (
+from gpuagent.formats.svgplot import (
     MAX_BARS,
     WIDTH_INCHES,
     nan_for_none,

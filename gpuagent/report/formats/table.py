@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from gpuagent.formats.layout import render_columns
+from gpuagent.formats.numbers import figure
+from gpuagent.prom.timerange import format_duration, format_time
 from gpuagent.report.formats.columns import describe_prices, figure_names, title
-from gpuagent.report.formats.layout import render_columns
-from gpuagent.report.formats.numbers import figure
 from gpuagent.report.model import Report, Usage, total_of
-from gpuagent.report.timerange import format_duration, format_time
 from gpuagent.untrusted import shown
 
 

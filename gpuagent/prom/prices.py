@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gpuagent.report.errors import ReportError
+from gpuagent.prom.errors import ReportError
 
 _KEYS = ("currency", "kwh", "gpu_hour")
 

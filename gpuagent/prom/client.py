@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuagent.report.errors import ReportError
+from gpuagent.prom.errors import ReportError
 from gpuagent.untrusted import encodable
 
 _ERROR_BODY_CHARS = 200

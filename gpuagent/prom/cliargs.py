@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuagent.report.errors import ReportError
-from gpuagent.report.prices import Prices, load_prices, parse_price
-from gpuagent.report.progress import Progress
-from gpuagent.report.prometheus import Auth, PrometheusClient, parse_headers
-from gpuagent.report.queries import check_matchers, promql_string
-from gpuagent.report.timerange import TimeRange, parse_duration_seconds, resolve_range
+from gpuagent.prom.client import Auth, PrometheusClient, parse_headers
+from gpuagent.prom.errors import ReportError
+from gpuagent.prom.prices import Prices, load_prices, parse_price
+from gpuagent.prom.progress import Progress
+from gpuagent.prom.queries import check_matchers, promql_string
+from gpuagent.prom.timerange import TimeRange, parse_duration_seconds, resolve_range
 from gpuagent.untrusted import shown
 
 DEFAULT_CHUNK = "1d"

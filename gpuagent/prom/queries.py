@@ -1,4 +1,5 @@
-"""The PromQL of the report, built from the accounting counters' names (one place to read them all).
+"""The PromQL of the accounting counters, built from their names (one place to read them all): the totals and
+GPU models ``report`` and ``recommend`` both read, the report's efficiency timeline, and the selector helpers.
 
 Totals are ``increase()`` of each counter over a range, evaluated at the range's end: a range selector
 reads every sample inside it, so a series that ended (the pod finished, its series retired five minutes
@@ -13,8 +14,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuagent.report.errors import ReportError
-from gpuagent.report.timerange import promql_duration
+from gpuagent.prom.errors import ReportError
+from gpuagent.prom.timerange import promql_duration
 
 
 @dataclass(frozen=True)

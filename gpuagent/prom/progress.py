@@ -1,5 +1,5 @@
-"""Progress of a report's queries on stderr: a line rewritten in place on a terminal, one line per query
-when asked for elsewhere (``--progress``), nothing otherwise."""
+"""Progress of a command's queries (``report``, ``recommend``) on stderr: a line rewritten in place on a
+terminal, one line per query when asked for elsewhere (``--progress``), nothing otherwise."""
 
 from __future__ import annotations
 

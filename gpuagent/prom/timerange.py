@@ -1,5 +1,5 @@
-"""Time ranges of a report: ``--since 7d`` or ``--start``/``--end``, steps, and the chunks queries are split
-into (pure functions; ``now_unix`` is injected)."""
+"""Time ranges of the commands that read Prometheus: ``--since 7d`` or ``--start``/``--end``, steps, and the
+chunks queries are split into (pure functions; ``now_unix`` is injected)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from gpuagent.report.errors import ReportError
+from gpuagent.prom.errors import ReportError
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION_RE = re.compile(r"^(?:\d+(?:ms|[smhdwy]))+$")

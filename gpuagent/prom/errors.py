@@ -1,4 +1,5 @@
-"""The one error type of the report: a message fit to print as is, and exit 2."""
+"""The one error type of the commands that read Prometheus (``report``, ``recommend``, ``top``'s cluster
+view): a message fit to print as is, and exit 2."""
 
 from __future__ import annotations
 
