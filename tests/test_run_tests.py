@@ -134,7 +134,7 @@ def test_on_one_cpu_the_passes_run_one_after_the_other_and_a_failure_fails_the_r
     assert (tmp_path / "out" / "parallel-1").stat().st_mtime <= (tmp_path / "out" / "serial-started").stat().st_mtime
 
 
-@pytest.mark.serial
+# In the parallel pass: its probes wait on each other's files, not on a CPU of their own.
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_test_that_failed_beside_the_serial_pass_is_rerun_alone_and_a_real_failure_stands(
