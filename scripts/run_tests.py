@@ -75,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         serial_cmd += ["--junitxml", str(reports[1])]
         failed_file = Path(scratch) / "parallel.failed"
         path = os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports"), "PYTHONPATH": path}
+        ours = (rerun_plugin.FAILED_ENV, rerun_plugin.ONLY_ENV)  # an outer run's (a test of this runner)
+        inherited = {k: v for k, v in os.environ.items() if k not in ours}
+        env = {**inherited, "TEST_PORT_REGISTRY": str(Path(scratch) / "ports"), "PYTHONPATH": path}
         # Bytecode is cached (in the checkout's __pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE
         # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
         # agent or CLI process a test starts compiled the gpuagent package again.
@@ -118,7 +120,7 @@ def _rerun_alone(parallel_cmd: list[str], env: dict[str, str], failed_file: Path
     passed = _counts([scratch / "rerun.xml"])[0]
     if code != 0:
         return 1, passed
-    print(f"== the {len(failed)} test(s) passed alone: the parallel pass counts as passed", flush=True)
+    print(f"== the {passed} test(s) passed alone: the parallel pass counts as passed", flush=True)
     return 0, passed
 
 

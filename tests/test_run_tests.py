@@ -82,7 +82,8 @@ def run(tmp_path: Path, *args: str, fail: str = "", cpus: set[int] | None = None
     (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n")
     (suite / "test_probes.py").write_text(PROBES)
     (tmp_path / "out").mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TEST_PORT_REGISTRY" and not k.startswith("PYTEST_")}
+    env = {k: v for k, v in os.environ.items()  # nothing of the outer run (a runner's own files, its ports)
+           if k != "TEST_PORT_REGISTRY" and not k.startswith(("PYTEST_", "GPUAGENT_TESTS_"))}
     side_by_side = len(cpus if cpus is not None else os.sched_getaffinity(0)) > 1
     env.update(PROBE_OUT=str(tmp_path / "out"), PROBE_FAIL=fail, PROBE_SIDE_BY_SIDE="1" if side_by_side else "",
                PROBE_FLAKY="1" if flaky else "")
