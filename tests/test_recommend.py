@@ -513,7 +513,8 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 def test_the_command_over_nothing_says_so(prometheus: EmptyPrometheus, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(capsys, "--prometheus", prometheus.url, "--quiet")
     assert code == 0 and out.startswith("GPU right-sizing ") and "(1w)" in out and "sampled every 5m" in out
-    assert "warning: no GPU workloads in Prometheus" in out and err == ""
+    assert "warning: no GPU workloads (gpuagent_pod_gpu_allocated_seconds_total, ...) in Prometheus" in out
+    assert 'no agent of job "gpuagent" was scraped there in that range' in out and err == ""  # nothing at all
     queries = [form["query"] for _, form, _ in prometheus.requests]
     assert any("gpuagent_pod_info" in q for q in queries) and any("rate(gpuagent_pod_gpu_allocated" in q for q in queries)
     code, out, err = run_cli(capsys, "--prometheus", prometheus.url, "--since", "1d", "--format", "json",

@@ -75,6 +75,7 @@ class FakePrometheus:
     workloads: dict[tuple[str, str, str], tuple[float, ...]] = field(default_factory=lambda: dict(WORKLOAD_DAY))
     error: tuple[int, dict[str, Any] | str] | None = None  # (status, body) for every request
     delay_seconds: float = 0.0
+    agents: int = 2  # gpuagent_build_info series over any range
     requests: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
     url: str = ""
 
@@ -92,6 +93,8 @@ class FakePrometheus:
         at = time.time()
         if expr.startswith("max by (UUID, modelName)"):
             return [{"metric": {"UUID": uuid, "modelName": model}, "value": [at, "1"]} for uuid, model in GPU.items()]
+        if expr.startswith("count(count_over_time(gpuagent_build_info"):  # why a result is empty
+            return [{"metric": {}, "value": [at, str(self.agents)]}] if self.agents else []
         match = re.search(r"increase\((gpuagent_(pod|workload)_gpu_(\w+)_total)(\{[^}]*\})?\[(\d+)(ms|s)\]\)", expr)
         assert match, expr
         kind, quantity, matchers, size, unit = match.group(2, 3, 4, 5, 6)
@@ -425,6 +428,18 @@ def test_namespace_filter_and_an_empty_range(prometheus: FakePrometheus) -> None
     empty = day_report(prometheus)
     assert empty.pods == () and empty.total == Usage()
     assert "no accounting series (gpuagent_pod_gpu_allocated_seconds_total, ...)" in empty.warnings[0]
+    # the agents were scraped, and saw no workload: the hint says so, not "are the agents scraped there?"
+    assert "though 2 agent(s) were scraped there: they saw no workload" in empty.warnings[0]
+    job = ('job=~"gpuagent"',)  # the CLI's default --job: the agents counted are that job's
+    empty = day_report(prometheus, matchers=job)
+    assert 'though 2 agent(s) of job "gpuagent" were scraped there' in empty.warnings[0]
+    assert prometheus.requests[-1][1]["query"] == 'count(count_over_time(gpuagent_build_info{job=~"gpuagent"}[86400s]))'
+    prometheus.agents = 0
+    empty = day_report(prometheus, matchers=job)
+    assert 'no agent of job "gpuagent" was scraped there in that range' in empty.warnings[0]
+    assert "(--job)" in empty.warnings[0] and "selection" not in empty.warnings[0]
+    selected = day_report(prometheus, namespaces=("research",))
+    assert "for that range and selection" in selected.warnings[0]
 
 
 def test_usage_arithmetic_keeps_none_apart_from_zero() -> None:

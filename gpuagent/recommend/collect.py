@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuagent.prom import queries as q
 from gpuagent.prom.client import PrometheusClient
+from gpuagent.prom.empty import why_empty
 from gpuagent.prom.plan import Key, Plan, models_step, run_plan, step_windows, total_step
 from gpuagent.prom.prices import Prices
 from gpuagent.prom.progress import Progress
@@ -247,16 +248,14 @@ def _recommendations(client: PrometheusClient, request: Request, found: _Found,
     return Recommendations(
         client.base_url, span, request.step_seconds, options, tuple(rows),
         totals(rows, request.prices.prices_gpu_hours), pack(rows), request.prices,
-        ", ".join(request.matchers), queries, tuple(_warnings(request, rows)))
+        ", ".join(request.matchers), queries, tuple(_warnings(client, request, rows)))
 
 
-def _warnings(request: Request, rows: list[Row]) -> list[str]:
+def _warnings(client: PrometheusClient, request: Request, rows: list[Row]) -> list[str]:
     warnings = []
     if not rows:
-        warnings.append(f"no GPU workloads in Prometheus for that range"
-                        f"{' and selection' if request.matchers or request.namespaces else ''} "
-                        f"({q.PODS.counter(q.ALLOCATED)}, ...): are the agents scraped there, and do they "
-                        f"export the accounting counters?")
+        warnings.append(why_empty(client, request.time_range, request.matchers, request.namespaces,
+                                  "no GPU workloads", q.PODS.counter(q.ALLOCATED)))
     by_name = sorted(str(r.stats.key) for r in rows if r.stats.key.source == "pod_name")
     if by_name:
         warnings.append(f"{len(by_name)} workload(s) grouped by pod name, their owners unknown (agents "

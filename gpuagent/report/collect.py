@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuagent.prom import queries as q
 from gpuagent.prom.client import PrometheusClient
+from gpuagent.prom.empty import why_empty
 from gpuagent.prom.plan import Key, Plan, models_step, run_plan, step_windows, total_step
 from gpuagent.prom.prices import Prices
 from gpuagent.prom.progress import Progress
@@ -116,9 +117,8 @@ def _report(client: PrometheusClient, request: Request, queries: int,
         total = dataclasses.replace(total, cost=None)
 
     if not pods and not workloads:
-        warnings.append(f"no accounting series ({q.PODS.counter(q.ALLOCATED)}, ...) in Prometheus for that "
-                        f"range{' and selection' if request.matchers or request.namespaces else ''}: are the "
-                        f"agents scraped there, and do they export the accounting counters?")
+        warnings.append(why_empty(client, request.time_range, request.matchers, request.namespaces,
+                                  "no accounting series", q.PODS.counter(q.ALLOCATED)))
     if unpriced:
         warnings.append(f"no GPU-hour price for GPU model(s) {', '.join(sorted(unpriced))}: their pods have "
                         f"no cost (add them to the price file, or a default)")
