@@ -254,13 +254,15 @@ def test_queries() -> None:
     assert q.total_query(q.WORKLOADS, q.ENERGY, 90, matchers) == (
         'sum by (workload_kind, workload, UUID) (increase(gpuagent_workload_gpu_energy_joules_total'
         '{cluster="prod", namespace=~"ml\\\\-team|a\\\\.b"}[90s]))')
-    assert q.timeline_query(q.PODS, q.BUSY, 3600, []) == (
-        "sum by (namespace) (increase(gpuagent_pod_gpu_busy_seconds_total[3600s]))")
+    assert q.timeline_query(q.PODS, q.BUSY, 3600, []) == (  # busy on allocated GPUs only (not a stray's)
+        "sum by (namespace) (increase(gpuagent_pod_gpu_busy_seconds_total[3600s]) "
+        "and increase(gpuagent_pod_gpu_allocated_seconds_total[3600s]) > 0)")
     assert q.timeline_query(q.PODS, q.ALLOCATED, 60, []) == (
         "sum by (namespace) (increase(gpuagent_pod_gpu_allocated_seconds_total[60s]) "
         "and increase(gpuagent_pod_gpu_busy_seconds_total[60s]))")
     assert q.timeline_query(q.WORKLOADS, q.BUSY, 3600, []) == (
-        "sum (increase(gpuagent_workload_gpu_busy_seconds_total[3600s]))")
+        "sum (increase(gpuagent_workload_gpu_busy_seconds_total[3600s]) "
+        "and increase(gpuagent_workload_gpu_allocated_seconds_total[3600s]) > 0)")
     assert q.models_query(60, []) == "max by (UUID, modelName) (last_over_time(gpuagent_gpu_info[60s]))"
     assert q.check_matchers('{cluster="prod", Hostname=~"gpu-.*"}') == 'cluster="prod", Hostname=~"gpu-.*"'
     with pytest.raises(ReportError, match="--selector: expected label matchers"):
@@ -440,6 +442,21 @@ def test_namespace_filter_and_an_empty_range(prometheus: FakePrometheus) -> None
     assert "(--job)" in empty.warnings[0] and "selection" not in empty.warnings[0]
     selected = day_report(prometheus, namespaces=("research",))
     assert "for that range and selection" in selected.warnings[0]
+
+
+def test_a_strays_busy_time_is_busy_but_not_efficiency(prometheus: FakePrometheus) -> None:
+    """A pod's process on a GPU its pod was not given (a stray: allocated 0 there) adds busy GPU-hours, not
+    efficiency: the demo's notebook read 130 % efficient."""
+    prometheus.pods.clear()
+    prometheus.workloads.clear()
+    allocated = (43200.0, 21600.0, 0.0, 0.0, 0.0)  # QUANTITIES order: allocated, busy, idle, memory, energy
+    stray = (0.0, 28800.0, 0.0, 0.0, 0.0)
+    assert q.QUANTITIES[:2] == (q.ALLOCATED, q.BUSY)
+    prometheus.pods[("research", "notebook", "GPU-aaaa")] = allocated
+    prometheus.pods[("research", "notebook", "GPU-bbbb")] = stray
+    usage = day_report(prometheus).pods[0].usage
+    assert usage.busy_gpu_hours == pytest.approx(14.0) and usage.allocated_gpu_hours == pytest.approx(12.0)
+    assert usage.efficiency_ratio == pytest.approx(0.5)  # 6 of its 12 allocated hours busy, not 14 of 12
 
 
 def test_usage_arithmetic_keeps_none_apart_from_zero() -> None:

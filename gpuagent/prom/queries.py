@@ -94,13 +94,16 @@ def total_query(subject: Subject, quantity: str, range_seconds: float, matchers:
 
 
 def timeline_query(subject: Subject, quantity: str, step_seconds: float, matchers: Sequence[str]) -> str:
-    """The counter's increase over each step, per namespace for pods and in one sum for workloads. For
-    the efficiency's denominator, allocated time counts only on GPUs whose busy time is known."""
+    """The counter's increase over each step, per namespace for pods and in one sum for workloads. For the
+    efficiency, allocated time counts only on GPUs whose busy time is known, and busy time only on GPUs
+    allocated in the step."""
     by = f" by ({subject.group_label})" if subject is PODS else ""
     window = promql_duration(step_seconds)
     expr = f"increase({subject.counter(quantity)}{selector(matchers)}[{window}])"
     if quantity == ALLOCATED:
         expr += f" and increase({subject.counter(BUSY)}{selector(matchers)}[{window}])"
+    elif quantity == BUSY:  # on allocated GPUs only: a stray's busy time is not the allocation put to use
+        expr += f" and increase({subject.counter(ALLOCATED)}{selector(matchers)}[{window}]) > 0"
     return f"sum{by} ({expr})"
 
 

@@ -39,6 +39,10 @@ class Usage:
     # allocated GPU-seconds of the GPUs whose busy time is known: efficiency's denominator (a MIG instance
     # without GPM has no busy figure, and must not count as idle)
     busy_known_allocated_gpu_seconds: float | None = None
+    # busy GPU-seconds on the GPUs it was allocated: efficiency's numerator. A process on a GPU its pod was
+    # not given (a stray) is busy there, in busy_gpu_seconds, but that is not the allocation put to use
+    # (it made the demo's notebook 130 % efficient)
+    allocated_busy_gpu_seconds: float | None = None
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(**{name: _add(getattr(self, name), getattr(other, name)) for name in USAGE_FIELDS})
@@ -68,9 +72,9 @@ class Usage:
     @property
     def efficiency_ratio(self) -> float | None:
         """Busy over allocated GPU-time (0-1), of the GPUs whose busy time is known; None without any."""
-        if not self.busy_known_allocated_gpu_seconds or self.busy_gpu_seconds is None:
+        if not self.busy_known_allocated_gpu_seconds or self.allocated_busy_gpu_seconds is None:
             return None
-        return self.busy_gpu_seconds / self.busy_known_allocated_gpu_seconds
+        return self.allocated_busy_gpu_seconds / self.busy_known_allocated_gpu_seconds
 
     def figures(self) -> dict[str, float | None]:
         """The reported figures, by their names in CSV and JSON."""
@@ -78,7 +82,7 @@ class Usage:
 
 
 USAGE_FIELDS = ("allocated_gpu_seconds", "busy_gpu_seconds", "idle_gpu_seconds", "memory_byte_seconds",
-                "energy_joules", "cost", "busy_known_allocated_gpu_seconds")
+                "energy_joules", "cost", "busy_known_allocated_gpu_seconds", "allocated_busy_gpu_seconds")
 # What the outputs show, in their column order.
 FIGURES = ("allocated_gpu_hours", "busy_gpu_hours", "efficiency_ratio", "idle_gpu_hours", "memory_gib_hours",
            "energy_kwh", "cost")
@@ -184,7 +188,8 @@ def usage_of(quantities: Mapping[str, float]) -> Usage:
     """A Usage from ``{quantity: base units}`` (queries.QUANTITIES names)."""
     allocated, busy = quantities.get(q.ALLOCATED), quantities.get(q.BUSY)
     return Usage(allocated, busy, quantities.get(q.IDLE), quantities.get(q.MEMORY), quantities.get(q.ENERGY),
-                 busy_known_allocated_gpu_seconds=None if busy is None else allocated)
+                 busy_known_allocated_gpu_seconds=None if busy is None else allocated,
+                 allocated_busy_gpu_seconds=None if busy is None else (busy if allocated else 0.0))
 
 
 Rows = dict[tuple[str, str], Usage]
