@@ -68,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parallel_cmd = [*pytest, "-m", "not serial", "-n", str(args.workers), "--dist", "loadfile",
                     "--no-loadscope-reorder", *args.pytest_args]
     serial_cmd = [*pytest, "-m", "serial", "-p", "no:xdist", *args.pytest_args]
+    rerun_cmd = [*pytest, "-m", "not serial", "-p", "no:xdist", *args.pytest_args]  # its failures, alone
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="gpuagent-tests-") as scratch:
         reports = [Path(scratch) / "parallel.xml", Path(scratch) / "serial.xml"]
@@ -82,17 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # set, every xdist worker rewrote and compiled every test module again (~7 s of CPU each) and every
         # agent or CLI process a test starts compiled the gpuagent package again.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
+        recovered = 0
         if len(cpus) < 2 or args.one_after_the_other:
             print(f"{_cpu_list(cpus)}: the parallel pass, then the serial pass", flush=True)
             codes = [_run("parallel", parallel_cmd, env), _run("serial", serial_cmd, env)]
-            recovered = 0
         else:
             recording = {**env, rerun_plugin.FAILED_ENV: str(failed_file)}  # the parallel pass's failures
             codes = _side_by_side(parallel_cmd, serial_cmd, env, cpus, Path(scratch) / "serial.log",
                                   parallel_env=recording)
-            recovered = 0
             if codes[0] == 1:  # tests failed (not an interrupted or broken run)
-                codes[0], recovered = _rerun_alone(parallel_cmd, env, failed_file, Path(scratch))
+                codes[0], recovered = _rerun_alone(rerun_cmd, env, failed_file, Path(scratch))
         print(_closing_line(reports, recovered), flush=True)
     failed = [code for code in codes if code not in (0, NO_TESTS)]
     if failed:
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return NO_TESTS if all(code == NO_TESTS for code in codes) else 0
 
 
-def _rerun_alone(parallel_cmd: list[str], env: dict[str, str], failed_file: Path, scratch: Path
+def _rerun_alone(rerun_cmd: list[str], env: dict[str, str], failed_file: Path, scratch: Path
                  ) -> tuple[int, int]:
     """Rerun, alone at the runner's own priority, the tests of the parallel pass that failed while it ran
     at the lowest priority beside the serial pass (a test of timing or of a subprocess's start can miss
@@ -113,28 +113,13 @@ def _rerun_alone(parallel_cmd: list[str], env: dict[str, str], failed_file: Path
           f"{', '.join(failed)}", flush=True)
     only = scratch / "rerun.only"
     only.write_text("\n".join(failed) + "\n")
-    cmd = [arg for arg in parallel_cmd if arg not in ("--no-loadscope-reorder",)]
-    cmd = _without(cmd, ("-n", "--dist", "--junitxml"))
-    code = _run("rerun", [*cmd, "-p", "no:xdist", "--junitxml", str(scratch / "rerun.xml")],
+    code = _run("rerun", [*rerun_cmd, "--junitxml", str(scratch / "rerun.xml")],
                 {**env, rerun_plugin.ONLY_ENV: str(only)})
     passed = _counts([scratch / "rerun.xml"])[0]
     if code != 0:
         return 1, passed
     print(f"== the {passed} test(s) passed alone: the parallel pass counts as passed", flush=True)
     return 0, passed
-
-
-def _without(cmd: list[str], options: Sequence[str]) -> list[str]:
-    """``cmd`` without each of ``options`` and the value after it."""
-    out, skip = [], False
-    for arg in cmd:
-        if skip:
-            skip = False
-        elif arg in options:
-            skip = True
-        else:
-            out.append(arg)
-    return out
 
 
 def _closing_line(reports: Sequence[Path], recovered: int = 0) -> str:
