@@ -234,7 +234,10 @@ async def test_audit_mode_decides_but_touches_nothing(
     shares, _, states = await run_enforced(
         cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "10", True)], warmup=3, measure=6,
         mode="audit", scrape=scrape, work_conserving=False)
-    assert abs(shares["big"] - shares["small"]) < 0.15, shares  # nobody was frozen: they split the CPU
+    # Nobody was frozen: each did far more than its slot would have allowed (the small one's 10 % slot gives
+    # it about 0.12 of the work, enforced; the big one's about 0.88). How evenly the kernel splits one CPU
+    # between two unfrozen burners over 6 s is the kernel's business (0.39/0.61 in one fresh-clone run).
+    assert shares["small"] > 0.3 and shares["big"] > 0.3, shares
     # Not work-conserving: the small pod is over its 10 % however busy the machine keeps the "GPU".
     small = next(s for s in states if s.pod == "small")
     assert 0 < small.frozen_ratio < 1 and small.throttled_seconds_total == 0  # decided, not done
