@@ -94,9 +94,12 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
         seen: list[tuple[float, list[float | None]]] = []  # NVML's per-process view, one entry per read
         read_at = None
         with_state = ready_state
+        window: dict[str, Any] | None = None  # the agent's metrics where the measured window starts
         while (elapsed := time.monotonic() - started) < seconds:
             time.sleep(min(1.0, seconds - elapsed))
             counts.append((time.monotonic() - started, [t.count() for t in tenants]))
+            if window is None and counts[-1][0] >= seconds - measured:
+                window = {"count_index": len(counts) - 1, "samples": parse_metrics(runner.metrics())}
             with_state = get_json(runner, "/v1/state")
             decided = {s["pod"]: s["frozen_ratio"]
                        for s in (with_state.get("enforcement") or {}).get("shares", ())}
@@ -114,7 +117,7 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
     return {
         "kind": kind, "targets": [x / 100 for x in targets], "label": label, "solo": solo,
         "tenants": [{"name": t.name, "uid": t.uid} for t in tenants], "counts": counts, "frozen": frozen,
-        "measured": measured, "ready_state": ready_state, "end_samples": end_samples,
+        "measured": measured, "ready_state": ready_state, "end_samples": end_samples, "window": window,
         "left_frozen": left_frozen, "idle": idle, "nvml_seen": seen, "design": design,
     }
 
