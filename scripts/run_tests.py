@@ -19,7 +19,10 @@ CPU for the whole serial pass, in which its Prometheus-backed tests timed out.) 
 the parallel pass's processes get their priority back. A test of the parallel pass that failed at that
 priority (a bound on time, a subprocess slow to start) is rerun alone at the end, at the runner's priority,
 and the run says so: one that passes then counts as passed, one that fails again fails the run (more than
-``MAX_RERUN`` failures are not rerun). ``--one-after-the-other`` runs the parallel pass
+``MAX_RERUN`` failures are not rerun). A test of the serial pass that failed is rerun alone likewise, once
+the parallel pass has ended (at most ``MAX_SERIAL_RERUN``: each is minutes long): its tenants' work is its
+judge, and the weight keeps the parallel pass's burners off their CPU but not the machine's memory, caches
+and interrupts. ``--one-after-the-other`` runs the parallel pass
 first and then the serial pass alone (a minute or two longer on two CPUs), as one CPU always does. Both
 passes share one registry of loopback ports (``tests/ports.py``). The serial pass's output is printed when
 it ends; the exit status is the first failing pass's.
@@ -39,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -51,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PARALLEL_NICE = 19  # while the serial pass runs: whatever it runs goes first on every CPU
 NO_TESTS = 5  # pytest's exit status when a pass selects no test (a filter matching only the other pass's)
 MAX_RERUN = 10  # more failures than this beside the serial pass is not the priority: no rerun
+MAX_SERIAL_RERUN = 3  # a serial test is a measurement of minutes: more failures than this stand
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,12 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--no-loadscope-reorder", *args.pytest_args]
     serial_cmd = [*pytest, "-m", "serial", "-p", "no:xdist", *args.pytest_args]
     rerun_cmd = [*pytest, "-m", "not serial", "-p", "no:xdist", *args.pytest_args]  # its failures, alone
+    serial_rerun_cmd = [*serial_cmd]  # the serial pass's failures, alone once the parallel pass has ended
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="gpuagent-tests-") as scratch:
         reports = [Path(scratch) / "parallel.xml", Path(scratch) / "serial.xml"]
         parallel_cmd += ["--junitxml", str(reports[0])]
         serial_cmd += ["--junitxml", str(reports[1])]
-        failed_file = Path(scratch) / "parallel.failed"
+        failed_file, serial_failed_file = Path(scratch) / "parallel.failed", Path(scratch) / "serial.failed"
         path = os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
         ours = (rerun_plugin.FAILED_ENV, rerun_plugin.ONLY_ENV)  # an outer run's (a test of this runner)
         inherited = {k: v for k, v in os.environ.items() if k not in ours}
@@ -90,9 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             recording = {**env, rerun_plugin.FAILED_ENV: str(failed_file)}  # the parallel pass's failures
             codes = _side_by_side(parallel_cmd, serial_cmd, env, cpus, Path(scratch) / "serial.log",
-                                  parallel_env=recording)
+                                  parallel_env=recording,
+                                  serial_env={**env, rerun_plugin.FAILED_ENV: str(serial_failed_file)})
             if codes[0] == 1:  # tests failed (not an interrupted or broken run)
-                codes[0], recovered = _rerun_alone(rerun_cmd, env, failed_file, Path(scratch))
+                codes[0], recovered = _rerun_alone(PARALLEL_RERUN, rerun_cmd, env, failed_file, Path(scratch))
+            if codes[1] == 1:
+                codes[1], serial_recovered = _rerun_alone(SERIAL_RERUN, serial_rerun_cmd, env, serial_failed_file,
+                                                          Path(scratch))
+                recovered += serial_recovered
         print(_closing_line(reports, recovered), flush=True)
     failed = [code for code in codes if code not in (0, NO_TESTS)]
     if failed:
@@ -100,32 +111,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     return NO_TESTS if all(code == NO_TESTS for code in codes) else 0
 
 
-def _rerun_alone(rerun_cmd: list[str], env: dict[str, str], failed_file: Path, scratch: Path
+@dataclass(frozen=True)
+class _Rerun:
+    """Which pass's failures a rerun takes, how many at most, and its words."""
+
+    name: str  # the rerun's files and its "== NAME pass" line
+    most: int
+    beside: str  # what the failures ran beside
+    counts: str  # what a rerun that passes counts as passed
+
+
+PARALLEL_RERUN = _Rerun("rerun", MAX_RERUN, "beside the serial pass", "the parallel pass")
+SERIAL_RERUN = _Rerun("serial rerun", MAX_SERIAL_RERUN, "in the serial pass, beside the parallel pass",
+                      "the serial pass")
+
+
+def _rerun_alone(rerun: _Rerun, rerun_cmd: list[str], env: dict[str, str], failed_file: Path, scratch: Path
                  ) -> tuple[int, int]:
-    """Rerun, alone at the runner's own priority, the tests of the parallel pass that failed while it ran
-    at the lowest priority beside the serial pass (a test of timing or of a subprocess's start can miss
-    there what it meets on a machine of its own); the parallel pass's exit status after it, and how many
-    passed. More than ``MAX_RERUN`` failures is not a matter of priority: they stand."""
+    """Rerun alone, at the runner's own priority, the tests of one pass that failed while the other pass ran
+    beside it (a test of timing or of a subprocess's start can miss there what it meets on a machine of its
+    own; a share measured by tenants' work can be pushed by the other pass's load); the pass's exit status
+    after it, and how many passed. More than ``rerun.most`` failures is not a matter of load: they stand."""
     failed = sorted(set(failed_file.read_text().splitlines())) if failed_file.exists() else []
-    if not failed or len(failed) > MAX_RERUN:
+    if not failed or len(failed) > rerun.most:
         return 1, 0
-    print(f"\n== rerunning alone the {len(failed)} test(s) that failed beside the serial pass: "
+    print(f"\n== rerunning alone the {len(failed)} test(s) that failed {rerun.beside}: "
           f"{', '.join(failed)}", flush=True)
-    only = scratch / "rerun.only"
+    stem = rerun.name.replace(" ", "-")
+    only = scratch / f"{stem}.only"
     only.write_text("\n".join(failed) + "\n")
-    code = _run("rerun", [*rerun_cmd, "--junitxml", str(scratch / "rerun.xml")],
+    code = _run(rerun.name, [*rerun_cmd, "--junitxml", str(scratch / f"{stem}.xml")],
                 {**env, rerun_plugin.ONLY_ENV: str(only)})
-    passed = _counts([scratch / "rerun.xml"])[0]
+    passed = _counts([scratch / f"{stem}.xml"])[0]
     if code != 0:
         return 1, passed
-    print(f"== the {passed} test(s) passed alone: the parallel pass counts as passed", flush=True)
+    print(f"== the {passed} test(s) passed alone: {rerun.counts} counts as passed", flush=True)
     return 0, passed
 
 
 def _closing_line(reports: Sequence[Path], recovered: int = 0) -> str:
     """Both passes' counts in one line, pytest's words (each pass printed its own above): the run's last
     line, so whoever reads only the end of the log reads the whole suite's result. ``recovered``: tests of
-    the parallel pass that failed beside the serial pass and passed when rerun alone, counted as passed."""
+    either pass that failed beside the other and passed when rerun alone, counted as passed."""
     passed, failed, skipped = _counts(reports)
     line = f"both passes: {passed + recovered} passed, {failed - recovered} failed, {skipped} skipped"
     return line + (f" ({recovered} passed on a rerun alone)" if recovered else "")
@@ -157,7 +184,8 @@ def _run(name: str, cmd: list[str], env: dict[str, str]) -> int:
 
 
 def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str, str], cpus: list[int],
-                  serial_log: Path, *, parallel_env: dict[str, str] | None = None) -> list[int]:
+                  serial_log: Path, *, parallel_env: dict[str, str] | None = None,
+                  serial_env: dict[str, str] | None = None) -> list[int]:
     serial_cpu = cpus[-1]
     print(f"the serial pass's tenants burn on CPU {serial_cpu}; the parallel pass runs on {_cpu_list(cpus)} "
           f"at nice {PARALLEL_NICE} until the serial pass ends", flush=True)
@@ -168,7 +196,7 @@ def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str,
 
     started = time.monotonic()
     with serial_log.open("wb") as log:
-        serial = subprocess.Popen(serial_cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        serial = subprocess.Popen(serial_cmd, cwd=ROOT, env=serial_env or env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
         try:
             parallel = subprocess.Popen(parallel_cmd, cwd=ROOT, env=parallel_env or env, preexec_fn=lower)

@@ -1,7 +1,7 @@
 """``scripts/run_tests.py``, the two passes of ``make test``, on a small suite of probes: while the serial
 pass runs, the parallel pass's workers are kept off the serial pass's CPU and run at a lower priority; they
 get every CPU back when it ends; both passes share one port registry; a failure in either pass fails the
-run, but a test that failed beside the serial pass is rerun alone first and counts as passed when it passes
+run, but a test that failed beside the other pass is rerun alone first and counts as passed when it passes
 then; a serial test on an xdist worker fails saying how to run it."""
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def test_serial():
         until("parallel-0")
         until("parallel-1")
     record("serial")
+    if os.environ.get("PROBE_SERIAL_FLAKY") and not (OUT / "serial-flaky-ran").exists():
+        (OUT / "serial-flaky-ran").write_text("")
+        raise AssertionError("first run (a share pushed by the other pass's load)")
 
 
 @pytest.mark.parametrize("n", [0, 1])
@@ -74,8 +77,8 @@ def test_flaky():
 '''
 
 
-def run(tmp_path: Path, *args: str, fail: str = "", cpus: set[int] | None = None, flaky: bool = False
-        ) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, *args: str, fail: str = "", cpus: set[int] | None = None, flaky: bool = False,
+        serial_flaky: bool = False) -> subprocess.CompletedProcess[str]:
     """The runner on the probes; on ``cpus`` (its affinity) if given, else on this process's."""
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -86,7 +89,7 @@ def run(tmp_path: Path, *args: str, fail: str = "", cpus: set[int] | None = None
            if k != "TEST_PORT_REGISTRY" and not k.startswith(("PYTEST_", "GPUAGENT_TESTS_"))}
     side_by_side = len(cpus if cpus is not None else os.sched_getaffinity(0)) > 1
     env.update(PROBE_OUT=str(tmp_path / "out"), PROBE_FAIL=fail, PROBE_SIDE_BY_SIDE="1" if side_by_side else "",
-               PROBE_FLAKY="1" if flaky else "")
+               PROBE_FLAKY="1" if flaky else "", PROBE_SERIAL_FLAKY="1" if serial_flaky else "")
     return subprocess.run([sys.executable, str(RUNNER), *args, "--", "-q", "-p", "no:cacheprovider", str(suite)],
                           capture_output=True, text=True, timeout=300, env=env,
                           preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
@@ -153,11 +156,15 @@ def test_a_test_that_failed_beside_the_serial_pass_is_rerun_alone_and_a_real_fai
         "both passes: 3 passed, 1 failed, 0 skipped (1 passed on a rerun alone)")
     again = tmp_path / "again"
     again.mkdir()
-    done = run(again, "-n", "2", flaky=True)  # the flaky one alone: it passes on its rerun
+    done = run(again, "-n", "2", flaky=True, serial_flaky=True)  # each pass's flaky one passes on its rerun
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== the 1 test(s) passed alone: the parallel pass counts as passed" in done.stdout
+    assert ("== rerunning alone the 1 test(s) that failed in the serial pass, beside the parallel pass: "
+            "test_probes.py::test_serial") in done.stdout.replace(str(again / "suite") + "/", "")
+    assert "== serial rerun pass: exit 0" in done.stdout
+    assert "== the 1 test(s) passed alone: the serial pass counts as passed" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1] == (
-        "both passes: 4 passed, 0 failed, 0 skipped (1 passed on a rerun alone)")
+        "both passes: 4 passed, 0 failed, 0 skipped (2 passed on a rerun alone)")
 
 
 def test_a_serial_test_on_an_xdist_worker_fails_saying_how_to_run_it() -> None:
