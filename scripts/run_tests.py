@@ -101,9 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if codes[0] == 1:  # tests failed (not an interrupted or broken run)
                 codes[0], recovered = _rerun_alone(PARALLEL_RERUN, rerun_cmd, env, failed_file, Path(scratch))
             if codes[1] == 1:
-                codes[1], serial_recovered = _rerun_alone(SERIAL_RERUN, serial_rerun_cmd, env, serial_failed_file,
-                                                          Path(scratch))
-                recovered += serial_recovered
+                codes[1], more = _rerun_alone(SERIAL_RERUN, serial_rerun_cmd, env, serial_failed_file,
+                                              Path(scratch))
+                recovered += more
         print(_closing_line(reports, recovered), flush=True)
     failed = [code for code in codes if code not in (0, NO_TESTS)]
     if failed:
@@ -196,8 +196,8 @@ def _side_by_side(parallel_cmd: list[str], serial_cmd: list[str], env: dict[str,
 
     started = time.monotonic()
     with serial_log.open("wb") as log:
-        serial = subprocess.Popen(serial_cmd, cwd=ROOT, env=serial_env or env, stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL)
+        serial = subprocess.Popen(serial_cmd, cwd=ROOT, env=serial_env or env, stdout=log,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             parallel = subprocess.Popen(parallel_cmd, cwd=ROOT, env=parallel_env or env, preexec_fn=lower)
         except BaseException:
