@@ -115,7 +115,7 @@ def alike(draw: st.DrawFn, hints: NodeHints, reads: str = "exclusive") -> NodeHi
     return replace(hints, gpus=tuple(gpus), **others)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), hints=node_hints(), asked=st.lists(requests(), min_size=1, max_size=6))
 def test_states_with_the_same_key_get_the_same_verdicts(data: st.DataObject, hints: NodeHints,
                                                         asked: list[FitRequest]) -> None:
@@ -125,7 +125,7 @@ def test_states_with_the_same_key_get_the_same_verdicts(data: st.DataObject, hin
     assert kind_keys(other) == kind_keys(hints)  # the state's key decides every kind's
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), hints=node_hints(), asked=st.lists(requests(), min_size=1, max_size=9))
 def test_states_with_the_same_key_for_a_kind_get_the_same_verdicts_for_that_kind(
         data: st.DataObject, hints: NodeHints, asked: list[FitRequest]) -> None:
@@ -223,7 +223,7 @@ CHANGES: dict[str, Change] = {
 TENANT_CHANGES = {"a tenant more", "a named tenant's name"}  # read by whole-GPU kinds alone, below
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hints=node_hints())
 def test_states_that_differ_in_anything_read_get_different_keys(hints: NodeHints) -> None:
     key = verdict_key(hints)
@@ -245,7 +245,7 @@ def _whole_held(hints: NodeHints) -> int | None:
                  and g.sharing_mode == "exclusive"), None)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hints=node_hints())
 def test_a_shared_key_differs_where_a_shared_reason_reads_a_tenant(hints: NodeHints) -> None:
     shared = kind_keys(hints).shared
