@@ -115,7 +115,7 @@ def summary(hints: NodeHints, result: FitResult) -> str:
     return _reason("; ".join(parts) or "does not fit")
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hints=node_hints(), request=requests())
 def test_fast_path_answers_as_score_node(hints: NodeHints, request: FitRequest) -> None:
     full = score_node(hints, request, now=hints.taken_at_unix + 1)
