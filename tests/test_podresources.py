@@ -348,6 +348,33 @@ async def test_server_restart_between_fetches(server, client):
     assert (await client.fetch()).pods_seen == 1
 
 
+class _BrokenOnce:
+    """A kept channel's stub whose next List fails as a connection the kubelet closed does ("Stream removed")."""
+
+    def __init__(self, stub):
+        self.stub, self.failed = stub, 0
+
+    def __getattr__(self, name):
+        return getattr(self.stub, name)
+
+    async def List(self, request, timeout=None):  # the gRPC method's name
+        self.failed += 1
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   details="Stream removed (sendmsg: Broken pipe (32))")
+
+
+async def test_a_kept_channel_that_fails_unavailable_is_dialled_again_within_the_fetch(server, client):
+    """A kubelet restarted on a socket file of the same identity (its inode taken again within a clock tick):
+    the kept channel fails its first call; the fetch drops it and dials once more instead of failing."""
+    server.set_pods([Pod("a", "ns", [Container("c", [gpus(UUID_A)])])])
+    await client.fetch()
+    broken = _BrokenOnce(client._conn.stub)
+    client._conn.stub = broken
+    assert (await client.fetch()).pods_seen == 1
+    assert broken.failed == 1 and client._conn.stub is not broken
+    assert server.calls["List"] == 2  # the first fetch's and the retry's: the broken call never reached it
+
+
 async def test_get_allocatable_unimplemented_is_remembered(server, client):
     server.set_pods([Pod("a", "ns", [Container("c", [gpus(UUID_A)])])])
     server.set_allocatable([gpus(UUID_A)])

@@ -191,8 +191,13 @@ class PodResourcesClient:
     async def _fetch(self) -> PodResourcesSnapshot:
         inode = await self._check_socket()
         grpc, api_pb2, api_pb2_grpc = _import_grpc()
-        conn = await self._connection(grpc, api_pb2_grpc, inode)
-        listed = await self._call(grpc, conn, "List", api_pb2.ListPodResourcesRequest())
+        conn, fresh = await self._connection(grpc, api_pb2_grpc, inode)
+        try:
+            listed = await self._call(grpc, conn, "List", api_pb2.ListPodResourcesRequest(),
+                                      stale_ok=not fresh)
+        except _Stale:  # a kubelet restarted on a socket file of the same identity: dial it afresh, once
+            conn, _ = await self._connection(grpc, api_pb2_grpc, inode)
+            listed = await self._call(grpc, conn, "List", api_pb2.ListPodResourcesRequest())
         allocatable: tuple[str, ...] = ()
         if self._allocatable_supported:
             try:
@@ -237,7 +242,9 @@ class PodResourcesClient:
             raise PodResourcesUnavailable(f"kubelet pod-resources path {self._socket_path} is not a socket")
         return (st.st_dev, st.st_ino)
 
-    async def _connection(self, grpc: Any, api_pb2_grpc: Any, inode: tuple[int, int]) -> _Channel:
+    async def _connection(self, grpc: Any, api_pb2_grpc: Any, inode: tuple[int, int]
+                          ) -> tuple[_Channel, bool]:
+        """The channel to the kubelet, and whether it was dialled just now."""
         loop = asyncio.get_running_loop()
         conn = self._conn
         if conn is not None and (conn.loop is not loop or conn.inode != inode):
@@ -259,11 +266,17 @@ class PodResourcesClient:
             )
             conn = _Channel(channel, api_pb2_grpc.PodResourcesListerStub(channel), loop, inode)
             self._conn = conn
-        return conn
+            return conn, True
+        return conn, False
 
     async def _call(
-        self, grpc: Any, conn: _Channel, method: str, request: Any, *, unimplemented_ok: bool = False
+        self, grpc: Any, conn: _Channel, method: str, request: Any, *, unimplemented_ok: bool = False,
+        stale_ok: bool = False,
     ) -> Any:
+        """One call; ``stale_ok``: on a channel kept from an earlier fetch, UNAVAILABLE raises ``_Stale``
+        (the channel dropped) so that the caller dials once more: a kubelet that restarted within the
+        filesystem's clock tick can make its new socket under the old one's inode, and the old connection
+        then fails its first call ("Stream removed", a broken pipe) although the kubelet is serving."""
         try:
             return await getattr(conn.stub, method)(request, timeout=self._timeout)
         except grpc.RpcError as exc:
@@ -274,6 +287,8 @@ class PodResourcesClient:
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 # Never keep a channel sitting in reconnect back-off: the next fetch() dials afresh.
                 await self._drop(conn)
+            if code == grpc.StatusCode.UNAVAILABLE and stale_ok:
+                raise _Stale from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise PodResourcesUnavailable(
                     f"kubelet pod-resources {method} at {self._target}: deadline of {self._timeout:g} s "
@@ -345,6 +360,10 @@ class PodResourcesClient:
 
 class _Unimplemented(Exception):
     pass
+
+
+class _Stale(Exception):
+    """UNAVAILABLE on a channel kept from an earlier fetch (dropped already): worth one fresh dial."""
 
 
 def _import_grpc() -> tuple[Any, Any, Any]:
