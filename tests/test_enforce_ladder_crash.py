@@ -137,6 +137,19 @@ def test_a_crashed_agent_leaves_nothing_frozen_after_restart(cgroup_sandbox: Cgr
             assert time.monotonic() < deadline, "the agent never started throttling"
             time.sleep(0.05)
         time.sleep(1.0)
+        # Crash while the journal names "small": stopped (SIGSTOP) the agent writes nothing more, so the
+        # journal read after the stop is the one the crash leaves; "big" is frozen in small's slots (a tenth
+        # of the time), when the journal names it instead, and then the agent goes on a moment and is
+        # stopped again. (Killed at any instant, the journal named big in one CI run.)
+        small_path = str(small.cgroup_paths["unified"])
+        while True:
+            assert time.monotonic() < deadline + 60, "the journal never named the throttled tenant"
+            if small_path in journal.read_text():
+                agent.send_signal(signal.SIGSTOP)
+                if small_path in journal.read_text():
+                    break
+                agent.send_signal(signal.SIGCONT)
+            time.sleep(0.01)
         agent.kill()  # kill -9: no chance to thaw
         agent.wait(timeout=10)
     finally:
@@ -145,7 +158,7 @@ def test_a_crashed_agent_leaves_nothing_frozen_after_restart(cgroup_sandbox: Cgr
     freeze_file = small.paths["unified"] / "cgroup.freeze"
     # The crash may have come between a freeze and its thaw, or not: make it the bad case for certain.
     freeze_file.write_text("1")
-    assert str(small.cgroup_paths["unified"]) in journal.read_text()
+    assert small_path in journal.read_text()
     listen = f"127.0.0.1:{free_port()}"
     config.write_text(yaml.safe_dump({**settings, "mode": "off", "listen": listen}))
     started = time.monotonic()
