@@ -89,7 +89,10 @@ def run(tmp_path: Path, *args: str, fail: str = "", cpus: set[int] | None = None
            if k != "TEST_PORT_REGISTRY" and not k.startswith(("PYTEST_", "GPUAGENT_TESTS_"))}
     side_by_side = len(cpus if cpus is not None else os.sched_getaffinity(0)) > 1
     env.update(PROBE_OUT=str(tmp_path / "out"), PROBE_FAIL=fail, PROBE_SIDE_BY_SIDE="1" if side_by_side else "",
-               PROBE_FLAKY="1" if flaky else "", PROBE_SERIAL_FLAKY="1" if serial_flaky else "")
+               PROBE_FLAKY="1" if flaky else "", PROBE_SERIAL_FLAKY="1" if serial_flaky else "",
+               # the probes need xdist alone: the installed plugins (textual, schemathesis, hypothesis) cost
+               # every one of the ~20 pytest processes these tests start 1.4 s of imports
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTEST_PLUGINS="xdist.plugin")
     return subprocess.run([sys.executable, str(RUNNER), *args, "--", "-q", "-p", "no:cacheprovider", str(suite)],
                           capture_output=True, text=True, timeout=300, env=env,
                           preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
