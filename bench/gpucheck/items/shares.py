@@ -99,7 +99,8 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
             time.sleep(min(1.0, seconds - elapsed))
             counts.append((time.monotonic() - started, [t.count() for t in tenants]))
             if window is None and counts[-1][0] >= seconds - measured:
-                window = {"count_index": len(counts) - 1, "samples": parse_metrics(runner.metrics())}
+                window = {"count_index": len(counts) - 1, "samples": parse_metrics(runner.metrics()),
+                          "cpu_seconds": cpu_seconds(tenants) if ctx.sim else None}
             with_state = get_json(runner, "/v1/state")
             decided = {s["pod"]: s["frozen_ratio"]
                        for s in (with_state.get("enforcement") or {}).get("shares", ())}
@@ -110,6 +111,7 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
                 by_pid = {p.get("pid"): p.get("sm_util_percent") for p in gpu.get("processes", ())}
                 seen.append((counts[-1][0], [by_pid.get(t.pid) for t in tenants]))
         end_samples = parse_metrics(runner.metrics())
+        end_cpu = cpu_seconds(tenants) if ctx.sim else None
         design = enforcement_for_gpu(with_state, 0)
     finally:
         ctx.stop_agent(runner)
@@ -118,8 +120,16 @@ def run_share(ctx: Context, kind: str, targets: tuple[int, ...], label: str, sec
         "kind": kind, "targets": [x / 100 for x in targets], "label": label, "solo": solo,
         "tenants": [{"name": t.name, "uid": t.uid} for t in tenants], "counts": counts, "frozen": frozen,
         "measured": measured, "ready_state": ready_state, "end_samples": end_samples, "window": window,
+        "end_cpu_seconds": end_cpu,
         "left_frozen": left_frozen, "idle": idle, "nvml_seen": seen, "design": design,
     }
+
+
+def cpu_seconds(tenants: list[Tenant]) -> list[float]:
+    """Each simulator tenant's CPU seconds so far: what the simulated GPU serves it, by construction."""
+    import psutil
+
+    return [sum(psutil.Process(t.pid).cpu_times()[:2]) for t in tenants]
 
 
 def enforcement_for_gpu(state: dict[str, Any], index: int) -> dict[str, Any] | None:
