@@ -154,6 +154,10 @@ class ViewScreen(Screen[None]):
     def lines(self) -> LineView:
         return self.query_one(LineView)
 
+    def drawable(self) -> bool:
+        """Mounted with its widgets: a fetch that ends while the app quits finds them removed already."""
+        return self.is_mounted and bool(self.query(LineView))
+
     def on_mount(self) -> None:
         self.lines.focus()
         self.redraw()
@@ -282,7 +286,7 @@ class NodeScreen(ViewScreen):
         return min(10.0, poll) if poll else 1.0
 
     def redraw(self) -> None:
-        if not self.is_mounted:
+        if not self.drawable():
             return
         width = self.width
         status = self.watch.status()
@@ -344,7 +348,7 @@ class ClusterScreen(ViewScreen):
         return self.interval or 2.0
 
     def redraw(self) -> None:
-        if not self.is_mounted:
+        if not self.drawable():
             return
         width = self.width
         rows = cluster_view.arrange_nodes(self.source.rows(), self.options)  # type: ignore[attr-defined]
