@@ -155,8 +155,9 @@ class ViewScreen(Screen[None]):
         return self.query_one(LineView)
 
     def drawable(self) -> bool:
-        """Mounted with its widgets: a fetch that ends while the app quits finds them removed already."""
-        return self.is_mounted and bool(self.query(LineView))
+        """Mounted with every widget a redraw writes to: a fetch that ends while the app quits finds some of
+        them removed already, in any order (a redraw has no await: nothing is removed while it runs)."""
+        return self.is_mounted and len(self.query("#header, #titles, LineView")) == 3
 
     def on_mount(self) -> None:
         self.lines.focus()
