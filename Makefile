@@ -16,17 +16,23 @@ PYTEST_WORKERS ?= 4
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+
+# Installs with uv, itself from PyPI into the venv: a fresh clone's test extras take about 9 s with it against
+# 27 s with pip (2 cores, uv's cache empty), the same versions resolved. Where uv cannot be had, pip does it.
+define venv_install
+	($(BIN)/python -m pip install -q uv && $(BIN)/uv pip install -q --python $(BIN)/python $(1)) || \
+	($(BIN)/python -m pip install -q --upgrade pip && $(BIN)/python -m pip install -q $(1))
+endef
 
 # The runtime (what `gpuagent run` imports): all `make run` needs. The test extras (pytest, ruff, import-linter,
-# schemathesis, matplotlib, ...) come with the runtime in one pip run, so a fresh clone's `make test`
-# resolves and builds once, not twice.
+# schemathesis, matplotlib, ...) come with the runtime in one run, so a fresh clone's `make test` resolves and
+# builds once, not twice.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e .
+	$(call venv_install,-e .)
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(call venv_install,-e '.[test]')
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
