@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,8 @@ from gpuagent.hints.extender import Verdict, _reason, _score
 from gpuagent.hints.extender_protocol import extender_score
 from gpuagent.hints.score import NO_INDEX, FitRequest, FitResult, fit_node, node_index, score_node
 from gpuagent.snapshot import GpuHints, MigProfileHint, NodeHints, TenantHint
+
+pytestmark = pytest.mark.long  # property tests of many seconds: handed out early (conftest.py)
 
 GIB = 2**30
 UUIDS = ("GPU-a", "GPU-b", "GPU-c", "GPU-d", "GPU-e", "GPU-f", "GPU-g", "GPU-h", "")

@@ -10,6 +10,7 @@ import json
 import zlib
 from typing import Any
 
+import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +28,8 @@ from gpuagent.hints.extender_protocol import ArgsError, parse_args
 from gpuagent.hints.score import RequestError, parse_fit_request
 from gpuagent.httpbody import MAX_JSON_DEPTH, BodyError, BodyLimits, json_depth, json_items, parse_json
 from gpuagent.httpguard import ConnectionGuard, GuardedSite
+
+pytestmark = pytest.mark.long  # property tests of many seconds: handed out early (conftest.py)
 
 ROUTES = ["/metrics", "/healthz", "/readyz", "/v1/state"]
 SNAPSHOT = two_gpu_node()

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_hints_fastpath import RATIOS, node_hints, requests
@@ -22,6 +23,8 @@ from gpuagent.hints.extender import Verdict, _score
 from gpuagent.hints.score import FitRequest, _not_whole_gpu, kind_name, node_index
 from gpuagent.hints.verdict_key import KindKeys, kind_keys, verdict_key
 from gpuagent.snapshot import GpuHints, MigInstanceHint, MigProfileHint, NodeHints, TenantHint
+
+pytestmark = pytest.mark.long  # property tests of many seconds: handed out early (conftest.py)
 
 GIB = 2**30
 TEXT = st.text(max_size=12)
