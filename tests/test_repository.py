@@ -32,20 +32,33 @@ def planned(target: str, tmp_path: Path) -> list[str]:
     return [line.replace(str(venv), "$VENV") for line in done.stdout.splitlines()]
 
 
+UV_THEN_PIP = re.compile(
+    r"\(\$VENV/bin/python -m pip install -q uv && \$VENV/bin/uv pip install -q --python \$VENV/bin/python (?P<uv>.+)\)"
+    r" \|\| \(\$VENV/bin/python -m pip install -q --upgrade pip && \$VENV/bin/python -m pip install -q (?P<pip>.+)\)")
+
+
 def pip_installs(commands: list[str]) -> list[str]:
-    return [line.split(" install ", 1)[1] for line in commands if " -m pip install " in line]
+    """What each install line installs: with uv (taken from PyPI into the venv), else the same with pip."""
+    found = []
+    for line in commands:
+        if " install " not in line:
+            continue
+        matched = UV_THEN_PIP.fullmatch(line)
+        assert matched and matched["uv"] == matched["pip"], f"an install without uv or its pip fallback: {line}"
+        found.append(matched["uv"])
+    return found
 
 
 def test_make_run_installs_the_runtime_only(tmp_path: Path) -> None:
     commands = planned("run", tmp_path)
-    assert pip_installs(commands) == ["-q --upgrade pip", "-q -e ."]
+    assert pip_installs(commands) == ["-e ."]
     # the demo: a simulated Kubernetes node whose pods `gpuagent top` names from the first screen
     assert commands[-1].startswith("$VENV/bin/gpuagent demo --scenario examples/scenarios/demo-k8s-node.yaml ")
 
 
 def test_make_demo_runs_the_demo_beside_a_prometheus_with_its_history(tmp_path: Path) -> None:
     commands = planned("demo", tmp_path)
-    assert pip_installs(commands) == ["-q --upgrade pip", "-q -e ."]  # the runtime; Prometheus is Debian's
+    assert pip_installs(commands) == ["-e ."]  # the runtime; Prometheus is Debian's
     assert commands[-1] == "BIN=$VENV/bin LISTEN=127.0.0.1:9402 ./scripts/demo.sh"
     script = (ROOT / "scripts" / "demo.sh").read_text()
     steps = ["-m gpuagent.demo.history", "promtool tsdb create-blocks-from openmetrics", "prometheus --config.file",
@@ -63,7 +76,7 @@ def test_make_pictures_draws_the_readme_pictures_from_the_demo(tmp_path: Path) -
 
 def test_make_test_adds_the_test_extras_and_the_system_packages(tmp_path: Path) -> None:
     commands = planned("test", tmp_path)
-    assert pip_installs(commands) == ["-q --upgrade pip", "-q -e '.[test]'"]  # the runtime with them, at once
+    assert pip_installs(commands) == ["-e '.[test]'"]  # the runtime with them, at once
     assert "./scripts/install-system-deps.sh" in commands
     assert re.fullmatch(r"\$VENV/bin/python scripts/run_tests\.py -n \d+ -- -q", commands[-1]), commands[-1]
 
