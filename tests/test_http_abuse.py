@@ -234,16 +234,29 @@ def test_metrics_answer_while_2000_slow_clients_hold_connections(tmp_path: Path)
                 assert response.status == 200
                 response.read()
             assert time.monotonic() - started < 1.0, path  # the bound: answered within 1 s
-        time.sleep(ServerLimits().header_timeout_seconds + 3)
-        closed = 0
-        for sock in sockets:
-            try:
-                closed += sock.recv(1) == b""
-            except BlockingIOError:
-                pass
-            except OSError:
-                closed += 1
-        assert closed >= ServerLimits().max_connections  # every one the agent took: timed out or evicted
+        # Every one the agent took is closed, timed out or evicted: counted as they close, for up to half a
+        # minute past the header timeout (a loaded machine sweeps them late: 330 of 512 were closed 3 s
+        # past it in one run, 510 in another), since a count at one instant measured the machine's speed.
+        time.sleep(ServerLimits().header_timeout_seconds)
+        deadline = time.monotonic() + 30
+        closed, waiting = 0, list(sockets)
+        while True:
+            still = []
+            for sock in waiting:
+                try:
+                    gone = sock.recv(1) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                closed += gone
+                if not gone:
+                    still.append(sock)
+            waiting = still
+            if closed >= ServerLimits().max_connections or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert closed >= ServerLimits().max_connections
         log = agent.log_path.read_text()
         assert "Too many open files" not in log
         assert log.count("\n") - lines_before < 20, log[-3000:]
