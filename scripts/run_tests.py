@@ -7,25 +7,25 @@
 - The serial pass: the ``serial`` tests (they measure CPU shares of real processes), one at a time in one
   pytest process, without xdist.
 
-On two CPUs or more the passes run side by side (the default): the serial pass's tenants burn on the
-highest CPU (``BURN_CPU``, ``agent_off_the_burn_cpu``) at a high priority in cgroups of the highest CPU
-weight (``CgroupSandbox.favour_cpu``, the GPU check's sandbox alike), and the parallel pass runs on every
-CPU at the lowest priority (``nice 19``, inherited by every process it starts). The kernel shares a CPU
-between cgroups by their weights before nice values count, so the weight is what keeps a parallel test's
-burner, in a cgroup of its own, off the tenants' CPU (before it, 70/30 came out 0.61/0.39 in two full runs
-of five); whatever the serial pass runs wins each CPU it wants, and the parallel pass uses the rest, the
-burn CPU too whenever no tenant burns there. (Keeping the parallel pass off the burn CPU instead left it one
-CPU for the whole serial pass, in which its Prometheus-backed tests timed out.) When the serial pass ends,
-the parallel pass's processes get their priority back. A test of the parallel pass that failed at that
-priority (a bound on time, a subprocess slow to start) is rerun alone at the end, at the runner's priority,
-and the run says so: one that passes then counts as passed, one that fails again fails the run (more than
-``MAX_RERUN`` failures are not rerun). A test of the serial pass that failed is rerun alone likewise, once
-the parallel pass has ended (at most ``MAX_SERIAL_RERUN``: each is minutes long): its tenants' work is its
-judge, and the weight keeps the parallel pass's burners off their CPU but not the machine's memory, caches
-and interrupts. ``--one-after-the-other`` runs the parallel pass
-first and then the serial pass alone (a minute or two longer on two CPUs), as one CPU always does. Both
-passes share one registry of loopback ports (``tests/ports.py``). The serial pass's output is printed when
-it ends; the exit status is the first failing pass's.
+On two CPUs or more the passes run side by side (the default): the serial pass's tenants burn on the highest
+CPU (``BURN_CPU``, ``agent_off_the_burn_cpu``) at a high priority in cgroups of the highest CPU weight
+(``CgroupSandbox.favour_cpu``, the GPU check's sandbox alike), and the parallel pass runs on every CPU at the
+lowest priority (``nice 19``, inherited by every process it starts). The kernel shares a CPU between cgroups
+by their weights before nice values count, so the weight is what keeps a parallel test's burner, in a cgroup
+of its own, off the tenants' CPU (before it, 70/30 came out 0.61/0.39 in two full runs of five); whatever the
+serial pass runs wins each CPU it wants, and the parallel pass uses the rest, the burn CPU too whenever no
+tenant burns there. (Keeping the parallel pass off the burn CPU instead left it one CPU for the whole serial
+pass, in which its Prometheus-backed tests timed out.) When the serial pass ends, the parallel pass's
+processes get their priority back. A test of the parallel pass that failed at that priority (a bound on time,
+a subprocess slow to start) is rerun alone at the end, at the runner's priority, and the run says so: one that
+passes then counts as passed, one that fails again fails the run (more than ``MAX_RERUN`` failures, or
+failures in more than ``MAX_RERUN_MODULES`` modules, are not rerun). A test of the serial pass that failed is
+rerun alone likewise, once the parallel pass has ended (at most ``MAX_SERIAL_RERUN``: each is minutes long):
+its tenants' work is its judge, and the weight keeps the parallel pass's burners off their CPU but not the
+machine's memory, caches and interrupts. ``--one-after-the-other`` runs the parallel pass first and then the
+serial pass alone (a minute or two longer on two CPUs), as one CPU always does. Both passes share one registry
+of loopback ports (``tests/ports.py``). The serial pass's output is printed when it ends; the exit status is
+the first failing pass's.
 
     .venv/bin/python scripts/run_tests.py                          # both passes at once, 4 workers
     .venv/bin/python scripts/run_tests.py --one-after-the-other    # the parallel pass, then the serial one
@@ -54,7 +54,8 @@ import rerun_plugin  # beside this script: its environment variables' names
 ROOT = Path(__file__).resolve().parent.parent
 PARALLEL_NICE = 19  # while the serial pass runs: whatever it runs goes first on every CPU
 NO_TESTS = 5  # pytest's exit status when a pass selects no test (a filter matching only the other pass's)
-MAX_RERUN = 10  # more failures than this beside the serial pass is not the priority: no rerun
+MAX_RERUN = 30  # more failures than this beside the serial pass is not the priority: no rerun
+MAX_RERUN_MODULES = 5  # nor in more modules than this (a module's fixture that fails fails all its tests)
 MAX_SERIAL_RERUN = 3  # a serial test is a measurement of minutes: more failures than this stand
 
 
@@ -113,17 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @dataclass(frozen=True)
 class _Rerun:
-    """Which pass's failures a rerun takes, how many at most, and its words."""
+    """Which pass's failures a rerun takes, how many at most (tests, and the modules they lie in), and its
+    words."""
 
     name: str  # the rerun's files and its "== NAME pass" line
     most: int
+    most_modules: int
     beside: str  # what the failures ran beside
     counts: str  # what a rerun that passes counts as passed
 
 
-PARALLEL_RERUN = _Rerun("rerun", MAX_RERUN, "beside the serial pass", "the parallel pass")
-SERIAL_RERUN = _Rerun("serial rerun", MAX_SERIAL_RERUN, "in the serial pass, beside the parallel pass",
-                      "the serial pass")
+PARALLEL_RERUN = _Rerun("rerun", MAX_RERUN, MAX_RERUN_MODULES, "beside the serial pass", "the parallel pass")
+SERIAL_RERUN = _Rerun("serial rerun", MAX_SERIAL_RERUN, MAX_SERIAL_RERUN,
+                      "in the serial pass, beside the parallel pass", "the serial pass")
 
 
 def _rerun_alone(rerun: _Rerun, rerun_cmd: list[str], env: dict[str, str], failed_file: Path, scratch: Path
@@ -131,9 +134,12 @@ def _rerun_alone(rerun: _Rerun, rerun_cmd: list[str], env: dict[str, str], faile
     """Rerun alone, at the runner's own priority, the tests of one pass that failed while the other pass ran
     beside it (a test of timing or of a subprocess's start can miss there what it meets on a machine of its
     own; a share measured by tenants' work can be pushed by the other pass's load); the pass's exit status
-    after it, and how many passed. More than ``rerun.most`` failures is not a matter of load: they stand."""
+    after it, and how many passed. More than ``rerun.most`` failures, or failures in more than
+    ``rerun.most_modules`` modules, is not a matter of load: they stand. (Modules, since a module's fixture
+    that fails, an agent not ready in time, fails each of its tests: nine errors of one module in one run.)"""
     failed = sorted(set(failed_file.read_text().splitlines())) if failed_file.exists() else []
-    if not failed or len(failed) > rerun.most:
+    modules = {nodeid.split("::", 1)[0] for nodeid in failed}
+    if not failed or len(failed) > rerun.most or len(modules) > rerun.most_modules:
         return 1, 0
     print(f"\n== rerunning alone the {len(failed)} test(s) that failed {rerun.beside}: "
           f"{', '.join(failed)}", flush=True)

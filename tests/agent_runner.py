@@ -74,7 +74,8 @@ class AgentRunner:
                 env=clean_env(),
             )
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 60) -> None:  # a deadline: an agent at nice 19 on a slowed machine
+        # served at once but was not ready 30 s later in one run (its first poll beside a busy serial pass)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

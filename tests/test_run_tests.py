@@ -178,3 +178,27 @@ def test_a_serial_test_on_an_xdist_worker_fails_saying_how_to_run_it() -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "tests marked serial measure CPU shares" in done.stdout and "-p no:xdist -m serial" in done.stdout
     assert "1 error" in done.stdout  # failed in its setup, before its fixtures started a process
+
+
+def test_failures_in_many_modules_or_too_many_tests_are_not_rerun(tmp_path: Path) -> None:
+    """A module's fixture that fails fails each of its tests: nine errors of one module are still one cause to
+    rerun; failures spread over more modules than the cap, or more tests than it, stand without a rerun."""
+    sys.path.insert(0, str(RUNNER.parent))
+    try:
+        import run_tests
+    finally:
+        sys.path.remove(str(RUNNER.parent))
+    failed = tmp_path / "failed"
+    never = ["false"]  # a rerun that ran would fail: a (1, 0) without it says nothing was run
+    spread = [f"tests/test_m{i}.py::test_x" for i in range(run_tests.MAX_RERUN_MODULES + 1)]
+    failed.write_text("\n".join(spread) + "\n")
+    assert run_tests._rerun_alone(run_tests.PARALLEL_RERUN, never, {}, failed, tmp_path) == (1, 0)
+    assert not (tmp_path / "rerun.only").exists()
+    many = [f"tests/test_one.py::test_{i}" for i in range(run_tests.MAX_RERUN + 1)]
+    failed.write_text("\n".join(many) + "\n")
+    assert run_tests._rerun_alone(run_tests.PARALLEL_RERUN, never, {}, failed, tmp_path) == (1, 0)
+    assert not (tmp_path / "rerun.only").exists()
+    one_module = [f"tests/test_one.py::test_{i}" for i in range(9)]  # fewer than the cap: it is rerun
+    failed.write_text("\n".join(one_module) + "\n")
+    assert run_tests._rerun_alone(run_tests.PARALLEL_RERUN, ["true"], dict(os.environ), failed, tmp_path)[0] == 0
+    assert (tmp_path / "rerun.only").read_text().splitlines() == sorted(one_module)
