@@ -162,6 +162,17 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         pynvml, ctx.tenants("matmul", 2) if ctx.facts.get("torch") else None))
 
 
+def positive(text: str) -> float:
+    """An argument that must be a number above 0."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return number
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -179,6 +190,9 @@ def main() -> int:
                    help="tenants: matmul,deep (GPU), cpu,cpu-deep (sim)")
     a.add_argument("--share-seconds", type=float,
                    help="length of a share run (default 60; the last 3/4 measured)")
+    a.add_argument("--budget-scale", type=positive, default=1.0,
+                   help="every item's time budget times this (default 1): a slow or shared machine, such as "
+                        "the test suite's, where a budget is only a bound on a hang")
     m = commands.add_parser("monitor")
     m.add_argument("--seconds", type=float, default=60)
     s = commands.add_parser("share")
