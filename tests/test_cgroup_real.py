@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -211,3 +212,47 @@ def test_fake_proc_root(tmp_path: Path) -> None:
     assert odd is not None and os.fsencode(odd.path) == b"/custom/caf\xe9 \xff"
     with pytest.raises(ValueError, match="not a PID"):
         reader.identify(0)
+
+
+STARTER = """
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from cgroups import CgroupSandbox
+sandbox = CgroupSandbox.open().__enter__()
+process = sandbox.spawn("orphan")
+with open(sys.argv[1], "w") as out:
+    json.dump({"pid": process.pid, "created": [str(d) for d in sandbox.created]}, out)
+os._exit(0)  # no close(): as a worker ended by another's internal error, or killed
+"""
+
+
+def test_a_sandboxed_process_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A burner that outlived its test starved every later test of a run (ten minutes, its cgroup at the
+    highest CPU weight): a process started in a sandbox gets SIGKILL when its starter dies."""
+    reason = cgroups_unavailable()
+    if reason:
+        pytest.skip(reason)
+    import json
+    import subprocess
+    import sys
+
+    record = tmp_path / "started.json"
+    subprocess.run([sys.executable, "-c", STARTER, str(record), str(Path(__file__).parent)], check=True,
+                   timeout=60)
+    started = json.loads(record.read_text())
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{started['pid']}").exists():  # reaped by init once killed
+            assert time.monotonic() < deadline, "the sandboxed process outlived its starter"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(started["pid"], signal.SIGKILL)
+        for directory in sorted(map(Path, started["created"]), key=lambda d: len(d.parts), reverse=True):
+            deadline = time.monotonic() + 10
+            while directory.exists():
+                try:
+                    directory.rmdir()
+                except OSError:
+                    assert time.monotonic() < deadline, f"{directory} not removable"
+                    time.sleep(0.05)
