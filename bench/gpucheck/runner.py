@@ -93,7 +93,7 @@ def run_all(args: Any) -> int:
             why = "needs GPU"
         else:
             why = missing(facts, item.needs[backend])
-        plan.append((item, why, item.budget_s(ctx) * getattr(args, "budget_scale", 1.0)))
+        plan.append((item, why, item.budget_s(ctx) * args.budget_scale))
     print(f"gpu-check: backend {backend}" + (f" ({facts.get('gpus')} x {facts.get('gpu_name')}, driver "
           f"{facts.get('driver')})" if backend == "nvml" else f" (GPU: {facts.get('gpu_reason', 'none')})")
           + f"; deadline {args.deadline:g} s; report in {out}", flush=True)
