@@ -78,14 +78,12 @@ def busy(result: ItemResult, record: dict[str, Any], samples: Any) -> None:
     grid (as NVML's is a sample, not a mean), so over 15 s it lands 3 to 8 points from the CPU seconds the
     simulated GPU served, either way, from run to run on a quiet machine; the ledger's own arithmetic is
     judged exactly by ``tests/test_accounting*.py``."""
-    counts = record["counts"]
+    counts, tenants = record["counts"], record["tenants"]
     window = record.get("window")
-    start_index, before = (window["count_index"], window["samples"]) if window else (0, None)
-    done = [b - a for a, b in zip(counts[start_index][1], counts[-1][1], strict=True)]
-    busy_seconds = [(value(samples, "gpuagent_pod_gpu_busy_seconds_total", pod=t["uid"]) or 0.0)
-                    - ((value(before, "gpuagent_pod_gpu_busy_seconds_total", pod=t["uid"]) or 0.0)
-                       if before is not None else 0.0)
-                    for t in record["tenants"]]
+    start_index = window["count_index"] if window else 0
+    done = deltas(counts[start_index][1], counts[-1][1])
+    end = pod_busy(samples, tenants)
+    busy_seconds = deltas(pod_busy(window["samples"], tenants) if window else [0.0] * len(end), end)
     if not sum(done) or not sum(busy_seconds):
         result.check("busy seconds", busy_seconds, False, note="no busy seconds or no iterations counted")
         return
@@ -96,7 +94,7 @@ def busy(result: ItemResult, record: dict[str, Any], samples: Any) -> None:
     result.figures["window_seconds"] = round(seconds, 1)
     cpu_before, cpu_after = (window or {}).get("cpu_seconds"), record.get("end_cpu_seconds")
     if cpu_before and cpu_after:  # the simulator
-        cpu = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
+        cpu = deltas(cpu_before, cpu_after)
         by_cpu = [round(c / sum(cpu), 3) for c in cpu] if sum(cpu) else None
         note = f"the simulator's sampled reading, over the last {seconds:.0f} s"
         result.check("tenants' shares of busy seconds vs of the CPU seconds the simulated GPU served",
@@ -111,3 +109,12 @@ def busy(result: ItemResult, record: dict[str, Any], samples: Any) -> None:
 
 def error(shares: list[float], truth: list[float]) -> float:
     return max(abs(a - b) for a, b in zip(shares, truth, strict=True))
+
+
+def pod_busy(samples: Any, tenants: list[dict[str, Any]]) -> list[float]:
+    """Each tenant's busy-seconds counter in ``samples`` (0 where it has none yet)."""
+    return [value(samples, "gpuagent_pod_gpu_busy_seconds_total", pod=t["uid"]) or 0.0 for t in tenants]
+
+
+def deltas(start: list[float], end: list[float]) -> list[float]:
+    return [b - a for a, b in zip(start, end, strict=True)]
