@@ -20,7 +20,7 @@ from test_health import UUIDS, gpu, snap
 from test_health import validate_node as _validate
 
 from gpuagent.health import HealthMonitor, HealthSettings, table
-from gpuagent.health.budget import ANNOTATION, LEASE_NAME, QuarantineBudget
+from gpuagent.health.budget import LEASE_NAME, QuarantineBudget, live_slots
 from gpuagent.health.node import QUARANTINE_ANNOTATION, REMEDIATION_ANNOTATION
 from gpuagent.health.plan import TAINT_KEY
 from gpuagent.health.writer import NodeWriter
@@ -43,7 +43,7 @@ class Rig:
         self.settings = HealthSettings(**settings)
         self.connection = ApiConnection(config=api.kubeconfig())
         quota = None if budget is None else QuarantineBudget(self.connection, node, namespace="gpuagent",
-                                                             limit=budget)
+                                                             limit=budget, clock=lambda: self.now)
         self.writer = NodeWriter(node, self.connection, settings_namespace_mode=self.settings.namespace_mode,
                                  budget=quota, clock=lambda: self.now)
         self.monitor = HealthMonitor(self.settings, self.writer)
@@ -201,7 +201,7 @@ async def test_the_cluster_budget_stops_a_fleet_wide_fault_at_its_limit() -> Non
         assert len(deferred) == 9 and "budget (3 nodes)" in deferred[0].body["note"]
         assert all(_conditions(api.cluster.nodes[n])["GpuHardwareHealthy"]["status"] == "False" for n in nodes)
         lease = api.cluster.leases[("gpuagent", LEASE_NAME)]
-        assert sorted(json.loads(lease["metadata"]["annotations"][ANNOTATION])) == sorted(cordoned)
+        assert sorted(live_slots(lease["metadata"]["annotations"], T0, ttl=900, max_skew=300)) == sorted(cordoned)
         assert ("PUT", 409) in api.cluster.lease_writes or ("POST", 409) in api.cluster.lease_writes
         # the three recover: their slots go back and three others take them
         for rig in rigs:
