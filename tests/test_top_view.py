@@ -343,7 +343,7 @@ async def test_the_watch_asks_conditionally_and_keeps_the_last_snapshot_on_failu
         agent.etag = '"a-2"'
         await watch.refresh()
         status = watch.status()
-        assert status.state == NO_ANSWER and "did not answer JSON" in status.message
+        assert status.state == NO_ANSWER and "/v1/state: not JSON" in status.message
         assert watch.state is not None  # what it had is kept, and said to be old
         agent.state_answer = (503, b'{"error": "no snapshot yet"}')
         fresh = AgentWatch(watch.url, session)

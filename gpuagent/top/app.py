@@ -13,7 +13,9 @@ Each screen refreshes from its source in a worker: the node screen at the agent'
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -34,9 +36,10 @@ from gpuagent.top.arrange import ViewOptions, arrange
 from gpuagent.top.client import AgentWatch
 from gpuagent.top.errors import TopError
 from gpuagent.top.history import History
-from gpuagent.top.model import NodeView, node_view
+from gpuagent.top.model import NodeView, error_line, guarded, node_view
 from gpuagent.top.render import Line
 from gpuagent.top.screens import HelpScreen, NamespaceScreen, cluster_help, node_help
+from gpuagent.untrusted import shown_lines
 
 MIN_INTERVAL_SECONDS = 0.25
 
@@ -275,7 +278,7 @@ class NodeScreen(ViewScreen):
         try:
             self.node = node_view(state)
         except TopError as err:  # a body the view cannot read: say so, keep the last one
-            self.watch.error = str(err)
+            self._refuse(err)
             return
         self.history.add(self.node.taken_at_unix, {g.uuid: None if g.stale else g.util_ratio
                                                    for g in self.node.gpus})
@@ -286,9 +289,22 @@ class NodeScreen(ViewScreen):
         poll = self.node.poll_interval_seconds if self.node is not None else None
         return min(10.0, poll) if poll else 1.0
 
+    def _refuse(self, err: TopError) -> None:
+        """The node's answer cannot be shown: its error, and no ETag, so that the next refresh asks for the
+        whole body again (a 304 would clear the error while nothing new is shown)."""
+        self.watch.error, self.watch.etag = str(err), None
+
     def redraw(self) -> None:
         if not self.drawable():
             return
+        try:
+            guarded(self._draw)
+        except TopError as err:  # the node's figures broke the renderer: the node's error, drawn without it
+            self.node = None
+            self._refuse(err)
+            self._draw()
+
+    def _draw(self) -> None:
         width = self.width
         status = self.watch.status()
         header = render.header(self.node, status, self.watch.url, self.options, width, paused=self.paused,
@@ -388,6 +404,17 @@ class TopApp(App[None]):
 
     def on_mount(self) -> None:
         self.push_screen(self._first())
+
+    def _fatal_error(self) -> None:
+        """An error nothing caught ends the app (exit 1) with one line and the traceback, never Textual's
+        own panel, which lists every frame's local variables: a node's pods, namespaces and processes
+        (Textual calls this from its handler of unhandled exceptions, a failed worker's included)."""
+        error = sys.exc_info()[1]
+        self.bell()
+        where = "".join(traceback.format_tb(error.__traceback__)) if error is not None else ""
+        what = error_line(error) if error is not None else "an unknown error"
+        self._exit_renderables.append(Text(shown_lines(f"{where}gpuagent top stopped: {what}")))
+        self._close_messages_no_wait()
 
     def action_help(self) -> None:
         screen = self.screen

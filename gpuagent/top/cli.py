@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from gpuagent.top.errors import TopError
+from gpuagent.untrusted import shown
 
 EXIT_TOP_ERROR = 2
 DEFAULT_AGENT = "http://127.0.0.1:9402"
@@ -117,8 +118,7 @@ async def _main(args: argparse.Namespace) -> int:
                 return _print(_node_frame(watch, width))
             from gpuagent.top.app import NodeScreen, TopApp
 
-            await TopApp(lambda: NodeScreen(watch, interval=interval)).run_async()
-            return 0
+            return await _run_app(TopApp(lambda: NodeScreen(watch, interval=interval)))
         source = _cluster_source(args, session, timeout)
         await source.refresh()
         if source.error is not None:
@@ -132,9 +132,14 @@ async def _main(args: argparse.Namespace) -> int:
             return NodeScreen(AgentWatch(url, session, timeout_seconds=timeout))
 
         default = 10.0 if args.prometheus else 2.0
-        await TopApp(lambda: ClusterScreen(source, interval=interval or default,
-                                           node_screen=node_screen)).run_async()
-        return 0
+        return await _run_app(TopApp(lambda: ClusterScreen(source, interval=interval or default,
+                                                            node_screen=node_screen)))
+
+
+async def _run_app(app: Any) -> int:
+    """Run the TUI; its exit status is the app's (1 when it stopped on an error), not always 0."""
+    await app.run_async()
+    return app.return_code or 0
 
 
 def _cluster_source(args: argparse.Namespace, session: Any, timeout: float) -> Any:
@@ -166,20 +171,27 @@ def _node_frame(watch: Any, width: int) -> str:
     from gpuagent.top import render
     from gpuagent.top.arrange import ViewOptions, arrange
     from gpuagent.top.history import History
-    from gpuagent.top.model import node_view
+    from gpuagent.top.model import guarded, node_view
 
     status = watch.status()
-    node = node_view(watch.state) if watch.state is not None else None
     options = ViewOptions()
-    lines = render.header(node, status, watch.url, options, width, now_unix=time.time())
-    lines.append(render.Line(render.column_titles(options, width)))
-    if node is None:
-        lines += render.no_data(status)
-    else:
-        history = History()
-        history.add(node.taken_at_unix, {g.uuid: None if g.stale else g.util_ratio for g in node.gpus})
-        lines += render.body(arrange(node, options), options, history, width)
-    return render.plain(lines)
+
+    def frame() -> str:
+        node = node_view(watch.state) if watch.state is not None else None
+        lines = render.header(node, status, watch.url, options, width, now_unix=time.time())
+        lines.append(render.Line(render.column_titles(options, width)))
+        if node is None:
+            lines += render.no_data(status)
+        else:
+            history = History()
+            history.add(node.taken_at_unix, {g.uuid: None if g.stale else g.util_ratio for g in node.gpus})
+            lines += render.body(arrange(node, options), options, history, width)
+        return render.plain(lines)
+
+    try:
+        return guarded(frame)
+    except TopError as err:  # what the agent sent and the view cannot show: one line, exit 2
+        raise TopError(f"cannot show the agent at {shown(watch.url)}: {err}") from None
 
 
 def _cluster_frame(source: Any, width: int) -> str:

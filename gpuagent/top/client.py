@@ -9,7 +9,6 @@ keeps the last snapshot and says it is old and why, rather than showing zeros. O
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -18,12 +17,17 @@ from typing import Any
 
 import aiohttp
 
+from gpuagent import boundedjson
 from gpuagent.httperrors import client_error_text, read_body
 from gpuagent.top.errors import TopError
+from gpuagent.untrusted import shown
 
 STATE_PATH = "/v1/state"
 HEALTH_PATH = "/healthz"
 MAX_STATE_BYTES = 64 * 1024 * 1024  # an 8-GPU node's state is about 200 KB
+# /v1/state is 7 levels deep (a MIG instance's tenants): 32 is room for the agent to grow, and no recursive
+# parser ever sees a 100,000-level document, nor a NaN, an infinity or a 1e999.
+STATE_BOUNDS = boundedjson.Bounds(max_bytes=MAX_STATE_BYTES, max_depth=32)
 DEFAULT_TIMEOUT_SECONDS = 3.0
 
 # What the view says about an agent, worst last.
@@ -162,11 +166,12 @@ async def _read(response: aiohttp.ClientResponse, path: str) -> bytes:
 
 
 def _decode(body: bytes, path: str) -> dict[str, Any]:
+    """The body as a JSON object, read through the bounded reader: what the agent sent that no gpuagent
+    sends (too deep, a NaN, an overflowing number, not JSON) is an :class:`AgentAnswerError` naming it."""
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        snippet = body[:80].decode("utf-8", "replace").strip()
-        raise AgentAnswerError(f"{path} did not answer JSON (is this a gpuagent?): {snippet!r}") from None
+        value = boundedjson.loads(body, STATE_BOUNDS, path)
+    except boundedjson.Unreadable as err:
+        raise AgentAnswerError(f"{shown(str(err))} (is this a gpuagent?)") from None
     if not isinstance(value, dict):
         raise AgentAnswerError(f"{path} did not answer a JSON object (is this a gpuagent?)")
     return value
@@ -174,10 +179,14 @@ def _decode(body: bytes, path: str) -> dict[str, Any]:
 
 def _error_text(body: bytes) -> str:
     try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError, UnicodeDecodeError):
+        error = boundedjson.loads(body[:ERROR_BYTES], ERROR_BOUNDS, "error").get("error")
+    except (ValueError, AttributeError):
         return ""
-    return f" ({error})" if isinstance(error, str) else ""
+    return f" ({shown(error[:200])})" if isinstance(error, str) else ""
+
+
+ERROR_BYTES = 4096  # an error answer's body: what is past this is not read as one
+ERROR_BOUNDS = boundedjson.Bounds(max_bytes=ERROR_BYTES, max_depth=4)
 
 
 def new_session(*, limit: int = 64) -> aiohttp.ClientSession:

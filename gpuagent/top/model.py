@@ -6,15 +6,26 @@ accounting off, MIG without per-process use) is ``None`` and shown as "-", never
 what the agent's hints call one (a pod allocated it, or any workload with processes on it); the enforcer's
 shares and memory ladder, the accounting's efficiency, idle time and GPU-hours today, and the processes
 are joined to it by its name ("namespace/pod", or the workload's name) and the GPU.
+
+The body is another party's (a node's agent, or whatever answers at its address): every figure the view
+uses is checked where it is read (a finite number within a range any GPU can have, a time the clock can
+show), and whatever still goes wrong while building one node's view is a :class:`TopError` for that node:
+never the end of ``top``, never a traceback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from gpuagent.boundedjson import Unreadable, in_range
 from gpuagent.top.errors import TopError
+from gpuagent.untrusted import shown
+
+T = TypeVar("T")
+FIGURE_MAX = 1e15  # watts, hertz, seconds, percents: no GPU's figure comes near (an 80 GiB card is 8.6e10 B)
+UNIX_MAX = 253402300799.0  # 9999-12-31: the last second the clock functions show
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,8 @@ class TenantView:
     idle_flagged: bool  # idle for the agent's idle window: in accounting.idle
     gpu_hours_today: float | None
     mig_instance: str | None = None  # the MIG device UUID it holds or runs in
+    # the enforcer is in audit mode: its frozen ratio and ladder stage are what it would do, nothing it did
+    audit: bool = False
 
     @property
     def containers(self) -> tuple[str, ...]:
@@ -127,7 +140,36 @@ class NodeView:
 
 
 def node_view(state: Mapping[str, Any]) -> NodeView:
-    """The view of one ``/v1/state`` body; :class:`TopError` when it is not one."""
+    """The view of one ``/v1/state`` body; :class:`TopError` when it is not one, or when anything in it
+    cannot be shown (a figure out of range; any other failure, named by :func:`unshowable`)."""
+    return guarded(lambda: _node_view(state))
+
+
+def guarded(build: Callable[[], T]) -> T:
+    """``build()`` (the view of one node, or its frame); any failure in it a :class:`TopError` for that node
+    (:func:`unshowable`). The body is another party's: whatever it breaks is that node's error, not top's
+    end."""
+    try:
+        return build()
+    except TopError:
+        raise
+    except Exception as exc:
+        raise unshowable(exc) from None
+
+
+def unshowable(exc: BaseException) -> TopError:
+    """The one line that says a node's ``/v1/state`` could not be shown and why: the error's type and text,
+    controls shown, no traceback and no local variables (a node's pod names stay out of the output)."""
+    return TopError(f"/v1/state cannot be shown: {error_line(exc)}")
+
+
+def error_line(exc: BaseException) -> str:
+    """An error as one line for a terminal: its type (where its text alone does not say what it is) and its
+    text, controls shown, cut at 300 characters."""
+    return shown(str(exc) if isinstance(exc, Unreadable) else f"{type(exc).__name__}: {exc}")[:300]
+
+
+def _node_view(state: Mapping[str, Any]) -> NodeView:
     gpus = state.get("gpus")
     if not isinstance(gpus, list) or not isinstance(state.get("hostname"), str):
         raise TopError("not a gpuagent /v1/state body (no hostname or gpus in it)")
@@ -144,8 +186,8 @@ def node_view(state: Mapping[str, Any]) -> NodeView:
         cuda_version=_get(state, "cuda_driver_version", str),
         mode=_get(enforcement, "mode", str, "off") if enforcement else "off",
         poll_interval_seconds=_number(state, "poll_interval_seconds"),
-        taken_at_unix=_number(state, "taken_at_unix"),
-        gpus=tuple(_gpu(g, hints.get(_info(g).get("uuid"), {}), joins, _number(state, "taken_at_unix"),
+        taken_at_unix=_unix(state, "taken_at_unix"),
+        gpus=tuple(_gpu(g, hints.get(_info(g).get("uuid"), {}), joins, _unix(state, "taken_at_unix"),
                         _number(state, "poll_interval_seconds"), faults) for g in _dicts(gpus)),
         failing_sources=tuple(
             f"{s.get('name')}: {s.get('error') or 'failed'}" for s in _dicts(state.get("sources"))
@@ -153,7 +195,7 @@ def node_view(state: Mapping[str, Any]) -> NodeView:
         ),
         efficiency_window_seconds=_number(accounting, "efficiency_window_seconds"),
         idle_window_seconds=_number(accounting, "idle_window_seconds"),
-        day_started_at_unix=_number(accounting, "day_started_at_unix"),
+        day_started_at_unix=_unix(accounting, "day_started_at_unix"),
         idle_gpus_held=(sum(_number(i, "allocated_gpus") or 0.0 for i in _dicts(accounting.get("idle")))
                         if accounting is not None else None),
         failing_conditions=tuple(f"{c.get('type')}: {c.get('reason')}" for c in _dicts((health or {}).get(
@@ -205,6 +247,7 @@ class _Joins:
     memory: Mapping[str, Mapping[str, Any]]  # tenant -> MemoryState
     usage: Mapping[tuple[str, str, int | None], Mapping[str, Any]]  # (tenant, GPU, MIG id) -> usage
     idle: frozenset[tuple[str, str, int | None]]
+    audit: bool = False  # the enforcer's decisions are not carried out (mode audit)
 
     @classmethod
     def of(cls, state: Mapping[str, Any]) -> _Joins:
@@ -219,7 +262,7 @@ class _Joins:
             if entry.get("level") in ("pod", "workload") and entry.get("ended_at_unix") is None:
                 usage[_usage_key(entry)] = entry
         idle = frozenset(_usage_key(e) for e in _dicts((accounting or {}).get("idle")))
-        return cls(shares, memory, usage, idle)
+        return cls(shares, memory, usage, idle, audit=_get(enforcement, "mode", str) == "audit")
 
 
 def _usage_key(entry: Mapping[str, Any]) -> tuple[str, str, int | None]:
@@ -284,7 +327,7 @@ def _tenant_sm_timing(gpu: Mapping[str, Any], taken_at: float | None,
     the snapshot) or not known (an older agent, MIG)."""
     poll = poll_interval or 1.0
     window = _number(gpu, "process_util_window_seconds")
-    read_at = _number(gpu, "process_util_read_at_unix")
+    read_at = _unix(gpu, "process_util_read_at_unix")
     age = taken_at - read_at if taken_at is not None and read_at is not None else None
     return {"tenant_sm_window_seconds": window if window is not None and window > 1.5 * poll else None,
             "tenant_sm_age_seconds": age if age is not None and age >= poll / 2 else None}
@@ -372,6 +415,7 @@ def _tenant(
         idle_flagged=key in joins.idle,
         gpu_hours_today=today / 3600 if today is not None else None,
         mig_instance=_get(hint, "mig_instance", str),
+        audit=joins.audit,
     )
 
 
@@ -387,11 +431,19 @@ def _get(mapping: Mapping[str, Any] | None, key: str, kind: type, default: Any =
     return default
 
 
-def _number(mapping: Mapping[str, Any] | None, key: str) -> float | None:
+def _number(mapping: Mapping[str, Any] | None, key: str, low: float = -FIGURE_MAX,
+            high: float = FIGURE_MAX) -> float | None:
+    """``mapping[key]`` as a float; ``None`` when it is no number (an older agent: shown "-"); a number out
+    of ``[low, high]`` is :class:`~gpuagent.boundedjson.Unreadable` naming the key (no agent sends one)."""
     value = mapping.get(key) if isinstance(mapping, Mapping) else None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return float(in_range(value, low, high, shown(key)))
     return None
+
+
+def _unix(mapping: Mapping[str, Any] | None, key: str) -> float | None:
+    """A time as seconds since the epoch, one the clock functions can show."""
+    return _number(mapping, key, 0.0, UNIX_MAX)
 
 
 def _mhz(mapping: Mapping[str, Any], key: str) -> float | None:
