@@ -31,16 +31,25 @@ class HealthMonitor:
         self._conditions: dict[str, NodeCondition] = {}
         self._audit: Counter[tuple[str, str]] = Counter()
         self._last_signature = ""
+        self._held: list[tuple[str, str, int | None, float]] = []
         if writer is not None:
-            writer.on_held = self._adopt
+            writer.on_held = self._held.extend  # read from the Node; adopted by the next poll, with its GPUs
 
-    def _adopt(self, held: list[tuple[str, str, int | None, float]]) -> None:
-        adopted = self._tracker.adopt(held)
+    def _adopt(self, snapshot: NodeSnapshot) -> None:
+        held = list(self._held)
+        self._held.clear()  # in place: the writer holds its extend
+        adopted = self._tracker.adopt(held, gpus={g.info.uuid for g in snapshot.gpus},
+                                      now=snapshot.taken_at_unix)
         if adopted:
             log.warning("holding %d GPU fault(s) a previous run held until a GPU reset (same boot)", adopted)
+        if adopted < len(held):
+            log.warning("not holding %d fault(s) of the Node's gpuagent.io/held-faults: unknown, not held "
+                        "until a reset, or on a GPU this node does not have", len(held) - adopted)
 
     def update(self, snapshot: NodeSnapshot) -> HealthState:
         now = snapshot.taken_at_unix
+        if self._held:
+            self._adopt(snapshot)
         faults, new = self._tracker.update(snapshot, self._classifier.observe(snapshot), now)
         conditions = conditions_of(faults, self._conditions, now)
         self._conditions = {c.type: c for c in conditions}

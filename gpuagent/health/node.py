@@ -7,6 +7,14 @@ without having added it, or a cordon a person set, stays. A person's undoing is 
 annotation's signature is the plan's and a taint it added is gone, or the cordon it set was lifted, the
 agent does not put them back until the faults change (a new signature). The remediation hand-off is the
 annotation ``gpuagent.io/remediation`` (docs/health.md).
+
+Every annotation read back is read as another party's text: anyone allowed to patch the Node can write it
+(``deploy/admission-node.yaml`` narrows that to this node's agent and to people). Each is read through
+:mod:`gpuagent.boundedjson` (size, depth, finite numbers of bounded length) and then by shape, so 5,000
+nested brackets or a 400-digit number are one refusal, never a ``RecursionError`` or ``OverflowError`` that
+costs the writer its round (every round, for the two annotations read each time). The held faults are
+read strictly (:func:`held_of`): a bounded list of faults of known shape, each time within bounds; which of
+them concern a GPU of this node is the tracker's to decide (:meth:`~.tracker.FaultTracker.adopt`).
 """
 
 from __future__ import annotations
@@ -17,27 +25,54 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from gpuagent.boundedjson import Bounds, Unreadable, in_range, loads
 from gpuagent.health.plan import TAINT_KEY, Plan
 from gpuagent.snapshot import NodeCondition
 
 QUARANTINE_ANNOTATION = "gpuagent.io/quarantine"
 REMEDIATION_ANNOTATION = "gpuagent.io/remediation"
 HELD_ANNOTATION = "gpuagent.io/held-faults"  # faults held until a reset, kept across agent restarts
+# What the agent writes fits well inside these (a held fault is ~110 bytes: 16 GPUs x 30 reasons < 64 KiB);
+# deploy/admission-node.yaml refuses gpuagent.io/* annotations over ANNOTATION_MAX_BYTES.
+ANNOTATION_MAX_BYTES = 64 << 10
+HELD_BOUNDS = Bounds(max_bytes=ANNOTATION_MAX_BYTES, max_depth=3)  # {"faults": [{...}]}
+MARK_BOUNDS = Bounds(max_bytes=ANNOTATION_MAX_BYTES, max_depth=2)  # {"taints": [...]}
+HANDOFF_BOUNDS = Bounds(max_bytes=ANNOTATION_MAX_BYTES, max_depth=3)  # {"faults": [{...}]}
+LATEST_UNIX = 1e11  # a time later than this (the year 5138) is no time the agent wrote
 
 
 def held_of(node: Mapping[str, Any]) -> list[tuple[str, str, int | None, float]]:
-    """The faults a previous run held until a reset, when the node has not rebooted since (same bootID);
-    [] otherwise (a reboot is a reset) or when the annotation cannot be read."""
+    """The faults a previous run held until a reset, when the node has not rebooted since (same bootID):
+    (reason, GPU UUID, index or None, since). [] when there is no annotation or the node rebooted since (a
+    reboot is a reset); :class:`~gpuagent.boundedjson.Unreadable` naming the fault when the annotation is
+    not what the agent writes (over the bounds, another shape, a time out of range)."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(HELD_ANNOTATION)
-    try:
-        mark = json.loads(text) if text else None
-        boot = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
-        if not isinstance(mark, dict) or not boot or mark.get("bootID") != boot:
-            return []
-        return [(str(f["reason"]), str(f["gpu"]), f.get("index") if isinstance(f.get("index"), int) else None,
-                 float(f.get("since", 0.0))) for f in mark.get("faults", []) if isinstance(f, dict)]
-    except (ValueError, KeyError, TypeError):
+    boot = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+    if not text or not boot:
         return []
+    if not isinstance(text, str):
+        raise Unreadable(f"{HELD_ANNOTATION}: not a string")
+    mark = loads(text, HELD_BOUNDS, HELD_ANNOTATION)
+    if not isinstance(mark, dict) or not isinstance(mark.get("faults", []), list):
+        raise Unreadable(f"{HELD_ANNOTATION}: not an object with a list of faults")
+    if mark.get("bootID") != boot:
+        return []
+    return [_held_fault(f, f"{HELD_ANNOTATION}: faults[{i}]") for i, f in enumerate(mark.get("faults", []))]
+
+
+def _held_fault(fault: Any, path: str) -> tuple[str, str, int | None, float]:
+    if not isinstance(fault, dict):
+        raise Unreadable(f"{path}: not an object")
+    reason, uuid, index = fault.get("reason"), fault.get("gpu"), fault.get("index")
+    if not isinstance(reason, str) or not 0 < len(reason) <= 128:
+        raise Unreadable(f"{path}.reason: not a reason")
+    if not isinstance(uuid, str) or not 0 < len(uuid) <= 128:
+        raise Unreadable(f"{path}.gpu: not a GPU UUID")
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+        raise Unreadable(f"{path}.index: not a whole number")
+    if index is not None:
+        in_range(index, 0, 1023, f"{path}.index")
+    return reason, uuid, index, float(in_range(fault.get("since", 0.0), 0, LATEST_UNIX, f"{path}.since"))
 
 
 def _held_annotation(node: Mapping[str, Any], plan: Plan) -> str | None:
@@ -89,13 +124,22 @@ class SpecOutcome:
 
 
 def ours(node: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What the agent recorded it did to this Node, None if nothing (or not readable)."""
+    """What the agent recorded it did to this Node, None if nothing or not what the agent writes (then
+    nothing there is taken for the agent's: a taint it cannot show it added stays)."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(QUARANTINE_ANNOTATION)
-    try:
-        mark = json.loads(text) if text else None
-    except ValueError:
+    if not text or not isinstance(text, str):
         return None
-    return mark if isinstance(mark, dict) else None
+    try:
+        mark = loads(text, MARK_BOUNDS, QUARANTINE_ANNOTATION)
+    except Unreadable:
+        return None
+    if not isinstance(mark, dict) or not isinstance(mark.get("signature", ""), str) \
+            or not isinstance(mark.get("cordoned", False), bool):
+        return None
+    taints = mark.get("taints", [])
+    if not isinstance(taints, list) or not all(isinstance(t, str) for t in taints):
+        return None
+    return mark
 
 
 def spec_patch(node: Mapping[str, Any], plan: Plan, *, quarantine: bool, remediation: bool,
@@ -178,10 +222,12 @@ def _ids(mark: Mapping[str, Any] | None) -> list[str]:
     return list(mark.get("taints", [])) if mark else []
 
 
-def _without_since(text: str | None) -> Any:
+def _without_since(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
     try:
-        value = json.loads(text) if text else None
-    except ValueError:
+        value = loads(text, HANDOFF_BOUNDS, REMEDIATION_ANNOTATION)
+    except Unreadable:
         return text
     if isinstance(value, dict):
         value.pop("since", None)

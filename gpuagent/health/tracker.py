@@ -13,7 +13,7 @@ lost, a link down) ends with the reset itself, so it clears the poll it is no lo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from gpuagent.health import table
@@ -87,15 +87,19 @@ class FaultTracker:
         faults = tuple(e.fault() for e in sorted(self._entries.values(), key=_order))
         return faults, tuple(e.fault() for e in new)
 
-    def adopt(self, held: Iterable[tuple[str, str, int | None, float]]) -> int:
+    def adopt(self, held: Iterable[tuple[str, str, int | None, float]], *, gpus: Collection[str],
+              now: float) -> int:
         """Faults a previous run of the agent held until a reset (from the Node, on the same boot): held
-        again, as if seen before this run started. Unknown reasons are left out. Returns how many."""
+        again, as if seen before this run started. Only a known reason that needs a reset, on a GPU of this
+        node (``gpus``, the UUIDs the poll sees): a fault adopted for a GPU that is not there could never see
+        its reset and would be held for ever. An onset after ``now`` is taken as ``now``. Returns how many."""
         rules = table.rules_by_reason()
         adopted = 0
         for reason, uuid, index, since in held:
             rule = rules.get(reason)
-            if rule is None or not rule.needs_reset or (reason, uuid) in self._entries:
+            if rule is None or not rule.needs_reset or uuid not in gpus or (reason, uuid) in self._entries:
                 continue
+            since = min(since, now)
             self._entries[(reason, uuid)] = _Entry(rule, index, uuid, rule.message.format(code="?", detail="",
                                                    links="", reasons="") + " (before the agent restarted)",
                                                    since, since, occurrence=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from gpuagent.boundedjson import Unreadable
 from gpuagent.health import node as nodes
 from gpuagent.health.budget import BudgetError, QuarantineBudget
 from gpuagent.health.drain import Drain
@@ -154,7 +155,11 @@ class NodeWriter:
             raise RuntimeError(f"GET node {self.node}: HTTP {status} {message}".strip())
         if not self._adopted:  # once: what a previous run held until a reset, on this boot, is held again
             self._adopted = True
-            held = nodes.held_of(node)
+            try:
+                held = nodes.held_of(node)
+            except Unreadable as exc:  # not what an agent writes: ignored, and replaced by this run's own
+                log.warning("node %s: ignoring the held faults on the Node: %s", self.node, exc)
+                held = []
             if held and self.on_held is not None:
                 self.on_held(held)
                 self._plan = None  # made without them: wait for the next poll's plan, which has them
