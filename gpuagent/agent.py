@@ -417,7 +417,7 @@ def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.mono
     actions = Actions(
         mode=config.mode, journal=Journal(config.journal_path), cgroup_root=config.cgroup_root,
         allowed_outside_kubepods=config.freezable_outside_kubepods, protected_pids=(os.getpid(),),
-        eviction_client=eviction,
+        eviction_client=eviction, workload_proc_root=config.proc_root,
     )
     plan = make_plan(config.share_scheme, config.share_period)
     cycler = Cycler(lambda target: actions.freeze(target, reason="over its GPU share"), actions.thaw,

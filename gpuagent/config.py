@@ -38,6 +38,9 @@ MEMORY_ACTIONS = ("warn", "kill", "evict")
 HEALTH_DRA_TAINT_MODES = ("off", "report", "classify")  # gpuagent.health.table.DRA_TAINT_MODES
 HEALTH_THRESHOLDS = ("degraded", "fatal", "never")  # the least severity that gets an action (gpuagent.health)
 DRAIN_MODES = ("evict", "wait", "skip")
+# What a pod's gpuagent.io/* limit annotations may do (gpuagent.enforce.policy, docs/isolation.md): nothing,
+# only make the operator's limit stricter, or anything (the operator trusts every pod author).
+POD_ANNOTATION_MODES = ("ignore", "lower-only", "any")
 # Network links left out by default: the loopback and what a node has one of per pod or per CNI.
 NETWORK_LINK_EXCLUDE = (
     "lo", "veth*", "cali*", "cni*", "flannel*", "docker*", "br-*", "lxc*", "cilium_*", "weave*", "vxlan*",
@@ -585,11 +588,15 @@ class Config:
         "BOOL",
     )
     default_gpu_share: float | None = _key(
-        None, _percent_or_null, "GPU share (percent) of pods without a gpuagent.io/gpu-share annotation",
+        None, _percent_or_null,
+        "GPU share (percent) of workloads no annotation or policies rule sets; the most a pod's "
+        "gpuagent.io/gpu-share may ask under pod_annotations: lower-only",
         "PERCENT",
     )
     default_gpu_memory: str | None = _key(
-        None, _quantity_or_null, "GPU memory limit of pods without a gpuagent.io/gpu-memory annotation",
+        None, _quantity_or_null,
+        "GPU memory limit of workloads no annotation or policies rule sets; the most a pod's "
+        "gpuagent.io/gpu-memory may ask under pod_annotations: lower-only",
         "QUANTITY",
     )
     memory_action: str = _key(
@@ -611,6 +618,12 @@ class Config:
     policies: tuple[Mapping[str, Any], ...] = _key(
         (), _rules, "limits for workloads matched by namespace, pod, kind, name or cgroup (config file only)",
         "RULES",
+    )
+    pod_annotations: str = _key(
+        "lower-only", _choice(*POD_ANNOTATION_MODES),
+        "what pods' gpuagent.io/gpu-share, gpu-memory and priority annotations may do where no policies rule "
+        "says: ignore, lower-only (only make the operator's limit stricter) or any; exempt is never a pod's",
+        "{" + ",".join(POD_ANNOTATION_MODES) + "}",
     )
     accounting_retention: float = _key(
         300.0, _number(0), "seconds an ended workload's accounting counters are kept before its series go",

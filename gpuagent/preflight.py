@@ -46,7 +46,8 @@ def policies(
             node_defaults(share, memory)
         except PolicyValueError as exc:
             raise ConfigError(key, exc.message, config.sources.get(key, "config")) from exc
-    defaults = node_defaults(config.default_gpu_share, config.default_gpu_memory)
+    defaults = node_defaults(config.default_gpu_share, config.default_gpu_memory,
+                             pod_annotations=config.pod_annotations)
     return parsed, defaults
 
 

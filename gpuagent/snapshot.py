@@ -339,6 +339,10 @@ class MemoryState:
     used_bytes: int
     stage: str  # "ok" | "warned" | "terminating" | "killed" | "evicted"
     over_since_unix: float | None = None
+    # The ladder's next step should the pod stay over ("term" | "kill" | "evict"; None: none left), and when
+    # it is due: in audit mode what it would do, and when, were the processes to ignore the would-be signals
+    next_step: str | None = None
+    next_step_at_unix: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +357,27 @@ class PolicyProblem:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsDecision:
+    """One workload's limits as the enforcer decided them at the last poll, and why (``/v1/state``).
+
+    ``sources``: where each value came from, by field: ``annotation``, ``policies[i]`` or ``the node
+    default``, and where ``pod_annotations`` (what a pod's annotations may do: ignore, lower-only, any) came
+    from. ``refused``: each of the pod's ``gpuagent.io/*`` annotations that did not count, and why (also in
+    ``EnforcementState.problems``)."""
+
+    owner: str  # "ns/pod", or "kind:name" for a workload off Kubernetes
+    namespace: str | None
+    name: str
+    share_ratio: float | None
+    memory_bytes: int | None
+    priority: int
+    exempt: bool
+    pod_annotations: str | None  # None: not a pod
+    sources: Mapping[str, str] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)  # annotation -> why
+
+
+@dataclass(frozen=True, slots=True)
 class EnforcementState:
     """What the enforcer decided at the last poll; in audit mode, what it would have done."""
 
@@ -364,6 +389,7 @@ class EnforcementState:
     frozen_cgroups: int = 0
     share_scheme: str | None = None  # "rotation" | "duty"; None: no cycler (no shares applied)
     share_period_seconds: float | None = None  # the mean period of the rotation or duty cycle
+    limits: tuple[LimitsDecision, ...] = ()  # every workload with processes on a GPU, by owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -804,12 +830,19 @@ def sm_share_ratio(process: ProcessSample) -> float | None:
 
 
 def to_jsonable(value: Any) -> Any:
-    """A snapshot (or any part of it) as plain JSON types, enums by value, mappings with string keys."""
+    """A snapshot (or any part of it) as plain JSON types, enums by value, mappings with string keys; a
+    mapping keyed by pairs (``actions_total``'s (action, outcome)) nested by them,
+    ``{"freeze": {"audit": 3}}``, never the text of a Python tuple."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Mapping):
+        if value and all(isinstance(k, tuple) and len(k) == 2 for k in value):
+            nested: dict[str, dict[str, Any]] = {}
+            for (outer, inner), v in value.items():
+                nested.setdefault(str(outer), {})[str(inner)] = to_jsonable(v)
+            return nested
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]

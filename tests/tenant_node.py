@@ -47,7 +47,8 @@ def h100_tenants(processes: Sequence[dict[str, Any]]) -> tuple[list[Tenant], dic
     dataloader-prefetch-g; share 40 %), ``training/eval-g`` (node defaults: 20 %, 4Gi, which its 7-9 GiB
     exceed), ``serving/embedding-g`` (8Gi), ``serving/vllm-g`` (30 %, 16Gi, priority high),
     ``research/notebook-g`` (a config rule: 15 %; notebook-0's share annotation is bad: a policy problem;
-    notebook-3 was not allocated its GPU), ``training/reward-g`` (reward-1 exempt); tokenizer-cache-g is
+    notebook-3 was not allocated its GPU), ``training/reward-g`` (reward-1 exempt by a config rule; its
+    ``gpuagent.io/exempt`` annotation is ignored, a policy problem); tokenizer-cache-g is
     the systemd unit ``tokenizer-cache@g.service`` (a config rule: 10 %, 8Gi). GPU 7: all eight processes
     are one pod, ``training/pretrain-0``, allocated the whole GPU."""
     by_name: dict[str, Tenant] = {}
@@ -233,7 +234,10 @@ def tenant_agent(work: Path, name: str = "gpu-node-1", **config: Any) -> Iterato
             # tests/test_shutdown.py checks); 10 s by default, spent by every module that starts this node
             "shutdown_timeout": 1,
             "policies": [{"match_kind": "systemd_service", "gpu_share": 10, "gpu_memory": "8Gi"},
-                         {"match_namespace": "research", "gpu_share": 15}],
+                         {"match_namespace": "research", "gpu_share": 15},
+                         {"match_namespace": "training", "match_pod": "reward-1", "exempt": True}],
+            # an operator who trusts the pods' authors: their annotations override the defaults
+            "pod_annotations": "any",
             **config,
         }, work)
         try:

@@ -96,6 +96,7 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
         "cgroup_root",
         "freezable_outside_kubepods",
         "policies",
+        "pod_annotations",
         "accounting_retention",
         "efficiency_window",
         "idle_threshold",

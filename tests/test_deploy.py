@@ -154,7 +154,8 @@ def test_the_manifests_are_there_and_every_document_names_its_kind() -> None:
         assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), name
         if doc["kind"] != "Kustomization":
             assert doc["metadata"]["name"], name
-            if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}:
+            if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}:
                 assert doc["metadata"].get("namespace") == NAMESPACE, f"{name}: {doc['kind']} outside {NAMESPACE}"
 
 
@@ -288,7 +289,8 @@ def test_every_document_kind_is_checked_by_some_schema() -> None:
     kinds = {doc["kind"] for _, doc in _all_docs()}
     core = kinds - NOT_CORE
     assert core <= {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                    "ConfigMap", "DaemonSet", "Deployment", "Service", "CustomResourceDefinition"}, \
+                    "ConfigMap", "DaemonSet", "Deployment", "Service", "CustomResourceDefinition",
+                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, \
         "a new kind: make sure kubernetes-validate has its schema"
 
 
@@ -521,7 +523,8 @@ def test_kustomization_applies_the_node_agent_only() -> None:
         assert (DEPLOY / resource).is_file(), resource
     # Not the ServiceMonitor (it needs the Prometheus operator's CRDs).
     assert set(kustomization["resources"]) == {"namespace.yaml", "gpunodestate-crd.yaml", "rbac.yaml",
-                                               "daemonset.yaml", "service.yaml"}
+                                               "daemonset.yaml", "service.yaml",
+                                               "admission-pod-annotations.yaml"}
 
 
 def _kustomize(directory: Path) -> list[dict[str, Any]]:

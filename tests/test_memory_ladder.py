@@ -38,6 +38,11 @@ def stage(m: MemoryLadder, key: str = "ml/train") -> str:
     return state.stage
 
 
+def next_step(m: MemoryLadder, key: str = "ml/train") -> tuple[str | None, float | None]:
+    [state] = [s for s in m.states() if pod_key(s.pod, s.namespace) == key]
+    return state.next_step, state.next_step_at_unix
+
+
 def train(used: int, pids: tuple[int, ...] = (11, 12), limit: int | None = LIMIT, namespace: str | None = "ml"):
     return ("train", namespace, limit, used, pids)
 
@@ -51,7 +56,8 @@ def test_full_ladder_warn_term_kill_with_timings() -> None:
     assert steps == [Step("warn", "ml/train", (11, 12), steps[0].reason)]
     assert "9.0 GiB over its limit 8.0 GiB" in steps[0].reason
     assert m.states() == (MemoryState(pod="train", namespace="ml", limit_bytes=LIMIT, used_bytes=OVER,
-                                      stage="warned", over_since_unix=1001.0),)
+                                      stage="warned", over_since_unix=1001.0, next_step="term",
+                                      next_step_at_unix=1011.0),)
 
     for _ in range(9):  # 9 s over: not yet
         clock.advance(1)
@@ -60,7 +66,8 @@ def test_full_ladder_warn_term_kill_with_timings() -> None:
     clock.advance(1)  # 10 s over
     steps = m.update([train(OVER)])
     assert kinds(steps) == [("term", (11, 12))] and "SIGTERM" in steps[0].reason and "for 10s" in steps[0].reason
-    assert stage(m) == "terminating"
+    assert "SIGKILL 30s later if still on the GPU" in steps[0].reason
+    assert stage(m) == "terminating" and next_step(m) == ("kill", 1041.0)
 
     clock.advance(29.5)
     assert m.update([train(OVER)]) == [] and stage(m) == "terminating"
@@ -71,7 +78,7 @@ def test_full_ladder_warn_term_kill_with_timings() -> None:
     assert stage(m) == "killed"
 
     clock.advance(5)  # still listed (the driver is slow to let go): nothing more to do
-    assert m.update([train(OVER)]) == [] and stage(m) == "killed"
+    assert m.update([train(OVER)]) == [] and stage(m) == "killed" and next_step(m) == (None, None)
     assert m.states()[0].over_since_unix == 1001.0
 
 
@@ -150,7 +157,7 @@ def test_evict_mode() -> None:
     clock.advance(10)
     steps = m.update([train(OVER)])
     assert kinds(steps) == [("evict", (11, 12))] and "evicting" in steps[0].reason
-    assert stage(m) == "evicted"
+    assert stage(m) == "evicted" and next_step(m) == ("evict", 1040.0)  # again, should it stay over
     clock.advance(29)
     assert m.update([train(OVER)]) == []  # the kubelet is stopping it
     clock.advance(1)
@@ -279,3 +286,28 @@ def test_a_state_that_holds_is_the_same_object_from_update_to_update() -> None:
         fresh, _ = ladder()
         fresh.update([changed])
         assert m.states() == fresh.states() and m.states()[0] is not first["train"]
+
+
+def test_the_next_step_follows_a_late_process_and_ends_with_the_last_kill() -> None:
+    """A PID that appears after the SIGTERM gets its own at once, and the next kill is the first one due."""
+    m, clock = ladder(term_after=10, kill_grace=30)
+    m.update([train(OVER, pids=(11,))])
+    assert next_step(m) == ("term", 1010.0)
+    clock.advance(10)
+    m.update([train(OVER, pids=(11,))])
+    assert next_step(m) == ("kill", 1040.0)
+    clock.advance(20)
+    assert kinds(m.update([train(OVER, pids=(11, 12))])) == [("term", (12,))]
+    assert next_step(m) == ("kill", 1040.0)  # 11's comes first
+    clock.advance(10)
+    assert kinds(m.update([train(OVER, pids=(11, 12))])) == [("kill", (11,))]
+    assert next_step(m) == ("kill", 1060.0)  # then 12's
+    clock.advance(20)
+    assert kinds(m.update([train(OVER, pids=(11, 12))])) == [("kill", (12,))]
+    assert next_step(m) == (None, None)
+
+
+def test_warn_only_has_no_next_step() -> None:
+    m, _ = ladder(action="warn")
+    m.update([train(OVER)])
+    assert stage(m) == "warned" and next_step(m) == (None, None)

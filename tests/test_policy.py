@@ -192,13 +192,18 @@ def test_no_annotation_no_rule_gives_the_node_default() -> None:
     assert limits_for_pod(pod(), NodeDefaults()) == (Limits(None, None), ())
 
 
-def test_every_annotation_is_used() -> None:
+def test_under_any_every_limit_annotation_wins_but_exempt_stays_the_operators() -> None:
+    trusting = NodeDefaults(share_ratio=0.25, memory_bytes=4 * GI, priority=-5, pod_annotations="any")
     limits, problems = limits_for_pod(pod(**{
         "gpuagent.io/gpu-share": "30%", "gpuagent.io/gpu-memory": "8Gi", "gpuagent.io/priority": "high",
         "gpuagent.io/exempt": "yes",
-    }), DEFAULTS)
-    assert limits == Limits(share_ratio=0.30, memory_bytes=8 * GI, priority=100, exempt=True, source="annotation")
-    assert problems == ()
+    }), trusting)
+    assert limits == Limits(share_ratio=0.30, memory_bytes=8 * GI, priority=100, exempt=False, source="annotation")
+    assert [(p.annotation, p.message) for p in problems] == [(
+        "gpuagent.io/exempt",
+        "ignored: exempt is the operator's (a policies rule's exempt: true), never a pod's; "
+        "using the node default instead (false)",
+    )]
 
 
 def test_precedence_is_per_field_annotation_then_rule_then_default() -> None:
@@ -235,11 +240,11 @@ def test_first_matching_rule_that_sets_a_field_wins() -> None:
 def test_a_bad_annotation_is_a_problem_and_its_field_falls_back(key, value, fragment, field, fallback) -> None:
     annotations = {key: value}
     if field != "priority":
-        annotations["gpuagent.io/priority"] = "7"  # a good annotation next to the bad one
+        annotations["gpuagent.io/priority"] = "-7"  # a good annotation next to the bad one (below -5)
     limits, problems = limits_for_pod(pod(**annotations), DEFAULTS)
     assert getattr(limits, field) == fallback
     if field != "priority":
-        assert limits.priority == 7 and limits.source == "annotation"  # the good one is still used
+        assert limits.priority == -7 and limits.source == "annotation"  # the good one is still used
     [problem] = problems
     assert (problem.pod, problem.namespace, problem.annotation, problem.value) == ("train-0", "research", key,
                                                                                    value)

@@ -12,7 +12,10 @@ The cycler runs in audit mode too, so that audit counts what enforce would do, d
 ``freeze`` (outcome "audit") each time a throttled workload's cgroup would go from thawed to frozen (once per
 period while its frozen fraction is under 1; once for as long as it is held at 1) and one ``thaw`` each time
 it would be let go, exactly the writes enforce counts as "done". ``Actions`` touches nothing in
-audit mode, and the time a workload would have spent frozen is not reported as throttled time.
+audit mode, and the time a workload would have spent frozen is not reported as throttled time. The memory
+ladder runs in audit mode too, step for step at enforce's times (a process not signalled stays on the GPU, as
+one that ignored its SIGTERM would): its signals and evictions are counted as outcome "audit", and the
+warning at its first step says what it would do next and when.
 
 On an MPS GPU the server is infrastructure and never acted on; clients are frozen per cgroup like any
 process. MPS's own limits are not fought (docs/mps.md): an MPS client held to a share of the SMs is
@@ -34,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 from gpuagent.enforce.actions import Actions, FreezeTarget
 from gpuagent.enforce.memory import MemoryLadder
-from gpuagent.enforce.owners import Owner, Owners
+from gpuagent.enforce.owners import Owner, Owners, decisions
 from gpuagent.enforce.policy import NodeDefaults, PolicyRule
 from gpuagent.enforce.timeslice import Cycler, RotationController, ShareController, Tenant
 from gpuagent.snapshot import (
@@ -151,6 +154,7 @@ class Enforcer:
             frozen_cgroups=len(self.actions.frozen),
             share_scheme=self._cycler.plan.name if self._cycler is not None else None,
             share_period_seconds=self._cycler.period if self._cycler is not None else None,
+            limits=decisions(owners),
         )
 
     # -- who, with which limits --------------------------------------------------------------------
@@ -243,7 +247,8 @@ class Enforcer:
         for step in self._ladder.update(items):
             owner = owners.get(step.pod_key)
             if step.kind == "warn":
-                log.warning("GPU memory limit exceeded: %s (%s)", step.pod_key, step.reason)
+                log.warning("GPU memory limit exceeded: %s (%s); %s", step.pod_key, step.reason,
+                            self._escalation())
             elif step.kind in ("term", "kill"):
                 # A frozen process cannot run its SIGTERM handler (v2), nor die of SIGKILL (v1): thaw first.
                 self._release(step.pod_key)
@@ -255,6 +260,22 @@ class Enforcer:
                 task = asyncio.ensure_future(eviction)
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
+
+    def _escalation(self) -> str:
+        """What the memory ladder does next to a pod that stays over, as the warning says it: in audit mode
+        what it would do, the same steps at the same times, with nothing signalled or evicted."""
+        settings = self._ladder.settings
+        if settings.action == "warn":
+            return "only warned (memory_action: warn)"
+        if settings.action == "evict":
+            plan = (f"evict the pod after {settings.term_after:g}s over, again every "
+                    f"{settings.kill_grace:g}s while it stays over")
+        else:
+            plan = (f"SIGTERM its GPU processes after {settings.term_after:g}s over, SIGKILL those still "
+                    f"on the GPU {settings.kill_grace:g}s later")
+        if self.mode == "audit":
+            return f"audit: would {plan}; nothing is signalled or evicted"
+        return f"will {plan}"
 
 
 def _held_by_mps(owner: Owner) -> bool:

@@ -17,6 +17,11 @@ One episode, from the first update over to the first update back under (or the p
   within an episode;
 - back under (used <= limit + tolerance): stage "ok", everything forgotten: going over again is a new
   episode, warned again. A pod missing from an update has left and is forgotten; limit ``None``: no ladder.
+
+Each state names the next step due should the pod stay over, and when (``next_step``, ``next_step_at_unix``).
+The ladder does not know the mode: in audit mode nothing is signalled, so a process stays on the GPU as one
+that ignored its SIGTERM would, and the ladder steps on to "kill" after ``kill_grace`` as enforce would for
+such a process; every surface says "would" of these steps (the actions are counted as outcome "audit").
 """
 
 from __future__ import annotations
@@ -131,8 +136,10 @@ class MemoryLadder:
                 steps.append(Step("warn", key, tuple(pids), over))
             episodes[key] = episode
             steps.extend(self._escalate(key, namespace, episode, tuple(pids), now, over))
+            next_step, due = self._next(namespace, episode, tuple(pids))
             states.append(MemoryState(pod=name, namespace=namespace, limit_bytes=limit, used_bytes=used,
-                                      stage=episode.stage, over_since_unix=episode.over_since))
+                                      stage=episode.stage, over_since_unix=episode.over_since,
+                                      next_step=next_step, next_step_at_unix=due))
         self._episodes = episodes  # pods back under, without a limit, or gone: forgotten
         self._states, self._ok = tuple(states), ok
         return steps
@@ -166,7 +173,8 @@ class MemoryLadder:
                 episode.termed[pid] = now
             if episode.stage == "warned":
                 episode.stage = "terminating"
-            steps.append(Step("term", key, fresh, f"{over} for {over_for:g}s: SIGTERM{fallback}"))
+            steps.append(Step("term", key, fresh, f"{over} for {over_for:g}s: SIGTERM, SIGKILL "
+                              f"{settings.kill_grace:g}s later if still on the GPU{fallback}"))
         due = tuple(
             p for p in pids
             if p not in episode.killed and now - episode.termed[p] >= settings.kill_grace
@@ -179,6 +187,22 @@ class MemoryLadder:
                 f"{over}, still on the GPU {settings.kill_grace:g}s after SIGTERM: SIGKILL{fallback}",
             ))
         return steps
+
+    def _next(self, namespace: str | None, episode: _Episode, pids: tuple[int, ...]
+              ) -> tuple[str | None, float | None]:
+        """The step due next for a pod that stays over, and when (the clock's time): (None, None) when the
+        ladder has nothing left to do (action "warn", or every PID on the GPU already killed)."""
+        settings = self._settings
+        if settings.action == "warn":
+            return None, None
+        if settings.action == "evict" and namespace:
+            if episode.evicted_at is None:
+                return "evict", episode.over_since + settings.term_after
+            return "evict", episode.evicted_at + settings.kill_grace
+        if episode.stage == "warned":
+            return "term", episode.over_since + settings.term_after
+        waiting = [episode.termed[p] for p in pids if p in episode.termed and p not in episode.killed]
+        return ("kill", min(waiting) + settings.kill_grace) if waiting else (None, None)
 
     def states(self) -> tuple[MemoryState, ...]:
         """Every pod of the last update, in its order: limit, use, stage ("ok" without a limit)."""

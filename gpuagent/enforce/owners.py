@@ -2,17 +2,18 @@
 
 An owner is what limits apply to: a pod (``ns/pod``), or another workload a config rule can name
 (``kind:name``: a systemd service, a Docker container, a Slurm job). Per poll, each owner gets its figures
-(SM use per GPU, GPU memory, PIDs, the cgroups to freeze) and its limits: a pod's annotations over the
-config's rules over the node's defaults (``policy``). Limits change only with annotations or rules, so the
-last poll's answer is kept while everything it was worked out from is the same (every pod's limits are asked
-for on every poll); an annotation's problem is logged once. The shares and the memory ladder
+(SM use per GPU, GPU memory, PIDs, the cgroups to freeze) and its limits: the config's rules and the node's
+defaults, and what those let its pod's annotations change (``policy``); ``decisions`` says, per owner, where
+every value came from and which annotations were refused. Limits change only with annotations or rules, so
+the last poll's answer is kept while everything it was worked out from is the same (every pod's limits are
+asked for on every poll); an annotation's problem is logged once. The shares and the memory ladder
 (``enforcer``) decide from these owners; nothing here acts.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuagent.enforce.actions import Actions, FreezeTarget
@@ -21,6 +22,7 @@ from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for
 from gpuagent.snapshot import (
     MPS_CLIENT,
     MPS_SERVER,
+    LimitsDecision,
     NodeSnapshot,
     PodUse,
     PolicyProblem,
@@ -41,6 +43,19 @@ def owner_key(workload: Workload) -> str:
     return f"{workload.kind}:{workload.name}"
 
 
+def decisions(owners: Mapping[str, Owner]) -> tuple[LimitsDecision, ...]:
+    """Each owner's limits, where every value came from and which annotations were refused, by owner key."""
+    return tuple(
+        LimitsDecision(
+            owner=key, namespace=o.namespace, name=o.name, share_ratio=o.limits.share_ratio,
+            memory_bytes=o.limits.memory_bytes, priority=o.limits.priority, exempt=o.limits.exempt,
+            pod_annotations=o.limits.pod_annotations, sources=dict(o.limits.origins),
+            refused={p.annotation: p.message for p in o.problems},
+        )
+        for key, o in sorted(owners.items())
+    )
+
+
 @dataclass(slots=True)
 class Owner:
     """A workload's figures in one snapshot."""
@@ -55,6 +70,7 @@ class Owner:
     targets: set[FreezeTarget] = field(default_factory=set)
     processes: list[ProcessSample] = field(default_factory=list)
     mps_client: bool = False  # one of its processes is an MPS client
+    problems: tuple[PolicyProblem, ...] = ()  # its pod's annotations that did not count, and why
 
 
 class Owners:
@@ -105,7 +121,7 @@ class Owners:
                 if owner is None:
                     limits, found = self._limits(w, pods.get((w.namespace, w.name)))
                     problems.extend(found)
-                    owner = owners[key] = Owner(w.namespace, w.name, limits)
+                    owner = owners[key] = Owner(w.namespace, w.name, limits, problems=found)
                 if shared:
                     share = sm_share_ratio(process)
                     if share is not None:

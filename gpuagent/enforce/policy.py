@@ -1,13 +1,28 @@
-"""Limits of a workload: its pod's ``gpuagent.io/*`` annotations, the config's ``policies``, node defaults.
+"""A workload's limits: the config's ``policies`` and node defaults, and what pod annotations may change.
 
-Precedence, per field: annotation > the first matching rule that sets the field > the node default. A rule
-matches when every ``match_*`` selector it has matches (globs, ``fnmatch`` style, case-sensitive; ``*``
-also crosses ``/`` in cgroup paths). Rules serve pods and non-Kubernetes workloads alike; annotations only
-pods.
+The operator decides; a pod's author (anyone who may create or update pods in its namespace) may only ask.
+Per field, the operator's value is the first matching rule that sets the field, else the node default
+(``default_gpu_share``, ``default_gpu_memory``, priority 0, not exempt). A pod's ``gpuagent.io/gpu-share``,
+``gpu-memory`` and ``priority`` annotations then count as the operator's ``pod_annotations`` says there
+(the first matching rule that sets it, else the config key of that name):
 
-Bad values are reported, never guessed: an annotation that does not parse becomes a ``PolicyProblem`` and
-its field falls back to the rule or default; an unknown ``gpuagent.io/*`` key is a problem too, with a
-"did you mean" hint. A bad ``policies`` item is a config error (``PolicyValueError`` naming the item and key).
+- ``lower-only`` (the default): an annotation may make a limit stricter (a smaller share, less memory, a
+  lower priority), never looser; where the operator set no share or memory limit at all, any annotated
+  value is stricter than none and counts. Priority always has the operator's value (the default is 0).
+- ``ignore``: annotations change nothing.
+- ``any``: an annotation wins over the operator's value (the operator trusts every pod author).
+
+``gpuagent.io/exempt`` is never a pod's to set: only a rule exempts. It is still parsed, and reported.
+
+A rule matches when every ``match_*`` selector it has matches (globs, ``fnmatch`` style, case-sensitive;
+``*`` also crosses ``/`` in cgroup paths). Rules serve pods and non-Kubernetes workloads alike; annotations
+only pods.
+
+Nothing a pod asks is dropped silently: an annotation that does not parse, one the operator's
+``pod_annotations`` refuses, an exempt annotation and an unknown ``gpuagent.io/*`` key (with a "did you
+mean" hint) each become a ``PolicyProblem`` saying what is used instead (a log line, the
+``gpuagent_pod_policy_problem`` series, ``/v1/state``), and ``Limits.origins`` says where each value came
+from. A bad ``policies`` item is a config error (``PolicyValueError`` naming the item and key).
 
 Value rules (the annotation text and the YAML values alike):
 
@@ -20,6 +35,7 @@ Value rules (the annotation text and the YAML values alike):
   rounds up, as Kubernetes' ``Quantity.Value()`` does (``0.1Ki`` = 103 bytes).
 - ``priority``: an integer in [-1000, 1000], or ``high`` (100), ``normal`` (0), ``low`` (-100).
 - ``exempt``: ``true``/``false``, ``yes``/``no``, ``on``/``off``, ``1``/``0``, any case.
+- ``pod_annotations`` (rules only): ``ignore``, ``lower-only`` or ``any``, any case.
 """
 
 from __future__ import annotations
@@ -28,9 +44,10 @@ import difflib
 import fnmatch
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from gpuagent.config import POD_ANNOTATION_MODES, choice_word
 from gpuagent.quantities import MAX_TEXT as _MAX_TEXT
 from gpuagent.quantities import MEMORY_EXPECTED as _MEMORY_EXPECTED
 from gpuagent.quantities import (
@@ -59,6 +76,9 @@ WORKLOAD_KINDS = (
 )
 
 SOURCES = ("annotation", "config", "default")
+LOWER_ONLY = "lower-only"
+NODE_DEFAULT = "the node default"  # where a value no annotation or rule gave comes from
+MODE_DEFAULT = "the config's pod_annotations"  # where the annotation mode no rule gave comes from
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 _INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -66,24 +86,39 @@ _INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a workload may use; ``None``: no limit. ``source``: the highest-precedence origin of any field."""
+    """What a workload may use; ``None``: no limit. ``source``: the highest-precedence origin of any field.
+
+    ``origins`` and ``pod_annotations`` explain the decision (``/v1/state``) and take no part in equality.
+    """
 
     share_ratio: float | None  # share of a GPU's SM time, (0, 1]
     memory_bytes: int | None  # > 0
     priority: int = 0
     exempt: bool = False
     source: str = "default"  # "annotation" | "config" | "default"
+    # (field, where its value came from): "annotation", "policies[i]" or NODE_DEFAULT; for pods also
+    # ("pod_annotations", the rule or MODE_DEFAULT)
+    origins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    # what its pod's annotations may do (POD_ANNOTATION_MODES); None: not a pod
+    pod_annotations: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class NodeDefaults:
-    """The node's limits for workloads that no annotation or rule gives one."""
+    """The node's limits for workloads that no annotation or rule gives one, and what pods' annotations may
+    do where no rule says (the config's ``pod_annotations``)."""
 
     share_ratio: float | None = None
     memory_bytes: int | None = None
     priority: int = 0
+    pod_annotations: str = LOWER_ONLY
 
     def __post_init__(self) -> None:
+        if self.pod_annotations not in POD_ANNOTATION_MODES:
+            raise PolicyValueError(
+                f"expected one of {', '.join(POD_ANNOTATION_MODES)}, got {_shown(self.pod_annotations)}",
+                "pod_annotations",
+            )
         if self.share_ratio is not None and not 0 < self.share_ratio <= 1:
             raise PolicyValueError(
                 f"expected a share ratio in (0, 1], got {self.share_ratio!r}", "share_ratio"
@@ -110,17 +145,21 @@ class PolicyRule:
     memory_bytes: int | None = None
     priority: int | None = None
     exempt: bool | None = None
+    pod_annotations: str | None = None  # one of POD_ANNOTATION_MODES: what matching pods' annotations may do
 
 
 def node_defaults(
-    gpu_share_percent: float | None = None, gpu_memory: str | None = None, priority: int = 0
+    gpu_share_percent: float | None = None, gpu_memory: str | None = None, priority: int = 0,
+    pod_annotations: str = LOWER_ONLY,
 ) -> NodeDefaults:
-    """``NodeDefaults`` from the config's ``default_gpu_share`` (percent) and ``default_gpu_memory``."""
+    """``NodeDefaults`` from the config's ``default_gpu_share`` (percent), ``default_gpu_memory`` and
+    ``pod_annotations``."""
     share = None
     if gpu_share_percent is not None:
         share = _share_from_number(gpu_share_percent, str(gpu_share_percent))
     memory = None if gpu_memory is None else parse_memory(gpu_memory)
-    return NodeDefaults(share_ratio=share, memory_bytes=memory, priority=priority)
+    return NodeDefaults(share_ratio=share, memory_bytes=memory, priority=priority,
+                        pod_annotations=pod_annotations)
 
 
 # --- value parsers ------------------------------------------------------------------------------------------
@@ -150,7 +189,7 @@ def parse_bool(value: str) -> bool:
 # --- the config's rules -------------------------------------------------------------------------------------
 
 _MATCH_KEYS = ("match_namespace", "match_pod", "match_kind", "match_name", "match_cgroup")
-_LIMIT_KEYS = ("gpu_share", "gpu_memory", "priority", "exempt")
+_LIMIT_KEYS = ("gpu_share", "gpu_memory", "priority", "exempt", "pod_annotations")
 
 
 def _is_number(value: object) -> bool:
@@ -193,6 +232,18 @@ def _rule_exempt(value: object) -> bool:
     return parse_bool(repr(value))  # raises, naming what came
 
 
+def _rule_annotations(value: object) -> str:
+    word = choice_word(value, POD_ANNOTATION_MODES)
+    if word is None:
+        text = str(value).strip().lower().replace("_", "-").replace(" ", "-")
+        hint = difflib.get_close_matches(text, POD_ANNOTATION_MODES, n=1)
+        known = f"; did you mean {hint[0]}?" if hint else ""
+        raise PolicyValueError(
+            f"expected one of {', '.join(POD_ANNOTATION_MODES)}, got {_shown(value)}{known}"
+        )
+    return word
+
+
 def _rule_glob(key: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise PolicyValueError(f"expected a non-empty string (a glob; quote it in YAML), got {_shown(value)}")
@@ -208,6 +259,7 @@ _RULE_FIELDS: dict[str, tuple[str, Callable[[object], Any]]] = {
     "gpu_memory": ("memory_bytes", _rule_memory),
     "priority": ("priority", _rule_priority),
     "exempt": ("exempt", _rule_exempt),
+    "pod_annotations": ("pod_annotations", _rule_annotations),
 }
 
 
@@ -216,7 +268,8 @@ def parse_rules(raw: object) -> tuple[PolicyRule, ...]:
 
     Each item is a mapping of ``match_*`` selectors (at least one) and the limits it sets (at least one):
     ``gpu_share`` (percent, a number or "30%"), ``gpu_memory`` (bytes or a quantity), ``priority``,
-    ``exempt``. A catch-all is spelled out, e.g. ``match_kind: "*"``.
+    ``exempt``, ``pod_annotations`` (what the matching pods' annotations may do). A catch-all is spelled
+    out, e.g. ``match_kind: "*"``.
     """
     if raw is None:
         return ()
@@ -283,31 +336,50 @@ _ANNOTATION_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     ANNOTATION_PRIORITY: ("priority", parse_priority),
     ANNOTATION_EXEMPT: ("exempt", parse_bool),
 }
+_EXEMPT_IS_THE_OPERATORS = "ignored: exempt is the operator's (a policies rule's exempt: true), never a pod's"
 
 
-def _resolve(
-    annotated: Mapping[str, Any], matching: Sequence[tuple[int, PolicyRule]], defaults: NodeDefaults
-) -> tuple[Limits, dict[str, str]]:
-    """The limits, and where each field not annotated came from: "policies[i]" or "the node default"."""
-    values: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    sources: set[str] = set()
-    for name in _FIELDS:
-        if name in annotated:
-            values[name] = annotated[name]
-            sources.add("annotation")
-            continue
+def _operators(
+    matching: Sequence[tuple[int, PolicyRule]], defaults: NodeDefaults
+) -> dict[str, tuple[Any, str]]:
+    """Per field, and for ``pod_annotations``: the operator's value and where it came from (the first
+    matching rule that sets it, else the node default)."""
+    chosen: dict[str, tuple[Any, str]] = {}
+    for name in (*_FIELDS, "pod_annotations"):
         for index, rule in matching:
-            if getattr(rule, name) is not None:
-                values[name] = getattr(rule, name)
-                origin[name] = f"policies[{index}]"
-                sources.add("config")
+            value = getattr(rule, name)
+            if value is not None:
+                chosen[name] = (value, f"policies[{index}]")
                 break
         else:
-            values[name] = getattr(defaults, name, False)  # NodeDefaults has no exempt: False
-            origin[name] = "the node default"
-    source = next((s for s in SOURCES if s in sources), "default")
-    return Limits(**values, source=source), origin
+            default = getattr(defaults, name, False)  # NodeDefaults has no exempt: False
+            chosen[name] = (default, MODE_DEFAULT if name == "pod_annotations" else NODE_DEFAULT)
+    return chosen
+
+
+def _limits(values: Mapping[str, tuple[Any, str]], pod_annotations: str | None) -> Limits:
+    origins = tuple((name, origin) for name, (_, origin) in values.items())
+    found = {origin for name, origin in origins if name != "pod_annotations"}
+    source = ("annotation" if "annotation" in found
+              else "config" if any(o.startswith("policies[") for o in found) else "default")
+    return Limits(**{name: values[name][0] for name in _FIELDS}, source=source, origins=origins,
+                  pod_annotations=pod_annotations)
+
+
+def _refusal(name: str, asked: Any, operators: Mapping[str, tuple[Any, str]]) -> str | None:
+    """Why the operator's ``pod_annotations`` refuses an annotation's parsed value; None: it counts."""
+    if name == "exempt":
+        return _EXEMPT_IS_THE_OPERATORS
+    mode, mode_origin = operators["pod_annotations"]
+    if mode == "any":
+        return None
+    if mode != LOWER_ONLY:
+        return f"ignored: pod_annotations is {mode} here ({mode_origin})"
+    limit, origin = operators[name]
+    if limit is None or asked <= limit:
+        return None  # stricter than the operator's (or than no limit at all)
+    return (f"refused: {_describe(name, asked)} is above the operator's {_describe(name, limit)} ({origin}) "
+            f"and pod_annotations is lower-only here ({mode_origin}): an annotation may only lower it")
 
 
 def _describe(name: str, value: Any) -> str:
@@ -323,15 +395,24 @@ def _describe(name: str, value: Any) -> str:
 def limits_for_pod(
     pod: PodUse, defaults: NodeDefaults, rules: Sequence[PolicyRule] = ()
 ) -> tuple[Limits, tuple[PolicyProblem, ...]]:
-    """A pod's limits and the problems with its annotations (each bad field falls back to rule or default).
+    """A pod's limits and the problems with its annotations: each annotation that does not parse, that the
+    operator's ``pod_annotations`` refuses (see the module), every exempt one, every unknown key. A field
+    whose annotation does not count keeps the operator's value.
 
     Annotations outside ``gpuagent.io/`` are not ours and are ignored. Rules see the pod as kind "pod"
     with its name as both ``match_pod`` and ``match_name``; a ``match_cgroup`` rule never matches a
     ``PodUse`` (it carries no cgroup: match its processes' workloads with ``limits_for_workload``).
     Problems come sorted by annotation key.
     """
-    annotated: dict[str, Any] = {}
-    failed: list[tuple[str, str, str, str]] = []  # (key, value, message, field)
+    matching = [
+        (i, rule)
+        for i, rule in enumerate(rules)
+        if _matches(rule, kind="pod", name=pod.name, namespace=pod.namespace, pod=pod.name, cgroups=())
+    ]
+    operators = _operators(matching, defaults)
+    values = dict(operators)
+    mode = operators["pod_annotations"][0]
+    unused: list[tuple[str, str, str, str]] = []  # (key, value, why, field)
     unknown: list[tuple[str, str]] = []
     for key, value in sorted(pod.annotations.items()):
         if not key.startswith(ANNOTATION_PREFIX):
@@ -341,22 +422,26 @@ def limits_for_pod(
             unknown.append((key, value))
             continue
         name, parse = known
+        if mode == "ignore" and name != "exempt":  # not even parsed: fixing the value would change nothing
+            unused.append((key, value, _refusal(name, None, operators) or "", name))
+            continue
         try:
-            annotated[name] = parse(value)
+            asked = parse(value)
         except PolicyValueError as error:
-            failed.append((key, value, error.message, name))
-    matching = [
-        (i, rule)
-        for i, rule in enumerate(rules)
-        if _matches(rule, kind="pod", name=pod.name, namespace=pod.namespace, pod=pod.name, cgroups=())
-    ]
-    limits, origin = _resolve(annotated, matching, defaults)
+            unused.append((key, value, error.message, name))
+            continue
+        why = _refusal(name, asked, operators)
+        if why is None:
+            values[name] = (asked, "annotation")
+        else:
+            unused.append((key, value, why, name))
+    limits = _limits(values, mode)
     problems = [
         PolicyProblem(
             pod=pod.name, namespace=pod.namespace, annotation=key, value=value,
-            message=f"{message}; using {origin[name]} instead ({_describe(name, getattr(limits, name))})",
+            message=f"{why}; using {values[name][1]} instead ({_describe(name, values[name][0])})",
         )
-        for key, value, message, name in failed
+        for key, value, why, name in unused
     ]
     for key, value in unknown:
         problems.append(
@@ -393,5 +478,6 @@ def limits_for_workload(
             pod=workload.name if workload.kind == "pod" else None, cgroups=cgroups,
         )
     ]
-    limits, _ = _resolve({}, matching, defaults)
-    return limits
+    operators = _operators(matching, defaults)
+    del operators["pod_annotations"]  # no pod, no annotations
+    return _limits(operators, None)

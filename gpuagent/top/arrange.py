@@ -46,7 +46,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("eff", "EFF", 5, lambda t: t.efficiency_ratio),
     Column("memory", "MEM USED/LIMIT", 15, lambda t: t.memory_used_bytes),
     Column("share", "SHARE LIM/GOT", 13, lambda t: t.share_limit_ratio),
-    Column("frozen", "FROZEN", 6, lambda t: t.frozen_ratio),
+    Column("frozen", "FROZEN", 9, lambda t: t.frozen_ratio),  # "would 80%" in audit mode
     Column("throttled", "THROTTLED", 9, lambda t: t.throttled_seconds),
     Column("ladder", "MEM LADDER", 11, _ladder),
     Column("idle", "IDLE", 10, _idle),

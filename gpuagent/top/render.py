@@ -3,7 +3,8 @@
 The TUI shows these lines (with a cursor) and ``--once`` prints them as plain text, so a bug report shows
 what the screen showed. Every state is spelled out in words (``STALE``, ``LOST``, ``IDLE 31m``, ``OVER``)
 and bars are drawn with glyphs inside brackets, so the view reads the same in a monochrome terminal:
-colour only repeats what the words say. A figure the agent did not give is "-", never 0.
+colour only repeats what the words say. A figure the agent did not give is "-", never 0. In audit mode the
+enforcer's decisions say what it would do (``would 80%`` frozen, ``would kill``): nothing was done.
 
 Every name shown (processes, tenants, GPUs, hosts, the agent's messages) is from outside: any process can
 name itself with escape sequences. Each goes through ``gpuagent.untrusted.shown`` as it becomes text, so its
@@ -101,7 +102,8 @@ def header(node: NodeView | None, status: AgentStatus, url: str, options: ViewOp
         first = Text.assemble((shown(url), TITLE), "  ", ("no snapshot", DIM))
     else:
         facts = [shown(node.backend or "?"), shown(f"driver {node.driver_version or '-'}"),
-                 shown(f"CUDA {node.cuda_version or '-'}"), shown(f"mode {node.mode}")]
+                 shown(f"CUDA {node.cuda_version or '-'}"), shown(f"mode {node.mode}")
+                 + (" (says what it would do)" if node.mode == "audit" else "")]
         if node.poll_interval_seconds is not None:
             facts.append(f"poll {node.poll_interval_seconds:g}s")
         age = status.snapshot_age_seconds
@@ -284,19 +286,37 @@ def tenant_line(tenant: TenantView, width: int, *, expanded: bool) -> Text:
     memory = f"{gib(tenant.memory_used_bytes)}/{gib(tenant.memory_limit_bytes)}"
     share = f"{percent(tenant.share_limit_ratio)}/{percent(tenant.share_achieved_ratio)}"
     frozen = tenant.frozen_ratio
-    stage = shown(tenant.ladder_stage or "-")
+    stage = ladder_words(tenant)
     return _row("    " + marker, name, width, {
         "procs": Text(str(len(tenant.processes))),
         "sm": Text(percent(tenant.sm_ratio)),
         "eff": Text(percent(tenant.efficiency_ratio)),
         "memory": Text(memory + (" OVER" if over else ""), style=BAD if over else ""),
         "share": Text(share),
-        "frozen": Text(percent(frozen), style=WARN if frozen else ""),
+        "frozen": Text(frozen_words(tenant), style=WARN if frozen else ""),
         "throttled": Text(duration(tenant.throttled_seconds)),
-        "ladder": Text(stage, style="" if stage in ("ok", "-") else BAD),
+        "ladder": Text(stage, style="" if stage in ("ok", "-") else WARN if tenant.audit else BAD),
         "idle": idle_words(tenant),
         "today": Text("-" if tenant.gpu_hours_today is None else f"{tenant.gpu_hours_today:.2f}"),
     })
+
+
+# The ladder's stages as audit mode says them: the step it would have taken (a warning it does give).
+WOULD = {"terminating": "would term", "killed": "would kill", "evicted": "would evict"}
+
+
+def frozen_words(tenant: TenantView) -> str:
+    """The part of each period frozen; in audit mode what would be: ``would 80%`` (``would all``)."""
+    ratio = tenant.frozen_ratio
+    if not tenant.audit or not ratio:
+        return percent(ratio)
+    return "would all" if ratio >= 0.995 else f"would {percent(ratio)}"
+
+
+def ladder_words(tenant: TenantView) -> str:
+    """The memory ladder's stage; in audit mode the signal or eviction it would have sent."""
+    stage = shown(tenant.ladder_stage or "-")
+    return WOULD.get(stage, stage) if tenant.audit else stage
 
 
 def _row(prefix: str, name: Text, width: int, cells: dict[str, Text]) -> Text:

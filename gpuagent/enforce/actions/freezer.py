@@ -137,9 +137,7 @@ class Freezer:
         with self._lock:
             if target in self._frozen or target in self._inherited:
                 return self._thaw(target, unjournal=False) != "failed"
-            if target in self._audit_frozen:
-                self._audit_frozen.discard(target)
-                self._outcomes.note("thaw", "audit", target.path, f"audit: would thaw {target.path}")
+            self._audit_thaw(target)
             return True
 
     def release(self, target: FreezeTarget) -> bool:
@@ -148,7 +146,7 @@ class Freezer:
         with self._lock:
             if target in self._frozen or target in self._inherited:
                 return self._thaw(target, unjournal=True) != "failed"
-            self._audit_frozen.discard(target)
+            self._audit_thaw(target)
             self.journal.remove(target)
             return True
 
@@ -156,7 +154,8 @@ class Freezer:
         """Thaw everything this freezer or the journal holds frozen and empty the journal of it (for
         shutdown); how many cgroups were thawed. Acts in every mode."""
         with self._lock:
-            self._audit_frozen.clear()
+            for target in sorted(self._audit_frozen, key=lambda t: (t.hierarchy, t.path)):
+                self._audit_thaw(target)
             return self._thaw_many(self._frozen | self._inherited, self.journal.targets())
 
     def recover(self) -> int:
@@ -168,6 +167,12 @@ class Freezer:
                 log.warning("recovering from the freeze journal %s: thawing %d cgroup(s)",
                             self.journal.path, len(journaled))
             return self._thaw_many(journaled | self._frozen, journaled)
+
+    def _audit_thaw(self, target: FreezeTarget) -> None:
+        """Audit: a target that would be frozen now would be thawed: counted as enforce counts its thaw."""
+        if target in self._audit_frozen:
+            self._audit_frozen.discard(target)
+            self._outcomes.note("thaw", "audit", target.path, f"audit: would thaw {target.path}")
 
     def _thaw_many(self, to_write: Iterable[FreezeTarget], journaled: frozenset[FreezeTarget]) -> int:
         """Thaw ``to_write``; un-journal, with one write, everything of ``journaled`` that is now thawed."""

@@ -34,6 +34,9 @@ class Actions:
     eviction limits: at most one eviction per pod per ``eviction_min_interval`` seconds, and a node-wide
     token bucket of ``eviction_burst`` tokens refilled one per ``eviction_refill_interval`` seconds.
     ``eviction_client`` is made from the environment's Kubernetes configuration on first use when None.
+    ``proc_root`` is where the agent reads its own process (``self/mountinfo``, ``self/cgroup``, its
+    ancestors); ``workload_proc_root`` where it reads a workload's ``PID/cgroup`` before a signal (the
+    config's ``proc_root``, the host's, as the pods source reads it; ``proc_root`` when None).
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class Actions:
         eviction_burst: int = 5,
         eviction_refill_interval: float = 30.0,
         proc_root: str | Path = "/proc",
+        workload_proc_root: str | Path | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -62,7 +66,8 @@ class Actions:
         self._freezer = Freezer(mode=mode, journal=journal, hierarchies=self._hierarchies,
                                 workloads=self._workloads, outcomes=self._outcomes)
         self._signaller = Signaller(mode=mode, workloads=self._workloads, outcomes=self._outcomes,
-                                    protected_pids=protected_pids, proc_root=proc_root)
+                                    protected_pids=protected_pids, proc_root=proc_root,
+                                    workload_proc_root=workload_proc_root)
 
     # -- what it was made with ----------------------------------------------------------------------------
     @property

@@ -8,6 +8,11 @@ reaches it or no one. The rules, checked in every mode (each refusal an
 agent's own PID (``own-pid``) or an ancestor of it (``ancestor-pid``), a PID in ``protected_pids``
 (``protected-pid``), a process in the agent's own cgroup (``own-cgroup``), or one whose cgroup is neither
 in a kubepods pod nor allowed by ``allowed_outside_kubepods`` (``outside-kubepods``).
+
+Audit mode checks the same rules on ``<proc_root>/PID/cgroup`` and counts the decision (outcome "audit")
+without opening a pidfd: nothing will be sent, so there is no process to pin, and the kernel's PIDs need not
+be the ones the agent reads (the demo's simulated processes exist only in its own ``/proc`` tree, and once
+read as "gone" through a pidfd: a decision counted as if the process had died of it).
 """
 
 from __future__ import annotations
@@ -25,15 +30,18 @@ _SIGNAL_ACTIONS = {signal.SIGTERM: "signal_term", signal.SIGKILL: "signal_kill"}
 
 class Signaller:
     """Sends SIGTERM or SIGKILL to processes ``workloads`` allows; ``protected_pids`` are never signalled.
-    Holds no state of its own between calls: thread-safe."""
+    A process's cgroup is read under ``workload_proc_root`` (``proc_root``, where the agent's ancestors are
+    read, when None). Holds no state of its own between calls: thread-safe."""
 
     def __init__(self, *, mode: str, workloads: WorkloadRules, outcomes: Outcomes,
-                 protected_pids: Iterable[int] = (), proc_root: str | Path = "/proc") -> None:
+                 protected_pids: Iterable[int] = (), proc_root: str | Path = "/proc",
+                 workload_proc_root: str | Path | None = None) -> None:
         self.mode = mode
         self.protected_pids = frozenset(protected_pids)
         self._workloads = workloads
         self._outcomes = outcomes
-        self._proc = Path(proc_root)
+        self._proc = Path(proc_root)  # the agent's own: its ancestors
+        self._workload_proc = Path(workload_proc_root) if workload_proc_root is not None else self._proc
 
     def signal(self, pid: int, sig: int, *, reason: str) -> bool:
         """Send SIGTERM or SIGKILL to ``pid`` through a pidfd (a reused PID is never hit); True if sent.
@@ -51,6 +59,8 @@ class Signaller:
         except ActionRefused as refused:
             note(action, "refused", what, str(refused))
             return False
+        if self.mode == "audit":
+            return self._audit(pid, sig, action, reason)
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -65,10 +75,6 @@ class Signaller:
             cgroups = self.cgroups_of(pid)
             signal.pidfd_send_signal(pidfd, 0)
             self.check_cgroups(pid, cgroups)
-            if self.mode == "audit":
-                note(action, "audit", what,
-                     f"audit: would send {signal.Signals(sig).name} to {what} ({reason})")
-                return False
             signal.pidfd_send_signal(pidfd, sig)
         except ActionRefused as refused:
             note(action, "refused", what, str(refused))
@@ -83,6 +89,25 @@ class Signaller:
             os.close(pidfd)
         note(action, "done", what, f"sent {signal.Signals(sig).name} to {what} ({reason})")
         return True
+
+    def _audit(self, pid: int, sig: int, action: str, reason: str) -> bool:
+        """Audit: the rules on where the process is, as enforce checks them, and the decision counted; no
+        pidfd, since nothing is sent (a PID whose ``/proc`` entry is gone has exited: outcome "gone")."""
+        what = f"PID {pid}"
+        note = self._outcomes.note
+        try:
+            self.check_cgroups(pid, self.cgroups_of(pid))
+        except ActionRefused as refused:
+            note(action, "refused", what, str(refused))
+            return False
+        except (ProcessLookupError, FileNotFoundError):
+            note(action, "gone", what, f"{what} has exited")
+            return False
+        except OSError as exc:
+            note(action, "failed", what, f"cannot read the cgroup of {what}: {exc}")
+            return False
+        note(action, "audit", what, f"audit: would send {signal.Signals(sig).name} to {what} ({reason})")
+        return False
 
     def check_pid(self, pid: int) -> None:
         """The rules on the number alone: raise :class:`ActionRefused` for PID 1, the agent, its
@@ -101,7 +126,7 @@ class Signaller:
 
     def cgroups_of(self, pid: int) -> dict[str, str]:
         """/proc/PID/cgroup as {"v2" or the v1 controllers field: path}."""
-        text = (self._proc / str(pid) / "cgroup").read_bytes().decode("utf-8", "surrogateescape")
+        text = (self._workload_proc / str(pid) / "cgroup").read_bytes().decode("utf-8", "surrogateescape")
         return parse_cgroups(text)
 
     def check_cgroups(self, pid: int, cgroups: Mapping[str, str]) -> None:
