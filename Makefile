@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
-#   make run    install the agent (its runtime dependencies only) and run the demo: `gpuagent demo`, a
-#               SIMULATED Kubernetes node (8xH100, twelve pods served by a kubelet and an API server of its own)
+#   make run    install the agent (its runtime dependencies and `gpuagent top`'s) and run the demo: `gpuagent
+#               demo`, a SIMULATED Kubernetes node (8xH100, twelve pods served by a kubelet and an API server of
+#               its own), which `gpuagent top` shows
 #   make demo   the same, scraped by a Prometheus holding a week of its history (report and recommend at once)
 #   make test   install the agent with the test extras and the system packages the tests use, and run lint,
 #               layer checks and the test suite (a parallel pass and a serial pass: scripts/run_tests.py)
@@ -24,11 +25,13 @@ define venv_install
 	($(BIN)/python -m pip install -q --upgrade pip && $(BIN)/python -m pip install -q $(1))
 endef
 
-# The runtime (what `gpuagent run` imports): all `make run` needs. The test extras (pytest, ruff, import-linter,
-# schemathesis, matplotlib, ...) come with the runtime in one run, so a fresh clone's `make test` resolves and
-# builds once, not twice.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(call venv_install,-e .)
+# The runtime (what `gpuagent run` imports) and the top extra (Textual, Rich): all `make run` needs, and the
+# README's next command, `gpuagent top`, works beside it. The test extras (pytest, ruff, import-linter,
+# schemathesis, matplotlib, Textual, ...) come with the runtime in one run, so a fresh clone's `make test`
+# resolves and builds once, not twice. The Makefile is a prerequisite: a venv installed by an older recipe
+# (without top) is brought up to this one.
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
+	$(call venv_install,-e '.[top]')
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python

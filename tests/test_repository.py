@@ -49,16 +49,16 @@ def pip_installs(commands: list[str]) -> list[str]:
     return found
 
 
-def test_make_run_installs_the_runtime_only(tmp_path: Path) -> None:
+def test_make_run_installs_the_runtime_and_top(tmp_path: Path) -> None:
     commands = planned("run", tmp_path)
-    assert pip_installs(commands) == ["-e ."]
+    assert pip_installs(commands) == ["-e '.[top]'"]  # the README's next command is `gpuagent top`
     # the demo: a simulated Kubernetes node whose pods `gpuagent top` names from the first screen
     assert commands[-1].startswith("$VENV/bin/gpuagent demo --scenario examples/scenarios/demo-k8s-node.yaml ")
 
 
 def test_make_demo_runs_the_demo_beside_a_prometheus_with_its_history(tmp_path: Path) -> None:
     commands = planned("demo", tmp_path)
-    assert pip_installs(commands) == ["-e ."]  # the runtime; Prometheus is Debian's
+    assert pip_installs(commands) == ["-e '.[top]'"]  # the runtime and top; Prometheus is Debian's
     assert commands[-1] == "BIN=$VENV/bin LISTEN=127.0.0.1:9402 ./scripts/demo.sh"
     script = (ROOT / "scripts" / "demo.sh").read_text()
     steps = ["-m gpuagent.demo.history", "promtool tsdb create-blocks-from openmetrics", "prometheus --config.file",
