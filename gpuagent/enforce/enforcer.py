@@ -1,12 +1,12 @@
 """The enforcer: turns each snapshot into share and memory decisions, and hands them to the actions gate.
 
-Each poll, per workload (a pod, or a workload a config rule names): its limits (annotations > config rules >
-node defaults), its measured SM use per GPU and its GPU memory (grouped by :mod:`gpuagent.enforce.owners`).
-One controller per GPU decides frozen fractions (:class:`RotationController` under ``share_scheme:
-rotation``, :class:`ShareController` under ``duty``); the :class:`Cycler` applies them between polls with the
-scheme's plan; the :class:`MemoryLadder` decides warn → SIGTERM → SIGKILL (or eviction). ``Actions``
-carries out, or in audit mode only counts, every step. MIG instances are hard isolation already: no shares
-there.
+Each poll, per workload (a pod, or a workload a config rule names): its limits (config rules > node defaults,
+and what those let its pod's annotations change: :mod:`gpuagent.enforce.policy`), its measured SM use per
+GPU and its GPU memory (grouped by :mod:`gpuagent.enforce.owners`). One controller per GPU decides frozen
+fractions (:class:`RotationController` under ``share_scheme: rotation``, :class:`ShareController` under
+``duty``); the :class:`Cycler` applies them between polls with the scheme's plan; the :class:`MemoryLadder`
+decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit mode only counts, every
+step. MIG instances are hard isolation already: no shares there.
 
 The cycler runs in audit mode too, so that audit counts what enforce would do, decision for decision: one
 ``freeze`` (outcome "audit") each time a throttled workload's cgroup would go from thawed to frozen (once per
