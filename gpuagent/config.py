@@ -17,6 +17,7 @@ import math
 import os
 import re
 import socket
+import stat
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -836,16 +837,74 @@ def load_config(
     return Config(**values, config_file=path, sources=types.MappingProxyType(sources))
 
 
+MAX_FILE_BYTES = 4 << 20  # a config, web config or agents file: a long policies list is some kilobytes
+
+
+def read_regular_file(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``max_bytes``; a ``ConfigError`` (source ``path``)
+    for anything else. Opened without blocking (a FIFO would wait for a writer for ever) and checked on the
+    descriptor: a device (``/dev/zero`` reads without end), a FIFO, a socket or a directory is refused by
+    kind, and a file longer than the bound is refused without reading the rest."""
+    cannot = "cannot read the config file"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ConfigError("", f"{cannot}: {err.strerror or err}", path) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError("", f"{cannot}: expected a regular file, got {_file_kind(mode)}", path)
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            data = stream.read(max_bytes + 1)
+    except OSError as err:
+        raise ConfigError("", f"{cannot}: {err.strerror or err}", path) from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ConfigError("", f"{cannot}: expected at most {max_bytes} bytes, it holds more", path)
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
+
+
+# A key as a config key is written: a name (and dots, dashes). Only such a key is named in an error; any
+# other "key" is a line of some other file (``root:*:20228:...:`` of a shadow file read as a web config).
+_KEY_SHAPE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def key_text(key: Any) -> str:
+    """A key read from a file, as an error message may name it: itself when it has the shape of a config
+    key (a typo to correct), else only its length: the file may be any file the caller can read, and the
+    message goes to terminals and logs."""
+    if isinstance(key, str) and _KEY_SHAPE.fullmatch(key):
+        return key
+    if isinstance(key, bool | int | float) or key is None:
+        return repr(key)
+    return f"(a key of {len(str(key))} characters, not a config key)"
+
+
+def _quoted_parts_hidden(problem: str) -> str:
+    """PyYAML's words for a syntax problem, each quoted part of the file (an alias, a tag, a duplicate key)
+    kept only where it is a single character or has a config key's shape."""
+    def one(match: re.Match[str]) -> str:
+        inner = match.group()[1:-1]
+        return match.group() if len(inner) <= 2 or _KEY_SHAPE.fullmatch(inner) else "'...'"
+
+    return re.sub(r"'[^']*'|\"[^\"]*\"", one, problem)
+
+
 def read_yaml_mapping(path: str) -> dict[Any, Any]:
     """A YAML file that must hold a mapping, read strictly (a key given twice is an error); every problem
     is a ``ConfigError`` whose source is ``path``. A file that is not such a mapping is named with what kind
     of problem it has and where, never with its content: the path may be any file the caller can read
-    (``/etc/passwd`` as a ``web_config``), and the message goes to logs and terminals."""
+    (``/etc/passwd`` as a ``web_config``), and the message goes to logs and terminals. What is read is
+    bounded (:func:`read_regular_file`)."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            text = stream.read()
-    except OSError as err:
-        raise ConfigError("", f"cannot read the config file: {err.strerror or err}", path) from None
+        text = read_regular_file(path).decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError("", f"not UTF-8 text (byte {err.start})", path) from None
     try:
@@ -853,7 +912,7 @@ def read_yaml_mapping(path: str) -> dict[Any, Any]:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = shown(str(err.problem or err.context or "a syntax error"))  # PyYAML's words for the kind
+        problem = shown(_quoted_parts_hidden(str(err.problem or err.context or "a syntax error")))
         raise ConfigError("", f"invalid YAML{where}: {problem[:100]}", path) from None
     except yaml.reader.ReaderError as err:  # a character YAML does not allow (a control, say)
         char = err.character if isinstance(err.character, int) else -1
@@ -904,7 +963,7 @@ def _lookup(name: Any, source: str) -> Key:
         hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
     else:
         hint = "known keys: " + ", ".join(KEYS_BY_NAME)
-    key_path = name if isinstance(name, str) else repr(name)
+    key_path = key_text(name)
     if source.startswith("flag "):
         raise ConfigError(key_path, f"unknown option; {hint}", source)
     raise ConfigError(key_path, f"unknown key; {hint}", source)

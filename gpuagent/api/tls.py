@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuagent.config import ConfigError, read_yaml_mapping
+from gpuagent.config import ConfigError, key_text, read_yaml_mapping
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +87,11 @@ def load_web_config(path: str) -> WebConfig:
     """Parse and check the web-config YAML at ``path``; raises ``ConfigError`` (source ``path``)."""
     data = read_yaml_mapping(path)
     base_dir = os.path.dirname(os.path.abspath(path))
-    for key in data:
+    for key in data:  # a key is named only if it has a key's shape: the file may be any file (key_text)
         if key in _UNSUPPORTED_TOP:
             raise ConfigError(str(key), "not supported by gpuagent yet (only tls_server_config is)", path)
         if key != TLS:
-            raise ConfigError(str(key), "unknown key; the only key supported is tls_server_config", path)
+            raise ConfigError(key_text(key), "unknown key; the only key supported is tls_server_config", path)
     tls = data.get(TLS)
     if not isinstance(tls, dict):
         raise ConfigError(TLS, "expected a mapping with at least cert_file and key_file", path)
@@ -99,7 +99,8 @@ def load_web_config(path: str) -> WebConfig:
         if key in _UNSUPPORTED_TLS:
             raise ConfigError(f"{TLS}.{key}", "not supported by gpuagent yet", path)
         if key not in _TLS_KEYS:
-            raise ConfigError(f"{TLS}.{key}", "unknown key; known keys: " + ", ".join(_TLS_KEYS), path)
+            raise ConfigError(f"{TLS}.{key_text(key)}", "unknown key; known keys: " + ", ".join(_TLS_KEYS),
+                              path)
 
     def file(key: str) -> str | None:
         value = tls.get(key)
