@@ -9,7 +9,10 @@ physics, deterministically from a seed, in well under a second of CPU per simula
   ``switch_s`` of GPU time that does no one's work;
 - **tenants**: ``matmul`` is synchronous (launch a ``kernel_s`` product, wait for it, ``gap_s`` of CPU,
   launch the next), so two of them alternate kernel by kernel; ``deep`` keeps ``deep_queue_s`` of work
-  queued (it enqueues that much, waits for all of it, ``deep_gap_s`` of CPU, enqueues again);
+  queued (it enqueues that much, waits for all of it, ``deep_gap_s`` of CPU, enqueues again); ``trainer``
+  (PyTorch-style, an iteration's kernels queued asynchronously, one sync per iteration) and ``serve``
+  (requests arriving at random, each a few kernels, its latency recorded) are ``workloads.py``'s, by name
+  with their defaults or as a :class:`~gpuagent.devices.sim.workloads.Trainer` or ``Serve``;
 - **the freezer** stops a tenant's CPU side only: what it has queued still runs and drains; a launch due
   while it is frozen happens ``gap`` after the thaw;
 - **NVML's per-process samples** come on a fixed ``sample_period_s`` grid (200 ms, measured on the H200:
@@ -23,9 +26,14 @@ physics, deterministically from a seed, in well under a second of CPU per simula
 
 A scheme is any object with ``frozen_at(t) -> set of tenant names``, ``next_change(t) -> float`` (the next
 instant its frozen set may change; ``inf`` for never) and ``poll(t, readings)`` (the agent's poll, with
-each tenant's reading 0-1); :func:`run` drives it. The grid's ``phase`` (where within the share period the
-samples fall) is drawn from the seed unless given: with a 100 ms duty cycle and a 200 ms grid every sample
-lands at the same phase of the cycle, which is what the H200's runs show (docs/shares.md, calibration).
+each tenant's reading 0-1); :func:`run` drives it. A scheme with a ``sense_s`` attribute also gets
+``sense(t, cpu) -> bool`` every ``sense_s`` seconds, ``cpu`` each tenant's CPU seconds so far (a cgroup's
+``cpu.stat``: a tenant uses CPU unless frozen, a ``serve`` one only while it has a request in hand); it
+returns whether its frozen set changed, which is then decided again (and lands after the freezer's latency).
+
+The grid's ``phase`` (where within the share period the samples fall) is drawn from the seed unless
+given: with a 100 ms duty cycle and a 200 ms grid every sample lands at the same phase of the cycle, which is
+what the H200's runs show (docs/shares.md, calibration).
 """
 
 from __future__ import annotations
@@ -38,7 +46,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-KINDS = ("matmul", "deep")
+from gpuagent.devices.sim.workloads import KINDS, TENANT_KINDS, Requests, Serve, Tenant, TenantKind, summary
+
+__all__ = ["KINDS", "TENANT_KINDS", "Plant", "PlantSettings", "Result", "Scheme", "TenantKind", "run",
+           "solo_rate"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,13 @@ class Result:
     work: list[dict[str, float]] = field(default_factory=list)  # cumulative GPU seconds of work at each poll
     samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # (instant, credits) of NVML
     solo_rate: float = 1.0  # GPU seconds of work per second one tenant of the kind gets alone
+    requests: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # serve: (arrival, latency)
+    frozen_s: dict[str, float] = field(default_factory=dict)  # seconds each tenant spent frozen
+
+    def latency(self, name: str, after: float) -> dict[str, float]:
+        """p50/p99/p99.9 (seconds) and count of the requests of ``name`` that arrived after ``after``; a
+        request still unanswered at the end counts with the time it has waited (a lower bound)."""
+        return summary([lat for arrived, lat in self.requests.get(name, []) if arrived > after])
 
     def truth(self, after: float) -> dict[str, float]:
         """Each tenant's share of the work done from ``after`` to the end."""
@@ -101,37 +119,25 @@ class Result:
         return {n: self.work[-1][n] - self.work[start][n] for n in self.names}
 
 
-@dataclass
-class _Tenant:
-    name: str
-    kind: str
-    queued: float = 0.0  # GPU seconds of work queued
-    done: float = 0.0
-    frozen: bool = False
-    launch_due: float | None = None  # when its CPU launches next (None: waiting on the GPU)
-    blocked: bool = False  # its launch came due while frozen: it launches ``gap`` after the thaw
-
-
-_GPU, _LAUNCH, _SCHEDULE, _SAMPLE, _POLL, _FREEZER = range(6)
+_GPU, _LAUNCH, _SCHEDULE, _SAMPLE, _POLL, _FREEZER, _ARRIVAL, _SENSE = range(8)
 
 
 class Plant:
     """One simulated GPU and its tenants; :meth:`run` advances it under a scheme."""
 
-    def __init__(self, tenants: Sequence[tuple[str, str]], settings: PlantSettings | None = None, *,
+    def __init__(self, tenants: Sequence[tuple[str, TenantKind]], settings: PlantSettings | None = None, *,
                  seed: int = 0, phase: float | None = None) -> None:
         self.s = settings or PlantSettings()
         self.rng = random.Random(seed)
-        for _, kind in tenants:
-            if kind not in KINDS:
-                raise ValueError(f"unknown tenant kind {kind!r}; known: {', '.join(KINDS)}")
-        self.tenants = [_Tenant(name, kind) for name, kind in tenants]
+        self.tenants = [Tenant.of(name, kind) for name, kind in tenants]
+        self._requests = {t.name: Requests(t.spec, seed * 1009 + i) for i, t in enumerate(self.tenants)
+                          if isinstance(t.spec, Serve)}
         self.by_name = {t.name: t for t in self.tenants}
         # the grid's offset: where the samples fall; a fraction of the sample period
         self.phase = self.rng.random() if phase is None else phase % 1.0
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
-        self._running: _Tenant | None = None
+        self._running: Tenant | None = None
         self._segment: tuple[float, float] | None = None  # (start, end) of the running slice
         self._recent: deque[tuple[float, float, str]] = deque(maxlen=16)  # (start, end, who) of past slices
         self._next = 0  # round-robin cursor
@@ -150,8 +156,16 @@ class Plant:
         s = self.s
         result = Result(tuple(t.name for t in self.tenants))
         for tenant in self.tenants:
-            tenant.launch_due = 0.0
-            self._push(0.0, _LAUNCH, tenant)
+            if tenant.kind == "serve":
+                tenant.idle = True
+                self._arrive_next(tenant)
+            else:
+                tenant.launch_due = 0.0
+                self._push(0.0, _LAUNCH, tenant)
+            tenant.touch(0.0)
+        sense_s = getattr(scheme, "sense_s", None)
+        if sense_s:
+            self._push(sense_s, _SENSE, sense_s)
         self._push(0.0, _SCHEDULE, 0)
         self._push(self.phase * s.sample_period_s, _SAMPLE, 0)
         poll_offset = self.rng.random() * s.poll_s
@@ -170,6 +184,13 @@ class Plant:
                     self._decide(now, scheme)
             elif kind == _FREEZER:
                 self._apply(now, what)  # type: ignore[arg-type]
+            elif kind == _ARRIVAL:
+                self._arrive(now, what)  # type: ignore[arg-type]
+            elif kind == _SENSE:
+                if scheme.sense(now, self._cpu(now)):  # type: ignore[attr-defined]
+                    self._schedule_generation += 1
+                    self._push(now, _SCHEDULE, self._schedule_generation)
+                self._push(now + what, _SENSE, what)  # type: ignore[operator]
             elif kind == _SAMPLE:
                 result.samples.append((now, self._sample(now)))
                 k = int(what) + 1  # type: ignore[call-overload]
@@ -187,7 +208,21 @@ class Plant:
                 self._schedule_generation += 1
                 self._push(now, _SCHEDULE, self._schedule_generation)
                 self._push(now + s.poll_s, _POLL)
+        self._finish(seconds, result)
         return result
+
+    def _finish(self, end: float, result: Result) -> None:
+        """The requests still waiting at the end count with the time they have waited; frozen time."""
+        for tenant in self.tenants:
+            tenant.touch(end)
+            result.frozen_s[tenant.name] = tenant.frozen_s
+            if tenant.kind == "serve":
+                result.requests[tenant.name] = tenant.answered(end)
+
+    def _cpu(self, now: float) -> dict[str, float]:
+        for tenant in self.tenants:
+            tenant.touch(now)
+        return {t.name: t.cpu_s for t in self.tenants}
 
     def _work_at(self, now: float) -> dict[str, float]:
         work = {t.name: t.done for t in self.tenants}
@@ -213,32 +248,43 @@ class Plant:
             return
         self._freezer_order = order
         for tenant in self.tenants:
+            tenant.touch(now)
             was, tenant.frozen = tenant.frozen, tenant.name in frozen
+            tenant.touch(now)
             if was and not tenant.frozen and tenant.blocked:
                 tenant.blocked = False
-                tenant.launch_due = now + self._gap(tenant)
+                tenant.launch_due = now + tenant.gap(self.s.gap_s, self.s.deep_gap_s)
                 self._push(tenant.launch_due, _LAUNCH, tenant)
 
     # -- tenants' CPU side ---------------------------------------------------------------------------
 
-    def _gap(self, tenant: _Tenant) -> float:
-        return self.s.gap_s if tenant.kind == "matmul" else self.s.deep_gap_s
-
-    def _launch(self, now: float, tenant: _Tenant) -> None:
+    def _launch(self, now: float, tenant: Tenant) -> None:
         if tenant.launch_due is None or now < tenant.launch_due:
             return  # a stale launch
+        tenant.launch_due = None
         if tenant.frozen:
             tenant.blocked = True
-            tenant.launch_due = None
             return
-        tenant.launch_due = None
-        tenant.queued += self.s.kernel_s if tenant.kind == "matmul" else self.s.deep_queue_s
-        if self._running is None:
+        queued, again = tenant.launch(now, self.s.kernel_s, self.s.deep_queue_s)
+        if again is not None:
+            tenant.launch_due = again
+            self._push(again, _LAUNCH, tenant)
+        if queued and self._running is None:
             self._dispatch(now)
+
+    def _arrive_next(self, tenant: Tenant) -> None:
+        at, works = self._requests[tenant.name].next()
+        self._push(at, _ARRIVAL, (tenant, works))
+
+    def _arrive(self, now: float, what: tuple[Tenant, list[float]]) -> None:
+        tenant, works = what
+        if tenant.arrive(now, works):  # its worker woke (else it is busy, or frozen: it wakes at the thaw)
+            self._launch(now, tenant)
+        self._arrive_next(tenant)
 
     # -- the GPU -------------------------------------------------------------------------------------
 
-    def _dispatch(self, now: float, previous: _Tenant | None = None) -> None:
+    def _dispatch(self, now: float, previous: Tenant | None = None) -> None:
         """Give the GPU to the next context with work (round-robin), or leave it idle."""
         n = len(self.tenants)
         for step in range(n):
@@ -246,7 +292,7 @@ class Plant:
             if tenant.queued > 1e-12:
                 self._next = (self._next + step + 1) % n
                 start = now + (self.s.switch_s if previous is not None and previous is not tenant else 0.0)
-                length = min(tenant.queued, self.s.timeslice_s) if tenant.kind == "deep" else tenant.queued
+                length = tenant.queued if tenant.kind == "matmul" else min(tenant.queued, self.s.timeslice_s)
                 self._running = tenant
                 self._segment = (start, start + length)
                 self._push(start + length, _GPU)
@@ -263,10 +309,11 @@ class Plant:
         tenant.queued = max(0.0, tenant.queued - ran)
         tenant.done += ran
         self._recent.append((start, end, tenant.name))
-        if tenant.queued <= 1e-12:  # its work is done: its CPU goes on
+        if tenant.queued <= 1e-12:  # its work is done: its CPU goes on (a trainer's once all is launched)
             tenant.queued = 0.0
-            tenant.launch_due = now + self._gap(tenant)
-            self._push(tenant.launch_due, _LAUNCH, tenant)
+            if tenant.to_launch == 0:
+                tenant.launch_due = now + tenant.gap(self.s.gap_s, self.s.deep_gap_s)
+                self._push(tenant.launch_due, _LAUNCH, tenant)
         others = any(t.queued > 1e-12 for t in self.tenants if t is not tenant)
         if tenant.queued > 0.0 and not others:  # alone: keeps the GPU, no switch
             length = min(tenant.queued, self.s.timeslice_s)
@@ -295,7 +342,7 @@ class Plant:
         return credit
 
 
-def solo_rate(kind: str, settings: PlantSettings | None = None, seconds: float = 5.0) -> float:
+def solo_rate(kind: TenantKind, settings: PlantSettings | None = None, seconds: float = 5.0) -> float:
     """GPU seconds of work per second one tenant of ``kind`` gets alone on the plant."""
     plant = Plant([("solo", kind)], settings)
     result = plant.run(_Never(), seconds)
@@ -313,7 +360,7 @@ class _Never:
         return None
 
 
-def run(tenants: Iterable[tuple[str, str]], scheme: Scheme, *, seconds: float = 60.0, seed: int = 0,
+def run(tenants: Iterable[tuple[str, TenantKind]], scheme: Scheme, *, seconds: float = 60.0, seed: int = 0,
         phase: float | None = None, settings: PlantSettings | None = None) -> Result:
     """One run of ``scheme`` on a fresh plant; its ``solo_rate`` is that of the first tenant's kind."""
     tenants = list(tenants)
