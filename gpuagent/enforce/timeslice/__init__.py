@@ -6,13 +6,16 @@ time within each period, and the cycler applies it by freezing cgroups.
 - ``controller.py``: :class:`ShareController`, the PI on NVML's per-process view of ``share_scheme: duty``;
 - ``plans.py``: :class:`RotationPlan` (exclusive slots) and :class:`DutyPlan` (overlapping thawed ends),
   both with a dithered period;
-- ``cycler.py``: :class:`Cycler`, the event-loop task that applies a plan (:class:`DutyCycler` for duty).
+- ``cycler.py``: :class:`Cycler`, the event-loop task that applies a plan (:class:`DutyCycler` for duty);
+- ``latency.py``: :class:`LatencyController`, a latency class beside the rotation (issue 29; on the model
+  only, not wired to a setting yet).
 
 Why the rotation, and the derivation of both controllers: docs/shares.md.
 """
 
 from gpuagent.enforce.timeslice.controller import ShareController, Tenant
 from gpuagent.enforce.timeslice.cycler import Cycler, DutyCycler
+from gpuagent.enforce.timeslice.latency import LatencyController
 from gpuagent.enforce.timeslice.plans import DutyPlan, Period, RotationPlan, desired, make_plan
 from gpuagent.enforce.timeslice.rotation import RotationController
 
@@ -20,6 +23,7 @@ __all__ = [
     "Cycler",
     "DutyCycler",
     "DutyPlan",
+    "LatencyController",
     "Period",
     "RotationController",
     "RotationPlan",
