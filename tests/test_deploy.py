@@ -524,7 +524,8 @@ def test_kustomization_applies_the_node_agent_only() -> None:
     # Not the ServiceMonitor (it needs the Prometheus operator's CRDs).
     assert set(kustomization["resources"]) == {"namespace.yaml", "gpunodestate-crd.yaml", "rbac.yaml",
                                                "daemonset.yaml", "service.yaml",
-                                               "admission-pod-annotations.yaml"}
+                                               "admission-pod-annotations.yaml", "admission-gpunodestate.yaml",
+                                               "admission-node.yaml", "admission-lease.yaml"}
 
 
 def _kustomize(directory: Path) -> list[dict[str, Any]]:
