@@ -97,7 +97,7 @@ class EnforcementCollector(GpuRenderer):
             "gpuagent_pod_gpu_memory_limit_stage", "1 for the pod's stage on the memory ladder.",
             GAUGE, stages, [1.0 if m.stage == value else 0.0 for m in memory for value in STAGES])
         problems = gauge("gpuagent_pod_policy_problem",
-                         "1 for an annotation that could not be used (the pod gets the node default).")
+                         "1 for an annotation that did not count (the pod keeps the operator's value).")
         for problem in state.problems:
             ident = pod_labels(problem.namespace, problem.pod)
             add(problems, with_label(ident, "annotation", problem.annotation), 1)
