@@ -168,7 +168,7 @@ async def test_the_api_server_serves_the_pods_and_their_owner_chains() -> None:
     api = ApiServer(demo_node(load_scenario(EXAMPLE)))
     await api.start()
     try:
-        async with aiohttp.ClientSession(api.url) as http:
+        async with aiohttp.ClientSession(api.url, headers={"Authorization": f"Bearer {api.token}"}) as http:
             async def get(path: str, **params: str) -> tuple[int, Any]:
                 async with http.get(path, params=params) as response:
                     return response.status, await response.json()
@@ -198,7 +198,7 @@ async def test_the_api_server_serves_the_pods_and_their_owner_chains() -> None:
                 assert bad.status == 400
     finally:
         await api.stop()
-    assert api.events == [event]
+    assert list(api.events) == [event]
 
 
 # -- a real demo process ---------------------------------------------------------------------------------

@@ -9,27 +9,42 @@ What the agent asks of an API server, answered in the API server's JSON (aiohttp
   workload (a Deployment's ReplicaSet, a CronJob's Job; the Deployment, StatefulSet or Job itself);
 - ``POST /apis/events.k8s.io/v1/namespaces/<ns>/events``: idle-pod Events, logged and answered 201.
 
-Anything else is a 404 ``Status``. Only the loopback interface is served: it has no authentication.
+Anything else is a 404 ``Status``. Only the loopback interface is served, and loopback is every local
+user's: each request must carry the server's bearer token (a random one per start, 401 otherwise), which
+only the kubeconfig written into the demo's own 0700 directory holds (the demo's agent reads it there).
+What a writer can make it keep is bounded too: an Event's body (:data:`MAX_EVENT_BYTES`, 413 over it, read
+through the bounded JSON reader), the Events kept (the last :data:`MAX_EVENTS`, a ring) and what is logged
+of each (its reason, pod and note cut and their controls shown).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import hashlib
+import hmac
 import json
 import logging
+import os
+import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from gpuagent import boundedjson
 from gpuagent.demo.node import DemoNode, Pod
+from gpuagent.untrusted import shown
 
 log = logging.getLogger(__name__)
 
+MAX_EVENT_BYTES = 64 * 1024  # an agent's idle Event is under 2 KB
+EVENT_BOUNDS = boundedjson.Bounds(max_bytes=MAX_EVENT_BYTES, max_depth=16)
+MAX_EVENTS = 1000  # kept for whoever looks (a test); older ones are dropped
+LOGGED_CHARS = 200  # of an Event's reason, pod name and note each
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CREATED = "2026-01-05T09:00:00Z"
 RESOURCE_VERSION = "1"
 _OWNER_UIDS = uuid.UUID("0b5e1d9e-6a43-4c1f-8f0a-2d7c3e9b4a11")
@@ -124,7 +139,7 @@ def pod_object(node: DemoNode, pod: Pod, owner: Mapping[str, Any] | None) -> dic
 class ApiServer:
     """``start()`` serves ``node`` on 127.0.0.1 (a port of the OS's choosing, :attr:`url`); ``stop()``."""
 
-    def __init__(self, node: DemoNode) -> None:
+    def __init__(self, node: DemoNode, *, token: str | None = None) -> None:
         self._node = node
         objects, references = owners_of(node)
         self._owners = objects
@@ -132,10 +147,12 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self._watches: set[asyncio.Task[Any]] = set()
         self.url = ""
-        self.events: list[dict[str, Any]] = []
+        self.token = token or secrets.token_urlsafe(32)
+        self._expected = f"Bearer {self.token}".encode()
+        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)  # a ring
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._authenticated], client_max_size=MAX_EVENT_BYTES)
         app.router.add_get("/api/v1/pods", self._list_or_watch)
         app.router.add_get("/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}", self._owner)
         app.router.add_post("/apis/events.k8s.io/v1/namespaces/{namespace}/events", self._event)
@@ -155,15 +172,25 @@ class ApiServer:
             await runner.cleanup()
 
     def write_kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig naming this server (a token, which it does not check: loopback only)."""
+        """A kubeconfig naming this server and its token, readable by its owner alone (created 0600, never
+        through a file that was there): put it in a directory only the demo's user can enter."""
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "demo",
             "clusters": [{"name": "demo", "cluster": {"server": self.url}}],
-            "users": [{"name": "demo", "user": {"token": "demo"}}],
+            "users": [{"name": "demo", "user": {"token": self.token}}],
             "contexts": [{"name": "demo", "context": {"cluster": "demo", "user": "demo"}}],
         }
-        path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as stream:
+            stream.write(json.dumps(config, indent=2) + "\n")  # JSON is YAML
         return path
+
+    @web.middleware
+    async def _authenticated(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, self._expected):
+            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+        return await handler(request)
 
     async def _list_or_watch(self, request: web.Request) -> web.StreamResponse:
         selector = request.query.get("fieldSelector", "")
@@ -203,13 +230,25 @@ class ApiServer:
         return web.json_response(found)
 
     async def _event(self, request: web.Request) -> web.Response:
-        with contextlib.suppress(ValueError):
-            event = await request.json()
-            if isinstance(event, dict):
-                self.events.append(event)
-                regarding = event.get("regarding")
-                name = regarding.get("name") if isinstance(regarding, dict) else None
-                log.info("Event %r on pod %r: %r", event.get("reason"), name, event.get("note"))
-                return web.json_response(event, status=201)
-        return web.json_response(_status(400, "BadRequest", "the body is no Event"), status=400)
+        try:
+            event = boundedjson.loads(await request.read(), EVENT_BOUNDS, "the Event")
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response(_status(413, "RequestEntityTooLarge",
+                                             f"an Event is at most {MAX_EVENT_BYTES} bytes"), status=413)
+        except boundedjson.Unreadable:
+            event = None
+        if not isinstance(event, dict):
+            return web.json_response(_status(400, "BadRequest", "the body is no Event"), status=400)
+        self.events.append(event)
+        regarding = event.get("regarding")
+        name = regarding.get("name") if isinstance(regarding, dict) else None
+        log.info("Event %s on pod %s: %s", _logged(event.get("reason")), _logged(name),
+                 _logged(event.get("note")))
+        return web.json_response(event, status=201)
+
+
+def _logged(value: object) -> str:
+    """A field of an Event as one log line shows it: quoted, its controls shown, cut."""
+    text = shown(value if isinstance(value, str) else repr(value))
+    return repr(text[:LOGGED_CHARS] + ("..." if len(text) > LOGGED_CHARS else ""))
 

@@ -7,6 +7,10 @@ and its scenario, the ``/proc`` tree, the pod-resources socket, the kubeconfig, 
 cgroup root and freeze journal inside the demo's temporary directory (so nothing real is ever frozen).
 Keys the user did not set take the demo's defaults (:data:`DEMO_DEFAULTS`: audit mode, idle pods flagged
 after two minutes and their Events posted, the kubelet read every second). All of it is removed on exit.
+
+The temporary directory is the demo user's alone (``mkdtemp`` makes it 0700): the kubeconfig in it holds
+the API server's token, so the demo's agent is the one local client that can read or write its pods and
+Events (the server listens on loopback, which every local user reaches).
 """
 
 from __future__ import annotations
