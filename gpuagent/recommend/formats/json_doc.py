@@ -1,6 +1,7 @@
 """The recommendations as one JSON document: range, options, prices, one object per workload (its
 history, recommendation and savings, figures in base units and GPU-hours), totals, the pool's packing and
-warnings. The CSV and the HTML page's ``data-`` attributes use the same names."""
+warnings, and the workloads ``--patch`` refuses for a name Kubernetes would refuse (``patch_refused``, each
+with why). The CSV and the HTML page's ``data-`` attributes use the same names."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gpuagent.recommend.model import (
     memory_text,
     percent_text,
 )
+from gpuagent.recommend.patches import refused
 
 
 def render_json(result: Recommendations) -> str:
@@ -45,6 +47,9 @@ def as_document(result: Recommendations) -> dict[str, Any]:
         "packing": [packing_dict(p) for p in result.packing],
         "queries": result.queries,
         "warnings": list(result.warnings),
+        "patch_refused": [{"workload": str(row.stats.key), "namespace": row.stats.key.namespace or None,
+                           "kind": row.stats.key.kind or None, "name": row.stats.key.name, "why": str(why)}
+                          for row, why in refused(result.rows)],
     }
 
 
