@@ -20,9 +20,17 @@ Per node, in order:
 - otherwise ``score_node``: a node the request does not fit fails with its reasons (preemption may help);
   a node it fits passes, and prioritize scores it 0-10 (the 0-100 fit score, divided by 10).
 
+Judging one node never fails the call: an exception while judging a node (a state no agent writes, or a
+bug it meets) fails that node alone, unresolvable, with the reason ``score.unjudgeable`` words; the
+traceback is logged once per state and request and counted (``gpuagent_extender_judge_errors_total``).
+Every reason reaches kube-scheduler (its events and logs) with control and bidi characters shown as escapes
+(``untrusted.shown``): tenant and resource names are anyone's.
+
 Malformed JSON is a 400 naming the field, never a 5xx: with ``ignorable: true`` the scheduler then goes on
-without the extender. Bodies are read within bounds (``gpuagent.httpbody``: size before and after inflation,
-time, JSON depth and values), at most ``BODIES_AT_ONCE`` at a time so memory stays bounded whatever is sent.
+without the extender. Any other exception in a handler is a JSON 500 (``_internal_errors``), never
+aiohttp's plain-text page. Bodies are read within bounds (``gpuagent.httpbody``: size before and after
+inflation, time, JSON depth and values), at most ``BODIES_AT_ONCE`` at a time so memory stays bounded
+whatever is sent.
 """
 
 from __future__ import annotations
@@ -62,12 +70,13 @@ from gpuagent.hints.extender_protocol import (
 from gpuagent.hints.malformed import MalformedPod
 from gpuagent.hints.nodes import KnownNodes, NodeLister
 from gpuagent.hints.podrequest import PodRequestError, pod_fit_request, pod_name
-from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, kind_name, node_index
+from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, kind_name, node_index, unjudgeable
 from gpuagent.hints.verdict_key import KindKeys
 from gpuagent.httpbody import BodyError, BodyLimits, error_response, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error, json_errors
-from gpuagent.httpguard import ConnectionGuard, GuardedSite
+from gpuagent.httpguard import ConnectionGuard, GuardCollector, GuardedSite, raise_open_file_limit
 from gpuagent.snapshot import NodeHints
+from gpuagent.untrusted import shown
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +161,13 @@ class ExtenderMetrics:
             "Calls for pods whose GPU ResourceClaims could not be judged (passed on every node), by verb and "
             "reason (no_api, unreadable, allocated, all_devices, first_available, mig_profile).",
             ["verb", "reason"],
+            registry=registry,
+        )
+        self.judge_errors = Counter(
+            "gpuagent_extender_judge_errors_total",
+            "Nodes whose judging raised (failed, unresolvable, with the exception's type as the reason), by "
+            "verb; counted once per node state and pod request.",
+            ["verb"],
             registry=registry,
         )
         self.fetch_duration = Histogram(
@@ -272,34 +288,40 @@ class Extender:
         scored = 0
         unknown = 0
         for node in nodes:
-            entry = entries.get(node)
-            if entry is None and not self.cache.knows(node):
-                verdicts[node] = self._unknown_verdict
-                unknown += 1
-                continue
-            if (
-                entry is None
-                or entry.hints is None
-                or entry.answered_at is None
-                or now - entry.answered_at > max_age
-            ):
-                reason = entry.reason(now, max_age) if entry is not None else self._unknown_reason
-                verdicts[node] = Verdict(False, reason=_reason(reason), unresolvable=True)
-                continue
-            hints = entry.hints
-            known = by_node.get(node)
-            if known is not None and known[0] is hints:
-                verdicts[node] = known[1]
-                continue
-            keys = entry.keys  # this kind of request's key leaves out what only other kinds read
-            key = keys[kind] if keys is not None else None
-            verdict = by_state.get(key) if key is not None else None
-            if verdict is None:
-                verdict = _score(entry, request)
-                if key is not None:
-                    by_state[key] = verdict
-            verdicts[node] = verdict
-            by_node[node] = (hints, verdict)
+            try:  # whatever one node's entry holds, it is that node's verdict, never the call's error
+                entry = entries.get(node)
+                if entry is None and not self.cache.knows(node):
+                    verdicts[node] = self._unknown_verdict
+                    unknown += 1
+                    continue
+                if (
+                    entry is None
+                    or entry.hints is None
+                    or entry.answered_at is None
+                    or now - entry.answered_at > max_age
+                ):
+                    reason = entry.reason(now, max_age) if entry is not None else self._unknown_reason
+                    verdicts[node] = Verdict(False, reason=_reason(reason), unresolvable=True)
+                    continue
+                hints = entry.hints
+                known = by_node.get(node)
+                if known is not None and known[0] is hints:
+                    verdicts[node] = known[1]
+                    continue
+                keys = entry.keys  # this kind of request's key leaves out what only other kinds read
+                key = keys[kind] if keys is not None else None
+                verdict = by_state.get(key) if key is not None else None
+                if verdict is None:
+                    try:
+                        verdict = _score(entry, request)
+                    except Exception as exc:  # kept below like any verdict: logged once per state
+                        verdict = self._unjudgeable(verb, node, exc)
+                    if key is not None:
+                        by_state[key] = verdict
+                verdicts[node] = verdict
+                by_node[node] = (hints, verdict)
+            except Exception as exc:
+                verdicts[node] = self._unjudgeable(verb, node, exc)
             scored += 1
             if scored % YIELD_EVERY_NODES == 0:  # scoring thousands of nodes: let the loop serve others
                 await asyncio.sleep(0)
@@ -308,6 +330,15 @@ class Extender:
         if version is not None and version == self.cache.version:  # type: ignore[union-attr]
             memo.answer = (version, self.cache.expiry(max_age), nodes, verdicts)  # type: ignore[union-attr]
         return self._count(verb, verdicts)
+
+    def _unjudgeable(self, verb: str, node: str, exc: Exception) -> Verdict:
+        """The verdict of a node whose judging raised: failed, unresolvable (preempting pods there would
+        not help); counted and logged with the traceback."""
+        if self.metrics is not None:
+            self.metrics.judge_errors.labels(verb).inc()
+        log.warning("%s: judging node %s raised %s; the node fails, unresolvable", verb, node,
+                    type(exc).__name__, exc_info=exc)
+        return Verdict(False, reason=_reason(unjudgeable(exc)), unresolvable=True)
 
     def _unknown(self, verb: str, count: int, of: int) -> None:
         """Counted every call; one log line per ``UNKNOWN_LOG_SECONDS`` however many calls and names."""
@@ -377,7 +408,9 @@ def _fit_reason(fit: NodeFit) -> str:
 
 
 def _reason(text: str) -> str:
-    text = REASON_PREFIX + text
+    """What kube-scheduler is told (``FailedNodes``, its events and logs): prefixed, every control and bidi
+    character of the names in it shown as an escape, at most ``MAX_REASON_CHARS``."""
+    text = REASON_PREFIX + shown(text)
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
@@ -430,6 +463,19 @@ def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handl
     return handle
 
 
+@web.middleware
+async def _internal_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Any exception of a handler (a bug: a node's data cannot cause one, see ``Extender._judge``) is a JSON
+    500 naming its type, as every error of the extender is JSON; the traceback goes to the log."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise  # aiohttp's own answers: ``json_errors`` words them
+    except Exception as exc:
+        log.exception("%s %s failed", request.method, request.path)
+        return json_error(500, f"internal error ({type(exc).__name__}): the extender's log has the details")
+
+
 def _client_certificate(request: web.Request) -> bool:
     """Whether the connection presented a client certificate (verified by the TLS handshake)."""
     transport = request.transport
@@ -466,7 +512,7 @@ def build_app(
     ``verbs_need_client_cert``: the verbs answer 403 to a connection that presented no (verified) client
     certificate; the probes and ``/metrics`` do not ask (the kubelet's probes have no certificate). The TLS
     listener verifies a certificate that is given (``client_auth_type: VerifyClientCertIfGiven``)."""
-    app = web.Application(middlewares=[json_errors], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=[json_errors, _internal_errors], client_max_size=max_body_bytes)
     app[_EXTENDER] = extender
     app[_REGISTRY] = registry
     app[_LIMITS] = BodyLimits(max_bytes=max_body_bytes, timeout_seconds=BODY_TIMEOUT_SECONDS)
@@ -488,6 +534,8 @@ def build_registry(extender: Extender) -> CollectorRegistry:
     extender.metrics = metrics
     extender.cache.set_fetch_observer(metrics.observe_fetch)
     registry.register(_AgentsCollector(extender.cache, extender.max_age_seconds))
+    if isinstance(extender.cache, ClusterView):  # its writes by outcome and the nodes it refuses
+        registry.register(extender.cache.collector())
     return registry
 
 
@@ -510,9 +558,11 @@ async def serve(
     checks_certs = ssl_context is not None and ssl_context.verify_mode != ssl.CERT_NONE
     app = build_app(extender, registry, prefix=prefix, max_body_bytes=max_body_bytes,
                     verbs_need_client_cert=checks_certs)
+    raise_open_file_limit()  # before the guard fits its cap to it
     guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
     guard.install(app)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **guard.limits.runner_options())
+    registry.register(GuardCollector(guard))
+    runner = web.AppRunner(app, access_log=None, **guard.limits.runner_options())  # cancels closed handlers
     await extender.cache.start()
     await runner.setup()
     tune_garbage_collector()

@@ -14,6 +14,11 @@ A request (``FitRequest``) asks for ``gpus`` GPUs, each with:
 ``memory`` (bytes) must be free on each GPU (or fit in the instance's memory for MIG). Every GPU that cannot
 take the request gets a reason; a node-level reason is under the key ``"node"``.
 
+Judging is total: hints come from an agent or from an object anyone who may write GPUNodeStates wrote, so
+every figure the fit reads is taken into its range once, when the node is indexed (a ratio in [0, 1], bytes
+in [0, ``MEMORY_MAX_BYTES``]: ``1e308`` schedules as a whole GPU, never as an ``OverflowError``), and
+``score_node`` answers any exception as that node's reason (``unjudgeable``), never as the caller's error.
+
 GPU choice and score follow the policy: ``binpack`` fills the busiest GPUs (and nodes) first, ``spread``
 the idlest. The score (0-100, 0 only when it does not fit) is half how loaded the chosen GPUs are after the
 placement and half how loaded the node is after it (binpack: higher when fuller; spread: higher when
@@ -28,13 +33,16 @@ in the smallest MIG instance that holds it, else given a free GPU.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple, TypeVar
 
 from gpuagent.quantities import MEMORY_MAX_BYTES, PolicyValueError, parse_memory, parse_share
 from gpuagent.snapshot import GpuHints, MigProfileHint, NodeHints
+
+log = logging.getLogger(__name__)
 
 POLICIES = ("binpack", "spread")
 MODES = ("exclusive", "mig", "time_sliced")
@@ -196,6 +204,73 @@ def parse_fit_request(body: object) -> FitRequest:
     return request
 
 
+# --- figures in range ---------------------------------------------------------------------------------------
+#
+# The decoders refuse non-finite numbers, but judging does not depend on it: every figure the fit sizes a
+# request with, computes a load from or words a reason with is read through these once, when the node is
+# indexed. An agent's own figures are in range and come back as the same objects (no copy).
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _within(value: _N, high: _N) -> _N:
+    """``value`` itself when in [0, ``high``], else the bound it is past; NaN (which compares false) is 0."""
+    if 0 <= value <= high:
+        return value
+    return high if value > 0 else type(high)(0)
+
+
+def _ratio(value: float) -> float:
+    return _within(value, 1.0)
+
+
+def _optional_ratio(value: float | None) -> float | None:
+    return None if value is None else _within(value, 1.0)
+
+
+def _bytes(value: int) -> int:
+    """No request asks for more than ``MEMORY_MAX_BYTES``, and any sum or ratio of such is a finite float."""
+    return _within(value, MEMORY_MAX_BYTES)
+
+
+def _optional_bytes(value: int | None) -> int | None:
+    return None if value is None else _within(value, MEMORY_MAX_BYTES)
+
+
+def _profile_in_range(hint: MigProfileHint) -> MigProfileHint:
+    if 0 <= hint.slice_count <= MIG_SLICES and hint.creatable_count >= 0 and (
+            hint.memory_bytes is None or 0 <= hint.memory_bytes <= MEMORY_MAX_BYTES):
+        return hint
+    return replace(hint, slice_count=_within(hint.slice_count, MIG_SLICES),
+                   memory_bytes=_optional_bytes(hint.memory_bytes),
+                   creatable_count=max(hint.creatable_count, 0))
+
+
+def _gpu_in_range(gpu: GpuHints) -> GpuHints:
+    """``gpu`` with the figures scoring reads in range: itself when they are (one test per figure)."""
+    total, now, long = gpu.memory_total_bytes, gpu.sm_util_ratio, gpu.sm_util_long_ratio
+    if (0.0 <= gpu.schedulable_share_ratio <= 1.0 and 0 <= gpu.memory_free_bytes <= MEMORY_MAX_BYTES
+            and (total is None or 0 <= total <= MEMORY_MAX_BYTES) and (now is None or 0.0 <= now <= 1.0)
+            and (long is None or 0.0 <= long <= 1.0)):
+        profiles = gpu.free_mig_profiles
+        if not profiles:
+            return gpu
+        in_range = tuple(_profile_in_range(p) for p in profiles)
+        if all(p is q for p, q in zip(in_range, profiles, strict=True)):
+            return gpu
+    return replace(gpu, schedulable_share_ratio=_ratio(gpu.schedulable_share_ratio),
+                   memory_free_bytes=_bytes(gpu.memory_free_bytes), memory_total_bytes=_optional_bytes(total),
+                   sm_util_ratio=_optional_ratio(now), sm_util_long_ratio=_optional_ratio(long),
+                   free_mig_profiles=tuple(_profile_in_range(p) for p in gpu.free_mig_profiles))
+
+
+def unjudgeable(exc: BaseException) -> str:
+    """The reason a node gets when judging it raised: the exception's type only (its text may carry the
+    node's data; the log has it)."""
+    return f"its GPU state could not be judged ({type(exc).__name__})"
+
+
 # --- the per-node index -------------------------------------------------------------------------------------
 #
 # Scoring runs for every candidate node of every pod, so what does not depend on the request is worked out
@@ -287,8 +362,10 @@ class _Kind:
     max_free: int
 
 
-def _kind(hints: NodeHints, rows: tuple[_Row, ...], check: Callable[[GpuHints], str | None]) -> _Kind:
-    static = tuple(check(gpu) for gpu in hints.gpus)
+def _kind(
+    gpus: tuple[GpuHints, ...], rows: tuple[_Row, ...], check: Callable[[GpuHints], str | None]
+) -> _Kind:
+    static = tuple(check(gpu) for gpu in gpus)
     usable = tuple(r for r in rows if static[r.pos] is None)
     return _Kind(usable, static, sum(1 for s in static if s is not None),
                  max((r.share for r in usable), default=-1.0), max((r.free for r in usable), default=-1))
@@ -298,7 +375,8 @@ def _kind(hints: NodeHints, rows: tuple[_Row, ...], check: Callable[[GpuHints], 
 class NodeIndex:
     """What scoring needs of one node's hints, worked out once (``node_index``); see the comment above."""
 
-    hints: NodeHints
+    hints: NodeHints  # as given: callers check an index is of their hints by identity
+    gpus: tuple[GpuHints, ...]  # ``hints.gpus`` with their figures in range: what scoring reads
     rows: tuple[_Row, ...]
     shared: _Kind
     exclusive: _Kind
@@ -313,31 +391,33 @@ class NodeIndex:
 
 
 def _build_index(hints: NodeHints) -> NodeIndex:
+    gpus = tuple(_gpu_in_range(g) for g in hints.gpus)
     rows = tuple(_Row(pos, g, g.schedulable_share_ratio, g.memory_free_bytes, g.memory_total_bytes)
-                 for pos, g in enumerate(hints.gpus))
-    keys = [gpu_key(g) for g in hints.gpus]
+                 for pos, g in enumerate(gpus))
+    keys = [gpu_key(g) for g in gpus]
     profiles: list[Mapping[str, MigProfileHint]] = []
-    for gpu in hints.gpus:
+    for gpu in gpus:
         first: dict[str, MigProfileHint] = {}
         for hint in gpu.free_mig_profiles:
             first.setdefault(hint.profile, hint)
         profiles.append(first)
     # Reports name the first GPU by index: its UUID's index, GPUs without a UUID after all the others.
-    by_uuid = {g.uuid: g.index for g in hints.gpus}
+    by_uuid = {g.uuid: g.index for g in gpus}
     rank = tuple(sorted((by_uuid.get(key, NO_INDEX), key, pos) for pos, key in enumerate(keys)))
     return NodeIndex(
         hints=hints,
+        gpus=gpus,
         rows=rows,
-        shared=_kind(hints, rows, _shared_static),
-        exclusive=_kind(hints, rows, _exclusive_static),
-        mig=_kind(hints, rows, _mig_static),
+        shared=_kind(gpus, rows, _shared_static),
+        exclusive=_kind(gpus, rows, _exclusive_static),
+        mig=_kind(gpus, rows, _mig_static),
         mig_profiles=tuple(profiles),
         rank=rank,
         unique_keys=len(set(keys)) == len(keys),
-        healthy=hints.healthy_gpu_count,
-        share_gpus=hints.schedulable_share_gpus,
-        memory_free=hints.memory_free_bytes,
-        memory_total=hints.memory_total_bytes or None,
+        healthy=_within(hints.healthy_gpu_count, len(gpus)),
+        share_gpus=_within(hints.schedulable_share_gpus, float(len(gpus))),
+        memory_free=_bytes(hints.memory_free_bytes),
+        memory_total=_bytes(hints.memory_total_bytes) or None,
     )
 
 
@@ -370,7 +450,7 @@ _SHARE_SHORT, _NO_SHARE_LEFT, _MEMORY_SHORT, _NO_INSTANCE, _INSTANCE_MEMORY_SHOR
 
 def _load(share_left: float, memory_left: int, total: int | None) -> float:
     memory_part = memory_left / total if total else share_left
-    return 1.0 - (max(0.0, share_left) + max(0.0, min(1.0, memory_part))) / 2
+    return 1.0 - (max(0.0, min(1.0, share_left)) + max(0.0, min(1.0, memory_part))) / 2
 
 
 def _cannot_fit_any(kind: _Kind, request: FitRequest) -> bool:
@@ -449,7 +529,7 @@ _OPTIONS = {"shared": _shared_options, "exclusive": _exclusive_options, "mig": _
 
 
 def _size_reason(index: NodeIndex, pos: int, why: int, request: FitRequest) -> str:
-    gpu = index.hints.gpus[pos]
+    gpu = index.gpus[pos]
     memory = request.memory_bytes or 0
     if why == _SHARE_SHORT:
         return (f"needs a {request.share or 0.0:.0%} share of SM time, {gpu.schedulable_share_ratio:.0%} "
@@ -498,7 +578,7 @@ def _choose(index: NodeIndex, options: list[_Option], request: FitRequest) -> li
             if len(chosen) == request.gpus:
                 break
         return chosen
-    gpus = index.hints.gpus
+    gpus = index.gpus
     chosen = [ranked[0]]
     rest = [(gpus[o[_POS]], o) for o in ranked[1:]]
     while len(chosen) < request.gpus:
@@ -543,7 +623,7 @@ class NodeFit(NamedTuple):
     @property
     def gpus(self) -> tuple[str, ...]:
         """UUIDs of the chosen GPUs (a GPU repeats when it takes several MIG instances)."""
-        gpus = self.index.hints.gpus
+        gpus = self.index.gpus
         return tuple(gpus[o[_POS]].uuid for o in self.chosen)
 
     def node_reason(self) -> str | None:
@@ -576,7 +656,7 @@ class NodeFit(NamedTuple):
         reason; how many GPUs have one), without writing the others' reasons; None when no GPU has one."""
         index = self.index
         if not index.unique_keys:
-            by_uuid = {g.uuid: g.index for g in index.hints.gpus}
+            by_uuid = {g.uuid: g.index for g in index.gpus}
             reasons = self.reasons()
             reasons.pop("node", None)
             ranked = sorted((by_uuid.get(k, NO_INDEX), k, v) for k, v in reasons.items())
@@ -604,10 +684,10 @@ class NodeFit(NamedTuple):
     def result(self) -> FitResult:
         """The full ``FitResult`` (what ``/v1/hints/score`` answers), with the recommended sharing mode."""
         request = self.request
-        hints = self.index.hints
+        gpus = self.index.gpus
         if not self.fits:
             return FitResult(fits=False, score=0, gpus=(), reasons=self.reasons(), policy=request.policy,
-                             **_recommend(hints, request))
+                             **_recommend(gpus, request))
         extra: dict[str, Any] = {}
         if self.nvlink_ratio is not None:
             extra["nvlink_connected_ratio"] = round(self.nvlink_ratio, 3)
@@ -615,7 +695,7 @@ class NodeFit(NamedTuple):
         if request.mig_profile is not None:
             used: dict[str, int] = {}
             for option in self.chosen:
-                gpu = hints.gpus[option[_POS]]
+                gpu = gpus[option[_POS]]
                 idle = self.index.mig_profiles[option[_POS]][request.mig_profile].idle_instances
                 n = used.get(gpu.uuid, 0)
                 if n < len(idle):
@@ -629,7 +709,7 @@ class NodeFit(NamedTuple):
             mig_instances=tuple(instances),
             policy=request.policy,
             extra=extra,
-            **_recommend(hints, request),
+            **_recommend(gpus, request),
         )
 
 
@@ -657,34 +737,43 @@ def fit_node(index: NodeIndex, request: FitRequest) -> NodeFit:
     base = (gpu_load + node_load) / 2 if request.policy == "binpack" else 1.0 - (gpu_load + node_load) / 2
     nvlink = None
     if request.gpus > 1 and request.mig_profile is None:
-        nvlink = _nvlink_ratio([index.hints.gpus[o[_POS]] for o in chosen])
+        nvlink = _nvlink_ratio([index.gpus[o[_POS]] for o in chosen])
         base = 0.85 * base + 0.15 * nvlink
     score = max(1, min(100, round(base * 100)))
     return NodeFit(True, score, tuple(chosen), tuple(failed), available, index, request, nvlink)
 
 
-def _stale_result(hints: NodeHints, request: FitRequest, age: float, limit: float) -> FitResult:
-    return FitResult(
-        fits=False, score=0, gpus=(), policy=request.policy,
-        reasons={"node": f"hints are {age:.0f} s old, more than the {limit:g} s allowed"},
-        **_recommend(hints, request),
-    )
+def _not_fitting(request: FitRequest, reason: str, recommended: Mapping[str, Any]) -> FitResult:
+    return FitResult(fits=False, score=0, gpus=(), policy=request.policy, reasons={"node": reason},
+                     **recommended)
 
 
 def score_node(
     hints: NodeHints, request: FitRequest, *, now: float, max_age_seconds: float | None = None
 ) -> FitResult:
-    """Whether ``request`` fits on the node ``hints`` describe, on which GPUs, and how well (0-100)."""
-    age = now - hints.taken_at_unix
-    if max_age_seconds is not None and age > max_age_seconds:
-        return _stale_result(hints, request, age, max_age_seconds)
-    return fit_node(node_index(hints), request).result()
+    """Whether ``request`` fits on the node ``hints`` describe, on which GPUs, and how well (0-100).
+
+    Never raises: an exception while judging the node is its answer, ``fits: false`` with the reason
+    ``unjudgeable`` names (and the traceback logged), recommending the mode the request asked for."""
+    try:
+        index = node_index(hints)
+        age = now - hints.taken_at_unix
+        if max_age_seconds is not None and age > max_age_seconds:
+            reason = f"hints are {age:.0f} s old, more than the {max_age_seconds:g} s allowed"
+            return _not_fitting(request, reason, _recommend(index.gpus, request))
+        return fit_node(index, request).result()
+    except Exception as exc:
+        log.warning("scoring a request on the hints of %s failed", hints.hostname, exc_info=True)
+        mode = {"mig": "mig", "exclusive": "exclusive"}.get(kind_name(request), "time_sliced")
+        return _not_fitting(request, unjudgeable(exc), {
+            "recommended_mode": mode, "recommended_mig_profile": request.mig_profile,
+            "recommendation": "the node's state could not be judged: the mode asked for"})
 
 
 # --- the sharing mode to use --------------------------------------------------------------------------------
 
 
-def _recommend(hints: NodeHints, request: FitRequest) -> dict[str, Any]:
+def _recommend(gpus: tuple[GpuHints, ...], request: FitRequest) -> dict[str, Any]:
     """KubeGPU-style adaptive sharing: the mode that suits the request on this node's current load."""
     if request.mig_profile is not None:
         return {"recommended_mode": "mig", "recommended_mig_profile": request.mig_profile,
@@ -692,7 +781,7 @@ def _recommend(hints: NodeHints, request: FitRequest) -> dict[str, Any]:
     if request.exclusive:
         return {"recommended_mode": "exclusive", "recommended_mig_profile": None,
                 "recommendation": "an exclusive GPU was asked for"}
-    healthy = [g for g in hints.gpus if g.health == "ok" and not g.stale]
+    healthy = [g for g in gpus if g.health == "ok" and not g.stale]
     gpu_memory = max((g.memory_total_bytes or 0 for g in healthy), default=0)
     memory = request.memory_bytes or 0
     share = request.share
