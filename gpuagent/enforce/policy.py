@@ -367,19 +367,24 @@ def _limits(values: Mapping[str, tuple[Any, str]], pod_annotations: str | None) 
 
 
 def _refusal(name: str, asked: Any, operators: Mapping[str, tuple[Any, str]]) -> str | None:
-    """Why the operator's ``pod_annotations`` refuses an annotation's parsed value; None: it counts."""
+    """Why an annotation's parsed value does not count (exempt never does; under ``pod_annotations:
+    lower-only`` a looser limit than the operator's does not); None: it counts. ``ignore`` is decided
+    before parsing (``_ignored``)."""
     if name == "exempt":
         return _EXEMPT_IS_THE_OPERATORS
     mode, mode_origin = operators["pod_annotations"]
-    if mode == "any":
-        return None
     if mode != LOWER_ONLY:
-        return f"ignored: pod_annotations is {mode} here ({mode_origin})"
+        return None  # any
     limit, origin = operators[name]
     if limit is None or asked <= limit:
         return None  # stricter than the operator's (or than no limit at all)
     return (f"refused: {_describe(name, asked)} is above the operator's {_describe(name, limit)} ({origin}) "
             f"and pod_annotations is lower-only here ({mode_origin}): an annotation may only lower it")
+
+
+def _ignored(operators: Mapping[str, tuple[Any, str]]) -> str:
+    mode, mode_origin = operators["pod_annotations"]
+    return f"ignored: pod_annotations is {mode} here ({mode_origin})"
 
 
 def _describe(name: str, value: Any) -> str:
@@ -423,7 +428,7 @@ def limits_for_pod(
             continue
         name, parse = known
         if mode == "ignore" and name != "exempt":  # not even parsed: fixing the value would change nothing
-            unused.append((key, value, _refusal(name, None, operators) or "", name))
+            unused.append((key, value, _ignored(operators), name))
             continue
         try:
             asked = parse(value)
