@@ -5,8 +5,9 @@
 #      minutes of simulated time) as OpenMetrics, with the instance and job labels the live scrape adds;
 #   2. promtool tsdb create-blocks-from openmetrics turns it into TSDB blocks;
 #   3. Debian's prometheus serves them and scrapes the live demo every 15 s (honor_labels, as deploy/ does);
-#   4. gpuagent demo runs in the foreground until Ctrl-C, which stops Prometheus too.
-# Everything lives under $WORK (default .demo/, removed first). Nothing here is a real GPU.
+#   4. gpuagent demo runs until Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed), which stops it (with a
+#      SIGTERM, so that it removes its own temporary directory) and Prometheus, and removes $WORK.
+# Everything lives under $WORK (default .demo/, removed first and at the end). Nothing here is a real GPU.
 set -euo pipefail
 BIN=${BIN:-.venv/bin}
 LISTEN=${LISTEN:-127.0.0.1:9402}
@@ -32,11 +33,30 @@ YAML
 prometheus --config.file "$WORK/prometheus.yml" --storage.tsdb.path "$WORK/data" \
   --storage.tsdb.retention.time 30d --web.listen-address "$PROMETHEUS_LISTEN" >"$WORK/prometheus.log" 2>&1 &
 prometheus_pid=$!
-trap 'kill "$prometheus_pid" 2>/dev/null; wait "$prometheus_pid" 2>/dev/null || true' EXIT
+demo_pid=
+# On any way out: the demo first (SIGTERM: it thaws, stops and removes its temporary directory), then
+# Prometheus, then $WORK. A signal's exit status is 128 + its number, as the shell's own would be.
+stop() {
+  trap - EXIT HUP INT TERM
+  if [ -n "$demo_pid" ]; then kill -TERM "$demo_pid" 2>/dev/null; wait "$demo_pid" 2>/dev/null || true; fi
+  kill "$prometheus_pid" 2>/dev/null; wait "$prometheus_pid" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap stop EXIT
+trap 'stop; exit 129' HUP
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
 cat >&2 <<TEXT
 demo: Prometheus on http://$PROMETHEUS_LISTEN (log: $WORK/prometheus.log), the agent on http://$LISTEN; try:
   $BIN/gpuagent top --agent http://$LISTEN
   $BIN/gpuagent report --prometheus http://$PROMETHEUS_LISTEN --since 7d
   $BIN/gpuagent recommend --prometheus http://$PROMETHEUS_LISTEN --since 7d
 TEXT
-"$BIN/gpuagent" demo --listen "$LISTEN"
+# In the background, SIGHUP ignored, so that the traps above stop it: a hangup would otherwise kill it before
+# it can clean up, and the shell runs a trap only once its foreground command has ended.
+( trap '' HUP; exec "$BIN/gpuagent" demo --listen "$LISTEN" ) &
+demo_pid=$!
+status=0
+wait "$demo_pid" || status=$?
+demo_pid=
+exit "$status"
