@@ -21,6 +21,7 @@ from typing import Any
 from gpuagent.devices.fields import SLOW_FIELDS, FieldBatch
 from gpuagent.devices.guard import NvmlGuard
 from gpuagent.snapshot import EccCounts, GpuInfo, MigProfileCapacity, RemappedRows
+from gpuagent.untrusted import label_value
 
 MIB = 1024 * 1024
 _COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
@@ -28,10 +29,13 @@ _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)", re.IGNORECASE)
 
 
 def text(value: Any) -> str:
-    """pynvml returns str for most strings but bytes inside some structs."""
+    """A string from the driver as the snapshot holds it: pynvml returns str for most strings but bytes
+    inside some structs. This is where every driver string (GPU name, UUID, serial, PCI bus ID, driver and
+    NVML versions, MIG names) enters, so it is made a safe label value here, once: a control character in
+    a name would reach label values, the API, logs and ``top`` raw (``gpuagent.untrusted.label_value``)."""
     if isinstance(value, bytes):
-        return value.decode(errors="replace").rstrip("\x00")
-    return str(value)
+        value = value.decode(errors="replace").rstrip("\x00")
+    return label_value(str(value))
 
 
 def optional_text(value: Any) -> str | None:
