@@ -19,6 +19,11 @@ Choices that matter on thousands of nodes:
   parameters, the 410 handling and the timeouts are ours. Nothing of lightkube is imported before ``run``.
   Sources given one ``ApiConnection`` share its client (one configuration, one connection pool).
 
+Objects are other parties' bytes: a watch event nested deeper than ``max_depth`` is cut to it
+(``boundedjson.shallow``) before msgspec reads it, so the subclass refuses that one object (msgspec recurses,
+and a ``RecursionError`` would have broken the watch, and the list after it, for every object). A bookmark
+moves the resourceVersion whatever else its object says.
+
 Failures never end :meth:`Reflector.run`: the view is kept and ``status`` says what is wrong. A watch that
 had been healthy and breaks is resumed at once; failures back off exponentially up to ``max_backoff``; 401
 and 403 (RBAC) retry every ``max_backoff``. Each failure is logged once per change of kind, and the return to
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from gpuagent import boundedjson
 from gpuagent.kubeapi import ApiConnection
 
 if TYPE_CHECKING:
@@ -54,9 +60,12 @@ def wire() -> SimpleNamespace:
 
     event = msgspec.defstruct("WatchEvent", [("type", str, ""), ("object", msgspec.Raw, msgspec.Raw(b"{}"))])
     api_status = msgspec.defstruct("Status", [("code", int, 0), ("reason", str, ""), ("message", str, "")])
+    meta = msgspec.defstruct("BookmarkMeta", [("resourceVersion", str, "")])
+    bookmark = msgspec.defstruct("Bookmark", [("metadata", meta, msgspec.field(default_factory=meta))])
     return SimpleNamespace(
         event=msgspec.json.Decoder(event),
         status=msgspec.json.Decoder(api_status),
+        bookmark=msgspec.json.Decoder(bookmark),
         DecodeError=msgspec.DecodeError,
     )
 
@@ -104,6 +113,7 @@ class Reflector:
     api_group = ""  # "" for the core group, for the RBAC hint
     what = ""  # what the view is, for log lines ("pod metadata", "DRA ResourceSlices")
     cluster_wide = False  # True: every object of the kind, no node selector (node_name is then None)
+    max_depth = 64  # a watch event nested deeper is cut to this depth before it is parsed
 
     def __init__(
         self,
@@ -319,21 +329,29 @@ class Reflector:
 
     def _apply(self, line: str) -> None:
         decode = wire()
+        data = line.encode("utf-8", "surrogatepass")
+        if boundedjson.depth(data, self.max_depth) is None:
+            data = boundedjson.shallow(data, self.max_depth)
         try:
-            event = decode.event.decode(line)
+            event = decode.event.decode(data)
             if event.type == "ERROR":
                 status = decode.status.decode(event.object)
                 if status.code == 410:
                     raise _Expired()
                 raise self._api_failure("watch", status.code, status.reason, status.message)
+            if event.type == "BOOKMARK":  # its object is only a resourceVersion: nothing to decode as one
+                version = decode.bookmark.decode(event.object).metadata.resourceVersion
+                if version:
+                    self._rv = self._list_rv = version
+                return
             obj = self._decode_object(event.object)
-        except decode.DecodeError as exc:
+        except (decode.DecodeError, RecursionError) as exc:
             raise _Failure("protocol", f"{self._where('watch')}: bad event: {exc}") from exc
         if event.type in ("ADDED", "MODIFIED"):
             self._put(obj)
         elif event.type == "DELETED":
             self._drop(obj)
-        elif event.type != "BOOKMARK":
+        else:
             self._log.debug("%s watch %s: ignoring event type %r", self.resource, self._scope, event.type)
         if obj.metadata.resourceVersion:
             self._rv = self._list_rv = obj.metadata.resourceVersion

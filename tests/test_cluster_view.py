@@ -22,6 +22,7 @@ import yaml
 from fake_apiserver import FakeApiServer, eventually
 from fixture_files import PUBLISHED, filter_request
 from test_extender import all_free, all_held, gpu, node_hints
+from test_hostile_objects import nullable_to_jsonschema
 
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.cluster_view import UNKNOWN_REASON, ClusterView
@@ -129,6 +130,7 @@ def test_the_object_is_valid_under_the_shipped_crd() -> None:
     assert crd["spec"]["names"]["plural"] == "gpunodestates" and crd["spec"]["scope"] == "Cluster"
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     body = state_object("n1", project(all_held("n1"), None), Generation(1, 1), time.time())
+    schema = nullable_to_jsonschema(schema)  # OpenAPI's nullable, as JSON Schema says it
     jsonschema.validate(body, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**body, "agent": {"epoch": "x", "sequence": 1}}, schema)
@@ -269,10 +271,11 @@ async def test_changes_arrive_through_the_watch(api: FakeApiServer, view: Cluste
 
 
 async def test_a_stale_generation_is_ignored(api: FakeApiServer, view: ClusterView) -> None:
-    publish(api, "n1", all_free("n1"), epoch=5, sequence=10)
+    now = time.time()
+    publish(api, "n1", all_free("n1"), epoch=5, sequence=10, heartbeat=now)
     extender = Extender(view, max_age_seconds=900.0)
     await extender.filter(gpu_pod_filter(["n1"]))
-    publish(api, "n1", all_held("n1"), epoch=5, sequence=9, heartbeat=time.time())  # an old write, landed late
+    publish(api, "n1", all_held("n1"), epoch=5, sequence=9, heartbeat=now - 10)  # an old write, landed late
     publish(api, "n1", all_held("n1"), epoch=4, sequence=99, heartbeat=time.time() - 60)  # the old agent
     await eventually(lambda: view.stale_writes == 2, 5.0)
     assert view.get("n1").hints.free_gpu_count == 4
@@ -289,16 +292,28 @@ async def test_a_state_past_its_age_is_filtered_with_the_reason(api: FakeApiServ
     assert "older than the 900s staleness bound" in reply["FailedAndUnresolvableNodes"]["old"]
 
 
-async def test_an_unreadable_object_keeps_the_node_s_last_state(api: FakeApiServer, view: ClusterView,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
-    publish(api, "n1", all_free("n1"))
+async def test_an_unreadable_object_makes_its_node_unresolvable_until_its_agent_writes_again(
+        api: FakeApiServer, view: ClusterView, caplog: pytest.LogCaptureFixture) -> None:
+    """Was: the node kept its last good state, though the API server no longer held it; and a node only ever
+    seen unreadable was 'no GPUNodeState published', though one was. Now the reason says what is wrong."""
+    publish(api, "n1", all_free("n1"), sequence=1)
     await view.lookup(["n1"])
     bad = state_object("n1", project(all_held("n1"), None), Generation(1, 2), time.time())
     bad["hints"]["gpus"][0]["index"] = "zero"
     api.put_state(bad)
-    await eventually(lambda: view.bad_objects == 1, 5.0)
-    assert view.get("n1").hints.free_gpu_count == 4
-    assert "cannot be read" in caplog.text and "index" in caplog.text
+    never_good = state_object("n2", project(all_free("n2"), None), Generation(1, 1), time.time())
+    never_good["hints"]["gpus"][1]["schedulable_share_ratio"] = 7.5
+    api.put_state(never_good)
+    await eventually(lambda: view.bad_objects == 2, 5.0)
+    reply = await Extender(view, max_age_seconds=900.0).filter(gpu_pod_filter(["n1", "n2"]))
+    assert reply["NodeNames"] == []
+    refused = reply["FailedAndUnresolvableNodes"]
+    assert "GPUNodeState cannot be read" in refused["n1"] and "gpus[0].index" in refused["n1"]
+    assert "gpus[1].schedulable_share_ratio" in refused["n2"] and UNKNOWN_REASON not in refused["n2"]
+    assert "'n1'" in caplog.text and "'n2'" in caplog.text  # the log names the node
+    publish(api, "n1", all_free("n1"), sequence=3)
+    await eventually(lambda: view.get("n1").hints is not None, 5.0)
+    assert view.unresolvable().keys() == {"n2"}
 
 
 async def test_a_restarted_extender_loses_no_decision(api: FakeApiServer) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import ssl
 import time
@@ -28,7 +27,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gpuagent.hints.codec import hints_from_jsonable
+from gpuagent import boundedjson
+from gpuagent.hints.codec import check_limits, hints_from_jsonable
 from gpuagent.hints.extender_config import DEFAULT_AGENT_URL, NODE_PLACEHOLDER, valid_node_name
 from gpuagent.hints.score import NodeIndex, node_index
 from gpuagent.hints.verdict_key import KindKeys
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 HINTS_PATH = "/v1/hints"
 MAX_HINTS_BYTES = 4 * 1024 * 1024  # an 8-GPU node's hints are a few KiB; a body this big is not hints
+HINTS_BOUNDS = boundedjson.Bounds(max_bytes=MAX_HINTS_BYTES, max_depth=32)  # hints are 6 levels deep
 MAX_ENTRIES = 50_000  # agents cached at most (a cluster has up to 5,000 nodes by Kubernetes' own limits)
 
 # Entry states, as the extender's reasons and metrics name them.
@@ -77,6 +78,7 @@ class AgentEntry:
     error: str | None = None  # why the last fetch failed; None when it succeeded
     key: bytes | None = None  # the cluster view's: equal for nodes whose states schedule alike
     keys: KindKeys | None = None  # the cluster view's, per kind of request: equal where those schedule alike
+    unreadable: str | None = None  # the cluster view's: why the node's latest object cannot be judged
 
     def state(self, now: float, max_age_seconds: float) -> str:
         if self.hints is None or self.answered_at is None:
@@ -91,6 +93,8 @@ class AgentEntry:
         No URL, node name or elapsed seconds in it: the scheduler groups identical reasons across nodes in
         the pod's event ("0/500 nodes are available: 500 <reason>"); the logs name the node and URL.
         """
+        if self.unreadable is not None:
+            return self.unreadable
         if self.url is None and self.hints is None:
             return "no agent URL for this node (not in the agents file, and no URL template)"
         if self.hints is None or self.answered_at is None:
@@ -367,4 +371,8 @@ class AgentCache:
 
 
 def _decode(body: bytes) -> NodeHints:
-    return hints_from_jsonable(json.loads(body))
+    """An agent's ``/v1/hints`` body, read once under ``HINTS_BOUNDS`` (size and depth before the parser,
+    numbers finite) and then within the hints' limits; any refusal is a ``ValueError`` naming it."""
+    hints = hints_from_jsonable(boundedjson.loads(body, HINTS_BOUNDS, HINTS_PATH))
+    check_limits(hints, HINTS_PATH)
+    return hints

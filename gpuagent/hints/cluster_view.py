@@ -12,10 +12,18 @@ heartbeat's age by the agent's clock when first seen, by ours after that. So the
 is the same for both sources: a node whose state is older than ``published_max_age`` is filtered out,
 unresolvable, with the reason.
 
-Generations: each object carries its agent's ``(epoch, sequence)``. A write of the same agent with a lower
-sequence, or of an earlier agent (lower epoch) with no newer heartbeat, is ignored, so a write left in
-flight by a replaced agent cannot roll a node back. A node whose object cannot be decoded keeps its last
-good state (or none) and is counted; the log names it once.
+Generations: each object carries its agent's ``(epoch, sequence)``. A write older by both its generation and
+its heartbeat is ignored, so a write left in flight by a replaced agent cannot roll a node back; a later
+heartbeat is enough, so a forged sequence cannot hold a node's later writes off. Neither may come from the
+future: a write whose heartbeat or epoch is ahead of this process's clock by more than the clock-skew bound
+(``max_clock_skew``) is not applied and does not order later writes; the node is unresolvable, saying so,
+until its agent writes again. So a forged generation or heartbeat pins a node's state for at most that
+bound.
+
+Unreadable objects: an object that cannot be read (too big, too deep, a wrong type, a figure out of its
+physical range: ``hints.published.decode_state``) makes its node unresolvable with the reason, when its
+name can still be read, and is counted; it is never the list's, the watch's or the process's problem. The
+log names the node, once per node and reason; ``collector`` exports the counts.
 
 Memory: nodes whose states have the same verdict key (``hints.verdict_key``: alike in everything the
 extender's verdicts read) share one decoded copy and its index, so a fleet of alike idle nodes costs one
@@ -36,15 +44,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
 from gpuagent.hints.agents import FRESH, STALE, STATES, UNREACHABLE, AgentEntry
 from gpuagent.hints.published import (
     COLLECTION_PATH,
     GROUP,
+    KIND,
     PLURAL,
     Generation,
     PublishedState,
     decode_list,
     decode_state,
+    identify,
 )
 from gpuagent.hints.score import NodeIndex, node_index
 from gpuagent.hints.verdict_key import KindKeys, kind_keys
@@ -55,7 +68,11 @@ from gpuagent.snapshot import NodeHints
 log = logging.getLogger(__name__)
 
 UNKNOWN_REASON = "no GPUNodeState published for this node (no agent, or it cannot write to the API server)"
-MAX_LOGGED_BAD = 1024
+MAX_LOGGED_BAD = 1024  # nodes whose refusal is remembered for the log's once-per-node rule
+MAX_NAMED = 200  # nodes named in the metric of unresolvable nodes (the count covers them all)
+MAX_CLOCK_SKEW_S = 300.0  # how far ahead of ours a node's clock may be (NTP keeps them within a second)
+# Outcomes of a write, for the metrics.
+APPLIED, UNREADABLE, STALE_WRITE, AHEAD = "applied", "unreadable", "stale", "ahead_of_clock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +118,7 @@ class ClusterView(Reflector):
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sync_timeout: float = 1.0,
+        max_clock_skew: float = MAX_CLOCK_SKEW_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(None, log=log, connection=connection, kubeconfig_path=kubeconfig_path,
@@ -108,13 +126,14 @@ class ClusterView(Reflector):
         self._monotonic = monotonic
         self._wall = wall_clock
         self.sync_timeout = sync_timeout
+        self.max_clock_skew = max_clock_skew
         self._entries: dict[str, AgentEntry] = {}
-        self._seen: dict[str, tuple[Generation, float]] = {}  # node -> the generation and heartbeat held
+        # node -> the generation and heartbeat of its last write applied (kept while a later write is refused)
+        self._seen: dict[str, tuple[Generation, float]] = {}
         self._shared: dict[bytes, _Shared] = {}  # verdict key -> the one copy of that state
         self._synced_event = asyncio.Event()
-        self._bad: set[str] = set()
-        self.bad_objects = 0  # objects that could not be decoded, for metrics
-        self.stale_writes = 0  # writes ignored for an older generation
+        self._logged: dict[str, str] = {}  # node -> the refusal last logged for it
+        self.outcomes = dict.fromkeys((APPLIED, UNREADABLE, STALE_WRITE, AHEAD), 0)  # writes, for metrics
         self.version = 0  # counts the changes to the view: an answer computed at one version holds until it
         self._expiry: tuple[int, float, float] | None = None  # (version, max_age, when a state ages out)
         self.unknown_reason = UNKNOWN_REASON
@@ -133,11 +152,12 @@ class ClusterView(Reflector):
         try:
             state = decode_state(raw)
         except ValueError as exc:
-            return _Item(_Meta(""), "", None, str(exc)[:300])
+            name, rv = identify(raw)
+            return _Item(_Meta(rv), name, None, str(exc)[:300])
         return _Item(_Meta(state.resource_version), state.node, state)
 
     def _replace(self, items: list[Any]) -> None:
-        listed = {item.node for item in items if item.state is not None}
+        listed = {item.node for item in items if item.node}
         for node in self._entries.keys() - listed:  # deleted while the watch was down
             self._forget(node)
         for item in items:
@@ -147,17 +167,25 @@ class ClusterView(Reflector):
 
     def _put(self, obj: Any) -> None:
         item: _Item = obj
-        if item.state is None:
-            self._bad_object(item)
-            return
         state = item.state
+        if state is None:
+            self.outcomes[UNREADABLE] += 1
+            self._refuse(item.node, f"its {KIND} cannot be read: {item.error}")
+            return
         node = state.node
+        ahead = max(state.heartbeat_unix, state.generation.epoch / 1e9) - self._wall()
+        if ahead > self.max_clock_skew:  # not applied, and not the generation later writes are held to
+            self.outcomes[AHEAD] += 1
+            self._refuse(node, f"its {KIND} was written {ahead:.0f}s ahead of the extender's clock, beyond "
+                         f"the {self.max_clock_skew:g}s clock-skew bound (heartbeatTime or agent.epoch)")
+            return
         seen = self._seen.get(node)
         if seen is not None and not _newer(state.generation, state.heartbeat_unix, *seen):
-            self.stale_writes += 1
+            self.outcomes[STALE_WRITE] += 1
             return
+        self.outcomes[APPLIED] += 1
         self._seen[node] = (state.generation, state.heartbeat_unix)
-        self._bad.discard(node)
+        self._logged.pop(node, None)
         self.version += 1
         previous = self._entries.get(node)
         age = max(0.0, self._wall() - state.heartbeat_unix)
@@ -171,6 +199,23 @@ class ClusterView(Reflector):
         self._entries[node] = AgentEntry(node=node, url=None, hints=shared.hints, index=shared.index,
                                          answered_at=answered_at, key=shared.key, keys=shared.keys)
 
+    def _refuse(self, node: str, reason: str) -> None:
+        """The node's latest write cannot be judged: the node is unresolvable, saying why, until a write of
+        its own is applied (an object whose name cannot be read is only counted and logged)."""
+        if self._logged.get(node) != reason and (node in self._logged or len(self._logged) < MAX_LOGGED_BAD):
+            self._logged[node] = reason
+            log.warning("%s of node %r refused (the node is unresolvable until its agent writes again): %s",
+                        KIND, node or "(no readable name)", reason)
+        if not node:
+            return
+        previous = self._entries.get(node)
+        if previous is not None and previous.unreadable == reason:
+            return
+        if previous is not None:
+            self._release(previous.key)
+        self._entries[node] = AgentEntry(node=node, url=None, unreadable=reason)
+        self.version += 1
+
     def _drop(self, obj: Any) -> None:
         item: _Item = obj
         if item.node:
@@ -179,6 +224,7 @@ class ClusterView(Reflector):
     def _forget(self, node: str) -> None:
         entry = self._entries.pop(node, None)
         self._seen.pop(node, None)
+        self._logged.pop(node, None)
         if entry is not None:
             self._release(entry.key)
             self.version += 1
@@ -201,13 +247,15 @@ class ClusterView(Reflector):
     def _size(self) -> int:
         return len(self._entries)
 
-    def _bad_object(self, item: _Item) -> None:
-        self.bad_objects += 1
-        key = item.error
-        if key not in self._bad and len(self._bad) < MAX_LOGGED_BAD:
-            self._bad.add(key)
-            log.warning("ignoring a GPUNodeState that cannot be read (the node keeps its last good state): "
-                        "%s", item.error)
+    @property
+    def bad_objects(self) -> int:
+        """Writes refused as unreadable."""
+        return self.outcomes[UNREADABLE]
+
+    @property
+    def stale_writes(self) -> int:
+        """Writes ignored for an older generation and heartbeat."""
+        return self.outcomes[STALE_WRITE]
 
     # -- what the extender asks of a node source ----------------------------------------------------------
     def get(self, node: str) -> AgentEntry | None:
@@ -237,11 +285,19 @@ class ClusterView(Reflector):
         now = self._monotonic()
         counts = dict.fromkeys(STATES, 0)
         for entry in self._entries.values():
-            assert entry.answered_at is not None
-            counts[FRESH if now - entry.answered_at <= max_age_seconds else STALE] += 1
-        if not self.synced:
-            counts[UNREACHABLE] = 0
+            if entry.answered_at is None:  # refused: nothing to judge it by
+                counts[UNREACHABLE] += 1
+            else:
+                counts[FRESH if now - entry.answered_at <= max_age_seconds else STALE] += 1
         return counts
+
+    def unresolvable(self) -> dict[str, str]:
+        """Node -> why its latest write is refused (unreadable, or ahead of the clock)."""
+        return {node: e.unreadable for node, e in self._entries.items() if e.unreadable is not None}
+
+    def collector(self) -> Collector:
+        """The view's own metrics, computed at scrape time (no I/O)."""
+        return _ViewCollector(self)
 
     async def lookup(self, nodes: Iterable[str], *, deadline_seconds: float | None = None
                      ) -> dict[str, AgentEntry]:
@@ -275,10 +331,38 @@ class ClusterView(Reflector):
 
 
 def _newer(generation: Generation, heartbeat: float, held: Generation, held_heartbeat: float) -> bool:
-    """Whether a write may replace the one held: a later write of the same agent, or a later agent (by
-    epoch), or an earlier epoch whose heartbeat is newer (the node's clock went back across a restart)."""
-    if generation.epoch == held.epoch:
-        return generation.sequence >= held.sequence
-    if generation.epoch > held.epoch:
-        return True
-    return heartbeat > held_heartbeat
+    """Whether a write may replace the one held: a later write of the same agent or a later agent (by
+    epoch), or a later heartbeat (the node's clock went back across a restart; or the generation held was
+    forged, which a heartbeat can outrun since neither may be ahead of the clock by more than the skew)."""
+    later = (generation.epoch, generation.sequence) >= (held.epoch, held.sequence)
+    return later or heartbeat > held_heartbeat
+
+
+class _ViewCollector(Collector):
+    """Writes by outcome, and the nodes whose latest write is refused (named, up to ``MAX_NAMED``)."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        writes = CounterMetricFamily(
+            "gpuagent_extender_published_writes",
+            "GPUNodeState writes seen by the cluster view, by outcome: applied, unreadable (refused: the "
+            "node unresolvable), stale (an older generation and heartbeat, ignored), ahead_of_clock "
+            "(refused: written beyond the clock-skew bound).", labels=["outcome"])
+        for outcome, count in self._view.outcomes.items():
+            writes.add_metric([outcome], count)
+        yield writes
+        refused = self._view.unresolvable()
+        nodes = GaugeMetricFamily(
+            "gpuagent_extender_published_refused_nodes",
+            "Nodes whose latest GPUNodeState write is refused (unresolvable until their agent writes again).",
+            value=len(refused))
+        yield nodes
+        named = GaugeMetricFamily(
+            "gpuagent_extender_published_refused_node_info",
+            f"The first {MAX_NAMED} nodes whose latest GPUNodeState write is refused, and why "
+            "(unreadable, ahead_of_clock); the log has the full reason.", labels=["node", "reason"])
+        for node, reason in sorted(refused.items())[:MAX_NAMED]:
+            named.add_metric([node, AHEAD if "clock-skew bound" in reason else UNREADABLE], 1)
+        yield named

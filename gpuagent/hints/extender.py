@@ -536,6 +536,8 @@ def build_registry(extender: Extender) -> CollectorRegistry:
     registry.register(_AgentsCollector(extender.cache, extender.max_age_seconds))
     if isinstance(extender.cache, ClusterView):  # its writes by outcome and the nodes it refuses
         registry.register(extender.cache.collector())
+    if isinstance(extender.cache, ClusterView):  # its writes by outcome and the nodes it refuses
+        registry.register(extender.cache.collector())
     return registry
 
 
