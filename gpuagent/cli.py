@@ -168,7 +168,8 @@ def _run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     agent = importlib.import_module("gpuagent.agent")  # lazily: check-config must not load it
 
-    log.info("starting: %s", ", ".join(f"{k}={v}" for k, v in config.as_dict().items()))
+    log.info("starting: %s", config.summary())
+    log.debug("configuration:\n%s", config.describe())
     return agent.run(config)
 
 

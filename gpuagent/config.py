@@ -769,6 +769,16 @@ class Config:
         """The effective value of every key, by key name."""
         return {key.name: getattr(self, key.name) for key in KEYS}
 
+    def summary(self) -> str:
+        """The start-up log line: what an operator checks first (where it serves, the backend and its
+        scenario, the enforcement mode, the poll interval, the node's name) and the names of the keys set away
+        from their defaults (file, env, flag); every value, with its source, is :meth:`describe`'s."""
+        shown = [f"{name}={getattr(self, name)}" for name in STARTUP_KEYS
+                 if name != "scenario" or self.backend == "sim"]
+        changed = [key.name for key in KEYS if key.name not in STARTUP_KEYS
+                   and not self.sources.get(key.name, "default").startswith("default")]
+        return ", ".join(shown) + (f"; set: {', '.join(changed)}" if changed else "")
+
     def describe(self) -> str:
         """The effective values as YAML lines, each with where it came from (``# default``, ``# env ...``)."""
         lines = [f"{name}: {_yaml_scalar(value)}" for name, value in self.as_dict().items()]
@@ -778,6 +788,9 @@ class Config:
             for line, key in zip(lines, KEYS, strict=True)
         )
 
+
+# What the start-up line shows (Config.summary); the rest is logged at debug.
+STARTUP_KEYS = ("listen", "backend", "scenario", "mode", "poll_interval", "hostname")
 
 KEYS: tuple[Key, ...] = tuple(
     Key(f.name, f.default, *f.metadata["key"]) for f in dataclasses.fields(Config) if "key" in f.metadata

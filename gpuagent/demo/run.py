@@ -115,5 +115,6 @@ def run(config_file: str | None, flags: Mapping[str, object]) -> int:
             log.warning("DEMO: a SIMULATED Kubernetes node %s (scenario %s): %d pods served by the demo's "
                         "own kubelet (%s) and API server (%s); no GPU here is real (gpuagent_simulated 1)",
                         scenario.hostname, scenario_path, len(node.pods), socket, kubeconfig)
-            log.info("starting: %s", ", ".join(f"{k}={v}" for k, v in config.as_dict().items()))
+            log.info("starting: %s", config.summary())
+            log.debug("configuration:\n%s", config.describe())
             return agent.run(config)
