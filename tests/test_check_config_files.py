@@ -125,3 +125,24 @@ def test_check_config_on_dev_zero_is_refused_in_bounded_memory() -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == ("/dev/zero: cannot read the config file: expected a regular file, "
                                    "got a character device")
+
+
+@pytest.mark.parametrize("content", [SHADOW, "root:x:0:0:root:/root:/bin/bash\n"])
+def test_a_scenario_naming_a_system_file_is_refused_without_a_word_of_it(
+        content: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The scenario loader named an unknown top-level key, or a top level that is no mapping, by its text:
+    ``scenario: /etc/passwd`` printed its first line."""
+    target = tmp_path / "system-file"
+    target.write_text(content)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"scenario: {target}\nbackend: sim\n")
+    assert cli.main(["check-config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert secret_parts(err) == [] and "/bin/bash" not in err and "scenario:" in err
+
+
+def test_a_scenario_is_read_from_a_regular_file_only(tmp_path: Path) -> None:
+    from gpuagent.devices.sim import ScenarioError, load_scenario
+
+    with pytest.raises(ScenarioError, match="expected a regular file, got a directory"):
+        load_scenario(tmp_path)  # a device or a FIFO the same way (read_regular_file, tested above)

@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from gpuagent.config import ConfigError, read_regular_file
 from gpuagent.devices.sim.scenario.build import build
 from gpuagent.devices.sim.scenario.checks import Problems
 from gpuagent.devices.sim.scenario.messages import explain, path_sort_key
@@ -22,6 +23,7 @@ from gpuagent.devices.sim.scenario.spec import Scenario
 from gpuagent.devices.sim.scenario.values import show
 
 SCHEMA_PATH = Path(__file__).parent.with_name("schema.json")
+MAX_SCENARIO_BYTES = 256 << 20  # a generated churn scenario of 5,000 processes is a few MiB
 
 
 class ScenarioError(ValueError):
@@ -37,10 +39,12 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read, validate and build the scenario in ``path``; :class:`ScenarioError` names what is wrong."""
     p = Path(path)
     source = str(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(source, [("", f"cannot read: {exc.strerror or exc}")]) from exc
+    try:  # a regular file of bounded size (the path comes from a config: never /dev/zero nor a FIFO)
+        text = read_regular_file(source, MAX_SCENARIO_BYTES).decode("utf-8")
+    except ConfigError as exc:
+        raise ScenarioError(source, [("", exc.message)]) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(source, [("", f"not UTF-8 text (byte {exc.start})")]) from None
     return parse_scenario(text, source=source, name=p.stem)
 
 
@@ -59,7 +63,8 @@ def parse_scenario(
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ScenarioError(source, [("", f"expected a mapping at the top level, got {show(data)}")])
+        got = f"a string of {len(data)} characters" if isinstance(data, str) else show(data)  # not its text
+        raise ScenarioError(source, [("", f"expected a mapping at the top level, got {got}")])
     schema_errors = _schema_errors(data)
     if schema_errors:
         raise ScenarioError(source, schema_errors)

@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema
 
+from gpuagent.config import key_text
 from gpuagent.devices.sim.scenario.values import show
 
 
@@ -60,7 +61,7 @@ def explain(err: jsonschema.ValidationError) -> tuple[str, str]:
     if v == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extras = [k for k in inst if k not in err.schema.get("properties", {})]
-        key = str(extras[0]) if extras else "?"
+        key = key_text(extras[0]) if extras else "?"  # named only if key-shaped: the file may be any file
         hint = difflib.get_close_matches(key, allowed, n=1)
         if hint:
             msg = f"unknown key (did you mean '{hint[0]}'?)"
