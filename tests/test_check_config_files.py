@@ -146,3 +146,11 @@ def test_a_scenario_is_read_from_a_regular_file_only(tmp_path: Path) -> None:
 
     with pytest.raises(ScenarioError, match="expected a regular file, got a directory"):
         load_scenario(tmp_path)  # a device or a FIFO the same way (read_regular_file, tested above)
+
+
+def test_the_extenders_config_file_is_not_echoed_either(shadow: Path) -> None:
+    from gpuagent.hints.extender_config import load_options
+
+    with pytest.raises(ConfigError) as caught:
+        load_options(str(shadow), env={})
+    assert secret_parts(str(caught.value)) == [] and "not a config key): unknown key" in str(caught.value)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuagent.config import ConfigError, choice_word, is_null_text, parse_listen, read_yaml_mapping
+from gpuagent.config import ConfigError, choice_word, is_null_text, key_text, parse_listen, read_yaml_mapping
 
 ENV_PREFIX = "GPUAGENT_EXTENDER_"
 CONFIG_ENV = "GPUAGENT_EXTENDER_CONFIG"
@@ -333,7 +333,7 @@ def load_options(
         for name, raw in read_yaml_mapping(path).items():
             key = _BY_NAME.get(name) if isinstance(name, str) else None
             if key is None:
-                raise ConfigError(str(name), "unknown key; known keys: " + ", ".join(_BY_NAME), path)
+                raise ConfigError(key_text(name), "unknown key; known keys: " + ", ".join(_BY_NAME), path)
             values[key.name] = _parse(key, raw, False, base_dir, path)
             sources[key.name] = path
     for key in OPTION_KEYS:
