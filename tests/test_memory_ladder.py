@@ -311,3 +311,12 @@ def test_warn_only_has_no_next_step() -> None:
     m, _ = ladder(action="warn")
     m.update([train(OVER)])
     assert stage(m) == "warned" and next_step(m) == (None, None)
+
+
+def test_reasons_say_whole_seconds_on_a_real_clock() -> None:
+    """A poll lands a few milliseconds late: the log said "for 10.0554s"; it says "for 10s"."""
+    m, clock = ladder(term_after=10, kill_grace=30)
+    m.update([train(OVER)])
+    clock.advance(10.0554)
+    [step] = m.update([train(OVER)])
+    assert step.kind == "term" and "for 10s: SIGTERM" in step.reason, step.reason

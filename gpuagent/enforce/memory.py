@@ -154,11 +154,11 @@ class MemoryLadder:
         if settings.action == "evict" and namespace:
             if episode.evicted_at is None:
                 episode.evicted_at, episode.stage = now, "evicted"
-                return [Step("evict", key, pids, f"{over} for {over_for:g}s: evicting the pod")]
+                return [Step("evict", key, pids, f"{over} for {over_for:.0f}s: evicting the pod")]
             if now - episode.evicted_at >= settings.kill_grace:
                 since = now - episode.evicted_at
                 episode.evicted_at = now
-                return [Step("evict", key, pids, f"{over} {since:g}s after its eviction: evicting again")]
+                return [Step("evict", key, pids, f"{over} {since:.0f}s after its eviction: evicting again")]
             return []
         fallback = ""
         if settings.action == "evict":
@@ -173,7 +173,7 @@ class MemoryLadder:
                 episode.termed[pid] = now
             if episode.stage == "warned":
                 episode.stage = "terminating"
-            steps.append(Step("term", key, fresh, f"{over} for {over_for:g}s: SIGTERM, SIGKILL "
+            steps.append(Step("term", key, fresh, f"{over} for {over_for:.0f}s: SIGTERM, SIGKILL "
                               f"{settings.kill_grace:g}s later if still on the GPU{fallback}"))
         due = tuple(
             p for p in pids
