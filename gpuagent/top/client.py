@@ -28,6 +28,8 @@ MAX_STATE_BYTES = 64 * 1024 * 1024  # an 8-GPU node's state is about 200 KB
 # /v1/state is 7 levels deep (a MIG instance's tenants): 32 is room for the agent to grow, and no recursive
 # parser ever sees a 100,000-level document, nor a NaN, an infinity or a 1e999.
 STATE_BOUNDS = boundedjson.Bounds(max_bytes=MAX_STATE_BYTES, max_depth=32)
+ERROR_BYTES = 4096  # an error answer's body: what is past this is not read as one
+ERROR_BOUNDS = boundedjson.Bounds(max_bytes=ERROR_BYTES, max_depth=4)
 DEFAULT_TIMEOUT_SECONDS = 3.0
 
 # What the view says about an agent, worst last.
@@ -183,10 +185,6 @@ def _error_text(body: bytes) -> str:
     except (ValueError, AttributeError):
         return ""
     return f" ({shown(error[:200])})" if isinstance(error, str) else ""
-
-
-ERROR_BYTES = 4096  # an error answer's body: what is past this is not read as one
-ERROR_BOUNDS = boundedjson.Bounds(max_bytes=ERROR_BYTES, max_depth=4)
 
 
 def new_session(*, limit: int = 64) -> aiohttp.ClientSession:
