@@ -275,7 +275,7 @@ def test_the_demos_metrics_say_simulated_and_flag_the_stray_and_the_audit(demo: 
 
 @pytest.mark.integration
 def test_top_once_shows_named_pods_on_its_first_screen(demo: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "gpuagent", "top", "--agent", demo, "--once", "--width", "120"],
+    out = subprocess.run([sys.executable, "-m", "gpuagent", "top", "--agent", demo, "--once", "--width", "130"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=clean_env())
     assert out.returncode == 0, out.stderr
     first_screen = "\n".join(out.stdout.splitlines()[:24])
