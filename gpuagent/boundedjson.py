@@ -47,7 +47,6 @@ class Bounds:
 DEFAULT = Bounds()
 Text = bytes | bytearray | memoryview | str
 
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # a backslash and what it escapes (an escaped quote is no quote)
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 # Both kinds of bracket as one: the same depth for JSON, and for crossed brackets ("[}") no less than what a
 # parser recurses into before it finds them crossed. One kind makes a pass one C-speed ``bytes.replace``.
@@ -72,7 +71,7 @@ def depth(data: Text, limit: int) -> int | None:
     brackets = _outside_strings(_as_bytes(data))
     level = 0
     while brackets:
-        if level > limit:
+        if level > limit or b"(" * (limit - level + 1) in brackets:  # a run of openers is nested: refused
             return None
         shorter = brackets.replace(b"()", b"")  # one scan, no rescan of what it joins: one level
         if len(shorter) == len(brackets):  # unbalanced: not JSON, but a parser recurses into every
@@ -88,45 +87,48 @@ def _outside_strings(text: bytes) -> bytes:
     ``\\"`` is no quote); then all but quotes and brackets; then every ``""`` pair, which holds no bracket
     whether it encloses a string or the space between two (removing two quotes changes no later quote's
     parity); what is left, if any quote is, alternates outside and inside at each quote."""
-    if b"\\" in text:
-        text = _ESCAPE.sub(b"", text)
+    if b"\\" in text:  # in a string every backslash starts an escape: pairs first, then escaped quotes
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
     structure = text.translate(_ONE_KIND, _NOT_STRUCTURE).replace(b'""', b"")
     if b'"' not in structure:
         return structure
     return b"".join(structure.split(b'"')[::2])
 
 
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)  # a string, or a bracket
+# A string, or a run of openers, or a run of closers (a run is one step however deep it goes).
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]+|[\]}]+', re.DOTALL)
 
 
 def shallow(data: Text, max_depth: int) -> bytes:
     """``data`` with every array or object that opens deeper than ``max_depth`` cut to ``[]``: a text a
     recursive parser can read, to salvage what identifies a refused document (a name, a resourceVersion, a
     watch event's type). The cut leaves it one level deeper than ``max_depth``, so it is still refused under
-    that bound: never a way to accept it. Linear, a Python step per string and bracket: for the refused only.
+    that bound: never a way to accept it. Linear, a Python step per string and run of brackets: for the
+    refused only.
     """
     text = _as_bytes(data)
     out: list[bytes] = []
-    kept = 0  # text[kept:start] is still to be copied
+    kept = 0  # text[kept:] is still to be copied
     level = 0
     cut_at = -1  # the level of the value being cut out, -1 when none
     for token in _TOKEN.finditer(text):
-        mark = text[token.start()]
+        start, end = token.span()
+        mark = text[start]
         if mark == 0x22:  # a string: brackets inside it are no structure
             continue
+        run = end - start
         if mark in b"[{":
-            level += 1
-            if cut_at < 0 and level > max_depth:
-                out.append(text[kept:token.start()])
+            if cut_at < 0 and level + run > max_depth:
+                at = start + max(0, max_depth - level)  # the opener that goes past max_depth
+                out.append(text[kept:at])
                 out.append(b"[]")
-                cut_at = level
+                cut_at, kept = max(level + 1, max_depth + 1), len(text)
+            level += run
         else:
-            if level == cut_at:
-                kept = token.end()
+            if cut_at >= 0 and level - run < cut_at:  # the i-th closer of the run closes level - i
+                kept = start + (level - cut_at) + 1
                 cut_at = -1
-            level -= 1
-    if cut_at >= 0:  # never closed: the rest goes with it
-        kept = len(text)
+            level -= run
     out.append(text[kept:])
     return b"".join(out)
 
