@@ -269,3 +269,5 @@ def test_the_demos_audit_takes_no_action_on_any_surface(demo: tuple[str, Path]) 
     # the log: decisions, never a death the agent did not cause
     text = log.read_text()
     assert "audit: would send SIGKILL to PID" in text and "has exited" not in text, text[-3000:]
+    assert re.search(r"audit: would freeze research/notebook-alice-0 \d+% of each period \(share 20%\); "
+                     "nothing is frozen", text), text[-3000:]  # the demo has no freezer: said once, by the enforcer

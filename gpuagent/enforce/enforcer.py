@@ -79,6 +79,7 @@ class Enforcer:
         self._pending: set[asyncio.Task[object]] = set()
         self._paused_until = float("-inf")  # an operator's manual thaw holds throttling off until then
         self._contended: frozenset[str] = frozenset()
+        self._said_throttled: set[str] = set()  # workloads whose first throttling was logged at info
 
     @property
     def contended_gpus(self) -> frozenset[str]:
@@ -209,7 +210,10 @@ class Enforcer:
                         self.actions.release(gone)
                     self._cycler.set(key, targets, fraction, groups.get(key))
                     self._targets[key] = set(targets)
-            self._throttling = {k for k, f in fractions.items() if f > 0}
+            throttling = {k for k, f in fractions.items() if f > 0}
+            for key in sorted(throttling - self._throttling):
+                self._say_throttled(key, fractions[key], owners[key].limits.share_ratio)
+            self._throttling = throttling
             for key in self._seen - owners.keys():  # workloads that left: drop their counters too
                 self._cycler.forget(key)
         self._seen = set(owners)
@@ -226,6 +230,21 @@ class Enforcer:
                 controller.correction(key) if isinstance(controller, RotationController) else None,
             ))
         return tuple(states)
+
+    def _say_throttled(self, key: str, fraction: float, share: float | None) -> None:
+        """A throttling episode begins: at info the first time for a workload (its freezes are logged at
+        debug, and in audit mode only where there is a cgroup to name), at debug after that."""
+        first = key not in self._said_throttled
+        if first:
+            if len(self._said_throttled) >= 4096:
+                self._said_throttled.clear()
+            self._said_throttled.add(key)
+        limit = f" (share {share:.0%})" if share is not None else ""
+        if self.mode == "audit":
+            what = f"audit: would freeze {key} {fraction:.0%} of each period{limit}; nothing is frozen"
+        else:
+            what = f"throttling {key}: frozen {fraction:.0%} of each period{limit}"
+        log.log(logging.INFO if first else logging.DEBUG, "%s", what)
 
     def _release(self, key: str) -> None:
         """Stop throttling a workload: thaw its cgroups now and take them off the journal."""
