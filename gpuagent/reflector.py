@@ -165,6 +165,11 @@ class Reflector:
         """One watch event's object (it has ``metadata.resourceVersion``); raises msgspec's DecodeError."""
         raise NotImplementedError
 
+    def _decode_cut_object(self, raw: Any) -> Any:
+        """The object of an event that was nested deeper than ``max_depth``, cut to it (a subclass whose
+        objects have a depth bound of their own refuses it here)."""
+        return self._decode_object(raw)
+
     def _replace(self, items: list[Any]) -> None:
         """The view becomes what a list returned."""
         raise NotImplementedError
@@ -330,7 +335,8 @@ class Reflector:
     def _apply(self, line: str) -> None:
         decode = wire()
         data = line.encode("utf-8", "surrogatepass")
-        if boundedjson.depth(data, self.max_depth) is None:
+        cut = boundedjson.depth(data, self.max_depth) is None
+        if cut:
             data = boundedjson.shallow(data, self.max_depth)
         try:
             event = decode.event.decode(data)
@@ -344,7 +350,7 @@ class Reflector:
                 if version:
                     self._rv = self._list_rv = version
                 return
-            obj = self._decode_object(event.object)
+            obj = self._decode_cut_object(event.object) if cut else self._decode_object(event.object)
         except (decode.DecodeError, RecursionError) as exc:
             raise _Failure("protocol", f"{self._where('watch')}: bad event: {exc}") from exc
         if event.type in ("ADDED", "MODIFIED"):

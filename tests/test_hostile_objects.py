@@ -152,8 +152,9 @@ def test_numbers_json_has_no_place_for_are_refused() -> None:
 
 def test_a_list_with_one_deep_item_lists_the_others() -> None:
     """Was RecursionError for the whole list: a cold start never became ready."""
-    items, rv = decode_list(listing([raw_of(body("a")), deep_inside_hints(body("b")), raw_of(body("c"))]))
-    assert rv == "100" and len(items) == 3
+    items, rv, checked = decode_list(listing([raw_of(body("a")), deep_inside_hints(body("b")),
+                                              raw_of(body("c"))]))
+    assert rv == "100" and len(items) == 3 and not checked  # cut: each item's depth is counted again
     assert decode_state(items[0]).node == "a" and decode_state(items[2]).node == "c"
     with pytest.raises(ValueError, match="nested deeper"):
         decode_state(items[1])
@@ -174,6 +175,22 @@ def test_a_v1_hints_body_is_read_bounded() -> None:
 
 
 # --- the view ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("depth", "refused"), [(32, False), (33, True), (40, True), (70, True)])
+async def test_the_depth_bound_holds_exactly_by_list_and_by_watch(depth: int, refused: bool) -> None:
+    """The depth is counted once, on the list's or the watch line's bytes: an object at the bound is read,
+    one level more is refused, whichever way it comes and whether or not the bytes around it were cut."""
+    honest = body("n1")
+    inside = depth - 2  # the object's own braces, and "hints"'s
+    raw = raw_of(honest).replace(b'"hints":{', b'"hints":{"x":' + b"[" * inside + b"]" * inside + b",", 1)
+    assert boundedjson.depth(raw, 100) == depth
+    view = view_of([raw], Wall())
+    assert (view.get("n1").unreadable is not None) is refused
+    view._apply(event("MODIFIED", raw_of(body("n1", sequence=2, rv=5))))
+    assert view.get("n1").unreadable is None
+    view._apply(event("MODIFIED", raw.replace(b'"sequence":1', b'"sequence":3')))
+    assert (view.get("n1").unreadable is not None) is refused
 
 
 async def test_in_a_5000_node_view_one_hostile_object_changes_that_node_only() -> None:

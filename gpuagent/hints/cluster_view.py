@@ -52,6 +52,7 @@ from gpuagent.hints.published import (
     COLLECTION_PATH,
     GROUP,
     KIND,
+    OBJECT_BOUNDS,
     PLURAL,
     Generation,
     PublishedState,
@@ -109,6 +110,7 @@ class ClusterView(Reflector):
     api_group = GROUP
     what = "published GPU states"
     cluster_wide = True
+    max_depth = OBJECT_BOUNDS.max_depth + 1  # a watch event: its object is one level down
 
     def __init__(
         self,
@@ -141,16 +143,22 @@ class ClusterView(Reflector):
     # -- what the reflector asks of a view -----------------------------------------------------------------
     def _decode_list(self, body: bytes) -> tuple[list[Any], str]:
         try:
-            raw_items, rv = decode_list(body)
+            raw_items, rv, checked = decode_list(body)
         except ValueError as exc:  # the reflector reports a protocol failure and lists again
             raise wire().DecodeError(str(exc)) from None
-        items = [self._decode_object(raw) for raw in raw_items]
+        items = [self._decode(raw, checked) for raw in raw_items]
         gc.freeze()  # thousands of long-lived objects: kept out of every later collection
         return items, rv
 
     def _decode_object(self, raw: Any) -> _Item:
+        return self._decode(raw, True)  # the reflector counted its event's depth within max_depth
+
+    def _decode_cut_object(self, raw: Any) -> _Item:
+        return self._decode(raw, False)  # cut to max_depth: still one level too deep, so refused
+
+    def _decode(self, raw: Any, depth_checked: bool) -> _Item:
         try:
-            state = decode_state(raw)
+            state = decode_state(raw, depth_checked=depth_checked)
         except ValueError as exc:
             name, rv = identify(raw)
             return _Item(_Meta(rv), name, None, str(exc)[:300])

@@ -270,28 +270,35 @@ def _wire() -> _Wire:
                  msgspec.DecodeError)
 
 
-def decode_list(body: bytes) -> tuple[list[Any], str]:
-    """(the raw items, the list's resourceVersion); raises ``ValueError`` for a list that cannot be read.
+def decode_list(body: bytes) -> tuple[list[Any], str, bool]:
+    """(the raw items, the list's resourceVersion, whether their depth is checked); raises ``ValueError``
+    for a list that cannot be read.
 
-    One item nested too deep does not make the list unreadable: the list is cut to ``LIST_DEPTH``
-    (``boundedjson.shallow``, only then), which leaves that item still too deep for ``decode_state``, so
-    that item alone is refused."""
+    The depth is checked once, on the list's bytes: within ``LIST_DEPTH``, every item is within the
+    object's bound, and ``decode_state`` need not count it again. One item nested too deep does not make
+    the list unreadable: the list is cut to ``LIST_DEPTH`` (``boundedjson.shallow``, only then), which
+    leaves that item one level too deep, so ``decode_state`` refuses that item alone."""
     wire = _wire()
-    if boundedjson.depth(body, LIST_DEPTH) is None:
+    checked = boundedjson.depth(body, LIST_DEPTH) is not None
+    if not checked:
         body = boundedjson.shallow(body, LIST_DEPTH)
     try:
         listing = wire.listing.decode(body)
     except (wire.error, RecursionError) as exc:
         raise ValueError(f"bad {KIND}List: {exc}") from None
-    return list(listing.items or ()), listing.metadata.resourceVersion
+    return list(listing.items or ()), listing.metadata.resourceVersion, checked
 
 
-def decode_state(raw: Any) -> PublishedState:
+def decode_state(raw: Any, *, depth_checked: bool = False) -> PublishedState:
     """One object (bytes or msgspec Raw); raises ``ValueError`` naming what is wrong (over the size or the
     depth, bad JSON, a field of the wrong type or out of its range with its path, no hints, an unreadable
-    heartbeat)."""
+    heartbeat). ``depth_checked``: the caller counted the depth of bytes around these within
+    ``OBJECT_BOUNDS`` (a list within ``LIST_DEPTH``, a watch line within one level more): not again."""
     wire = _wire()
-    boundedjson.check(raw, OBJECT_BOUNDS, KIND)
+    if depth_checked:
+        boundedjson.check_size(raw, OBJECT_BOUNDS, KIND)
+    else:
+        boundedjson.check(raw, OBJECT_BOUNDS, KIND)
     try:
         obj = wire.obj.decode(raw)
     except (wire.error, RecursionError) as exc:
