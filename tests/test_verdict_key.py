@@ -20,7 +20,8 @@ from test_hints_fastpath import RATIOS, node_hints, requests
 
 from gpuagent.hints.agents import AgentEntry
 from gpuagent.hints.extender import Verdict, _score
-from gpuagent.hints.score import FitRequest, _not_whole_gpu, kind_name, node_index
+from gpuagent.hints.fitreasons import not_whole_gpu
+from gpuagent.hints.score import FitRequest, kind_name, node_index
 from gpuagent.hints.verdict_key import KindKeys, kind_keys, verdict_key
 from gpuagent.snapshot import GpuHints, MigInstanceHint, MigProfileHint, NodeHints, TenantHint
 
@@ -83,7 +84,7 @@ def _tenants(draw: st.DrawFn, gpu: GpuHints, reads: str) -> tuple[TenantHint, ..
     """Other tenants, alike in what requests of kind ``reads`` read of them: "exclusive" (every kind) the
     count and first three names where a whole-GPU request could go; "shared" there whether there is one,
     and the first's name on a GPU held exclusively; "mig" nothing."""
-    whole = _not_whole_gpu(gpu) is None
+    whole = not_whole_gpu(gpu) is None
     if reads == "mig" or not whole or (reads == "shared" and not gpu.tenants):
         count = draw(st.integers(0, 4)) if reads == "mig" or not whole else 0
         return tuple(_tenant(draw, draw(TEXT)) for _ in range(count))
@@ -161,7 +162,7 @@ def _any(_: GpuHints) -> bool:
 
 
 def _named(gpu: GpuHints) -> bool:
-    return _not_whole_gpu(gpu) is None and bool(gpu.tenants)
+    return not_whole_gpu(gpu) is None and bool(gpu.tenants)
 
 
 def _first_profile(gpu: GpuHints, **changes: object) -> GpuHints:
@@ -198,7 +199,7 @@ CHANGES: dict[str, Change] = {
     "memory_total_bytes": _on_gpu(_any, lambda g, _: replace(
         g, memory_total_bytes=None if g.memory_total_bytes is not None else 80 * GIB)),
     "numa_node": _on_gpu(_any, lambda g, _: replace(g, numa_node=None if g.numa_node is not None else 0)),
-    "a tenant more": _on_gpu(lambda g: _not_whole_gpu(g) is None, lambda g, _: replace(
+    "a tenant more": _on_gpu(lambda g: not_whole_gpu(g) is None, lambda g, _: replace(
         g, tenants=(*g.tenants, TENANT))),
     "a named tenant's name": _on_gpu(_named, lambda g, _: replace(
         g, tenants=(replace(g.tenants[0], name=g.tenants[0].name + "-x"), *g.tenants[1:]))),
@@ -244,7 +245,7 @@ def test_states_that_differ_in_anything_read_get_different_keys(hints: NodeHints
 def _whole_held(hints: NodeHints) -> int | None:
     """A GPU a whole-GPU request could use, held exclusively by a tenant: a shared request's reason names
     it ("held exclusively by")."""
-    return next((pos for pos, g in enumerate(hints.gpus) if _not_whole_gpu(g) is None and g.tenants
+    return next((pos for pos, g in enumerate(hints.gpus) if not_whole_gpu(g) is None and g.tenants
                  and g.sharing_mode == "exclusive"), None)
 
 
@@ -260,7 +261,7 @@ def test_a_shared_key_differs_where_a_shared_reason_reads_a_tenant(hints: NodeHi
         assert kind_keys(replace(hints, gpus=(*hints.gpus[:pos], renamed, *hints.gpus[pos + 1:]))).shared \
             != shared
     for pos, gpu in enumerate(hints.gpus):  # a tenant where there was none, on a GPU shared requests may use
-        if _not_whole_gpu(gpu) is None and not gpu.tenants:
+        if not_whole_gpu(gpu) is None and not gpu.tenants:
             held = replace(gpu, tenants=(TENANT,))
             assert kind_keys(replace(hints, gpus=(*hints.gpus[:pos], held, *hints.gpus[pos + 1:]))).shared \
                 != shared

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from gpuagent.hints.score import MIG_SLICES
+from gpuagent.hints.nodeindex import MIG_SLICES
 from gpuagent.hints.tenants import gpu_tenants, node_limits, pods_by_gpu, sharing_mode
 from gpuagent.snapshot import (
     GpuHints,

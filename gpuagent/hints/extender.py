@@ -21,7 +21,7 @@ Per node, in order:
   a node it fits passes, and prioritize scores it 0-10 (the 0-100 fit score, divided by 10).
 
 Judging one node never fails the call: an exception while judging a node (a state no agent writes, or a
-bug it meets) fails that node alone, unresolvable, with the reason ``score.unjudgeable`` words; the
+bug it meets) fails that node alone, unresolvable, with the reason ``fitreasons.unjudgeable`` words; the
 traceback is logged once per state and request and counted (``gpuagent_extender_judge_errors_total``).
 Every reason reaches kube-scheduler (its events and logs) with control and bidi characters shown as escapes
 (``untrusted.shown``): tenant and resource names are anyone's.
@@ -67,10 +67,13 @@ from gpuagent.hints.extender_protocol import (
     host_priority_list,
     parse_args,
 )
+from gpuagent.hints.fit import NodeFit, fit_node
+from gpuagent.hints.fitreasons import unjudgeable
+from gpuagent.hints.fitrequest import FitRequest, kind_name
 from gpuagent.hints.malformed import MalformedPod
+from gpuagent.hints.nodeindex import NO_INDEX, node_index
 from gpuagent.hints.nodes import KnownNodes, NodeLister
 from gpuagent.hints.podrequest import PodRequestError, pod_fit_request, pod_name
-from gpuagent.hints.score import NO_INDEX, FitRequest, NodeFit, fit_node, kind_name, node_index, unjudgeable
 from gpuagent.hints.verdict_key import KindKeys
 from gpuagent.httpbody import BodyError, BodyLimits, error_response, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error, json_errors
@@ -534,8 +537,6 @@ def build_registry(extender: Extender) -> CollectorRegistry:
     extender.metrics = metrics
     extender.cache.set_fetch_observer(metrics.observe_fetch)
     registry.register(_AgentsCollector(extender.cache, extender.max_age_seconds))
-    if isinstance(extender.cache, ClusterView):  # its writes by outcome and the nodes it refuses
-        registry.register(extender.cache.collector())
     if isinstance(extender.cache, ClusterView):  # its writes by outcome and the nodes it refuses
         registry.register(extender.cache.collector())
     return registry

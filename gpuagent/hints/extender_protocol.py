@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuagent.hints.fitrequest import RequestError
 from gpuagent.hints.malformed import json_kind
-from gpuagent.hints.score import RequestError
 
 MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY = 0, 10
 # Candidate nodes in one call, at most: Kubernetes supports clusters of up to 5,000 nodes; far past that, a

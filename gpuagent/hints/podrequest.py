@@ -32,8 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuagent.hints.fitrequest import FitRequest, RequestError, parse_fit_request
 from gpuagent.hints.malformed import MalformedPod, json_kind
-from gpuagent.hints.score import FitRequest, RequestError, parse_fit_request
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
 
 # The annotation contract (DESIGN.md); the enforcer reads the first two with the same parsers.

@@ -2,7 +2,7 @@
 
 The extender judges each distinct key once a request (``Extender._judge``) and the cluster view keeps one
 decoded copy per key (``hints.cluster_view``), so the key must hold everything the extender's verdict
-(``extender._score``: ``node_index`` and ``fit_node`` in ``hints.score``, the fit, its score and the one-line
+(``extender._score``: ``nodeindex.node_index`` and ``fit.fit_node``, the fit, its score and the one-line
 reason) reads, and it is worth holding nothing else: every field left out lets more nodes share a verdict.
 What it holds, and where it is read:
 
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import NamedTuple
 
-from gpuagent.hints.score import NO_INDEX
+from gpuagent.hints.nodeindex import NO_INDEX
 from gpuagent.snapshot import GpuHints, NodeHints
 
 _GPU = attrgetter("index", "health", "stale", "mig_enabled", "compute_mode", "sharing_mode",
@@ -53,7 +53,8 @@ _MARSHAL_VERSION = 2  # no back-references (version 3 added them): the bytes dep
 
 
 class KindKeys(NamedTuple):
-    """A state's keys per kind of request (``score.kind_name``): each holds what that kind's verdicts read."""
+    """A state's keys per kind of request (``fitrequest.kind_name``): each holds what that kind's verdicts
+    read."""
 
     shared: bytes
     exclusive: bytes  # the state's ``verdict_key``: it reads the most
@@ -62,7 +63,7 @@ class KindKeys(NamedTuple):
 
 def _whole(gpu: GpuHints) -> bool:
     """Whether a whole-GPU request (shared or exclusive) could use ``gpu``: healthy, fresh, no MIG, compute
-    mode not prohibited (``score._not_whole_gpu``); only there do reasons read its tenants."""
+    mode not prohibited (``fitreasons.not_whole_gpu``); only there do reasons read its tenants."""
     return gpu.health == "ok" and not gpu.stale and not gpu.mig_enabled and gpu.compute_mode != "prohibited"
 
 
