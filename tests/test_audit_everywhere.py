@@ -173,6 +173,8 @@ async def test_the_ladder_in_audit_signals_nobody_and_every_surface_says_would(
     assert exposed[("signal_term", "audit")] == 1 and exposed[("signal_kill", "audit")] == 1
     assert acted(exposed) == {}, exposed
     assert 'gpuagent_enforcement_mode{mode="audit"} 1.0' in metrics
+    assert "memory ladder (audit mode: the step it would have taken)" in metrics  # the stage gauge's HELP
+    assert re.search(r'gpuagent_pod_gpu_memory_limit_stage\{[^}]*stage="killed"\} 1\.0', metrics)
     # /v1/state: the counts as JSON objects by action and outcome, and the ladder's stage under mode audit
     enforcement = body["enforcement"]
     assert enforcement["mode"] == "audit"

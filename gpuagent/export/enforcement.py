@@ -82,7 +82,8 @@ class EnforcementCollector(GpuRenderer):
             "gpuagent_pod_gpu_share_achieved_ratio",
             "The pod's measured share of the GPU's SM time over the controller's window (0-1).",
             GAUGE, series, [s.achieved_ratio for s in shares])
-        duty = kept.family("gpuagent_pod_gpu_frozen_ratio", "Part of each period the pod is frozen (0-1).",
+        duty = kept.family("gpuagent_pod_gpu_frozen_ratio",
+                           "Part of each period the pod is frozen (0-1); in audit mode, would be.",
                            GAUGE, series, [s.frozen_ratio for s in shares])
         throttled = kept.family("gpuagent_pod_gpu_throttled_seconds_total", "Time the pod spent frozen.",
                                 COUNTER, series, [s.throttled_seconds_total for s in shares])
@@ -94,7 +95,8 @@ class EnforcementCollector(GpuRenderer):
         for m in memory:
             stages += texts[("stages", m.namespace, m.pod)]
         stage = kept.family(
-            "gpuagent_pod_gpu_memory_limit_stage", "1 for the pod's stage on the memory ladder.",
+            "gpuagent_pod_gpu_memory_limit_stage",
+            "1 for the pod's stage on the memory ladder (audit mode: the step it would have taken).",
             GAUGE, stages, [1.0 if m.stage == value else 0.0 for m in memory for value in STAGES])
         problems = gauge("gpuagent_pod_policy_problem",
                          "1 for an annotation that did not count (the pod keeps the operator's value).")
