@@ -21,7 +21,9 @@ Per design, neighbours and load, over the seeds:
   largest miss of a neighbour's part of the neighbours' work against its share of theirs (worst seed,
   points); ``kept``: the work done per second against one neighbour alone (lowest seed).
 
-Prints JSON, or with ``--markdown`` the two tables of docs/shares.md (latency; shares and throughput).
+Prints JSON, or with ``--markdown`` the two tables of docs/shares.md (latency; shares and throughput), or
+with ``--goals DESIGN`` issue 29's goals for it, seed by seed against ``none`` and ``solo`` (``--designs``
+must hold ``none`` and it).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
             pooled += lat
             p99s.append(summary(lat)["p99"])
         rows.append({"design": "solo", "neighbours": "", "count": 0, "load": load,
-                     "latency_ms": _ms(summary(pooled)), "p99_worst_ms": round(1000 * max(p99s), 1)})
+                     "latency_ms": _ms(summary(pooled)), "p99_worst_ms": round(1000 * max(p99s), 1),
+                     "p99_by_seed_ms": [round(1000 * p, 1) for p in p99s]})
     for neighbour in args.neighbours.split(","):
         for count in (int(c) for c in args.counts.split(",")):
             for load in loads:
@@ -134,22 +137,48 @@ def markdown(rows: list[dict[str, object]], designs: list[str]) -> str:
     return "\n".join(lines)
 
 
+def goals(rows: list[dict[str, object]], design: str) -> str:
+    """Issue 29's goals for ``design``, seed by seed against ``none`` and ``solo`` on the same seed."""
+    solo = {r["load"]: r for r in rows if r["design"] == "solo"}
+    by = {(r["design"], r["neighbours"], r["count"], r["load"]): r for r in rows}
+    lines = ["| neighbours | load | p99 (worst seed) | / p99 with no enforcement (worst) "
+             "| - solo p99 (worst) | service's part | neighbours' miss (points) | kept (min) |",
+             "|" + " --- |" * 8]
+    for (name, neighbour, count, load), r in by.items():
+        if name != design or ("none", neighbour, count, load) not in by:
+            continue
+        mine = [float(x) for x in r["p99_by_seed_ms"]]  # type: ignore[attr-defined]
+        none = [float(x) for x in by[("none", neighbour, count, load)]["p99_by_seed_ms"]]  # type: ignore[attr-defined]
+        alone = [float(x) for x in solo[load]["p99_by_seed_ms"]]  # type: ignore[attr-defined]
+        ratio = max(m / n for m, n in zip(mine, none, strict=True))
+        excess = max(m - a for m, a in zip(mine, alone, strict=True))
+        err = r["neighbour_error_max"]
+        miss = "" if err is None else f"{100 * float(str(err)):.1f}"
+        lines.append(f"| {count} x {neighbour} | {float(str(load)):.0%} | {_fmt(max(mine))} | {ratio:.2f} "
+                     f"| {_fmt(excess)} | {float(str(r['svc_median'])):.2f} | {miss} "
+                     f"| {float(str(r['kept_min'])):.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=8)
-    parser.add_argument("--designs", default="none,duty,rotation,exempt,latency,latency-1ms")
+    parser.add_argument("--designs", default="none,duty,rotation,exempt,latency")
     parser.add_argument("--neighbours", default="matmul,deep,trainer")
     parser.add_argument("--counts", default="1,2")
     parser.add_argument("--loads", default="0.1,0.3,0.6")
     parser.add_argument("--arrivals", default="poisson", choices=("poisson", "bursts"))
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--goals", default=None, help="issue 29's goals table of this design (with none)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))
     started = time.perf_counter()
     rows = measure(args)
-    if args.markdown:
+    if args.goals:
+        print(goals(rows, args.goals))
+    elif args.markdown:
         print(markdown(rows, args.designs.split(",")))
     else:
         wall = round(time.perf_counter() - started, 3)

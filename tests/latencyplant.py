@@ -68,12 +68,14 @@ DESIGNS: dict[str, tuple[str, Build]] = {
     "duty": ("duty cycle, 100 ms", lambda shares, seed: Enforced(ShareController(), DutyPlan(0.1), shares)),
     "rotation": ("rotation, 1 s +-30 %", lambda shares, seed: Enforced(
         RotationController(), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    "exempt": ("latency class, exempt", lambda shares, seed: LatencyEnforced(
+    "exempt": ("latency class (no preemption)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}, preempt=False), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    "latency": ("latency class, exempt + preempt (5 ms)", lambda shares, seed: LatencyEnforced(
+    "latency": ("latency class (preempt, 1 ms)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    "latency-1ms": ("latency class, exempt + preempt (1 ms)", lambda shares, seed: LatencyEnforced(
-        LatencyController({SERVICE}, sense_s=0.001), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
+    "latency-5ms": ("latency class (preempt, 5 ms)", lambda shares, seed: LatencyEnforced(
+        LatencyController({SERVICE}, sense_s=0.005), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
+    "latency-hold": ("latency class (preempt, 1 ms, held 20 ms)", lambda shares, seed: LatencyEnforced(
+        LatencyController({SERVICE}, hold_s=0.02), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
 }
 
 

@@ -9,13 +9,14 @@ freezes a service well under its share, the latency class does not, and what its
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 from latencyplant import SERVICE, Unenforced, run_beside
 
 from gpuagent.devices.sim import contention
 from gpuagent.devices.sim.workloads import Serve, Trainer, percentile
-from gpuagent.enforce.timeslice import LatencyController, Tenant
+from gpuagent.enforce.timeslice import LatencyController, RotationPlan, Tenant
 
 
 class FrozenHalf:
@@ -191,6 +192,24 @@ def test_a_service_over_its_share_busy_only_half_the_time_is_not_capped() -> Non
             controller.sense(now, {"svc": cpu})
         controller.update(now, [Tenant("svc", 0.5, 0.3), Tenant("a", 0.5, 0.7)])
     assert not controller.capped("svc")
+
+
+def test_a_rotation_slot_can_wait_two_dithered_periods_for_the_next() -> None:
+    """Issue 29: the gap between two of a tenant's slots is up to ``2 * (1 + dither) * period * (1 - slot)``
+    (its slot first in one period, last in the next), 2.3 s for a 10 % slot at 1 s +-30 %, not the 0.9 s
+    docs/shares.md gave; the latency class does not depend on it (it is not in the rotation)."""
+    plan = RotationPlan(1.0, dither=0.3, seed=0)
+    start, gaps, last_end = 0.0, [], None
+    for _ in range(2000):
+        period = plan.next_period({"a": 0.1, "b": 0.9})  # slots of 0.9 and 0.1
+        thaw, freeze = period.windows["b"]
+        if last_end is not None:
+            gaps.append(start + thaw - last_end)
+        last_end = start + freeze
+        start += period.length
+    assert max(gaps) <= 2 * 1.3 * 0.9 + 1e-9
+    assert max(gaps) > 2.0
+    assert statistics.median(gaps) == pytest.approx(0.9, abs=0.1)
 
 
 class _Duty:

@@ -27,14 +27,19 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
   every slot anyway), and each batch tenant loses to it in proportion to its slot;
 - **preemption** (``preempt``): every ``sense_s`` seconds the agent reads each exempt tenant's CPU time
   (cgroup ``cpu.stat``); one whose CPU moved by more than ``busy_cpu`` of the interval has a request in
-  hand (a CUDA synchronisation spins), and while any has, the batch tenants with a share are all frozen;
-  only while its mean use is within its share and ``tolerance``, so a service over it (not capped yet)
-  does not hold every neighbour frozen. The freeze stops their CPU, not what they queued: a neighbour
-  with ``q`` seconds queued still time-slices with the service for ``q`` of its own GPU time, so
-  preemption bounds the latency only beside shallow queues (docs/shares.md, the latency class).
+  hand (a CUDA synchronisation spins), and while any has (and ``hold_s`` after), the batch tenants with a
+  share are all frozen; not while its mean use is clearly over its share and ``tolerance`` (one standard
+  error), so a service over it, not capped yet, does not hold every neighbour frozen. The freeze stops
+  their CPU, not what they queued: a neighbour with ``q`` seconds queued still time-slices with the
+  service for ``q`` of its own GPU time, so preemption bounds the latency only beside shallow queues.
+  Every thaw comes after the service's last request and the freezer's latency: the GPU idles meanwhile
+  beside synchronous neighbours, hence 1 ms readings (0.94 of the throughput kept where 5 ms keep 0.86),
+  and no hold by default (20 ms of it cut the p99 beside deep queues by a tenth and the throughput by a
+  tenth too). Figures, and what it cannot meet: docs/shares.md, the latency class.
 
 :meth:`frozen` is what to freeze beyond the plan's windows; the plant of the tests drives it as the agent
-would (``tests/latencyplant.py``). Its figures, and what it cannot meet: docs/shares.md.
+would (``tests/latencyplant.py``). Not wired to a setting yet: the agent's cycler and its ``cpu.stat``
+reader come with that.
 """
 
 from __future__ import annotations
@@ -59,8 +64,9 @@ class LatencyController:
     """One GPU: latency tenants exempt while under their shares, the rest in a rotation (see the module)."""
 
     def __init__(self, latency: Iterable[str], *, rotation: RotationController | None = None,
-                 preempt: bool = True, window: float = 30.0, sense_s: float = 0.005,
-                 busy_cpu: float = 0.1, tolerance: float = 0.05, saturated: float = 0.9) -> None:
+                 preempt: bool = True, window: float = 30.0, sense_s: float = 0.001,
+                 busy_cpu: float = 0.1, tolerance: float = 0.05, saturated: float = 0.9,
+                 hold_s: float = 0.0) -> None:
         if window <= 0 or sense_s <= 0:
             raise ValueError("window and sense_s must be positive")
         if not 0.0 <= busy_cpu < 1.0:
@@ -73,6 +79,8 @@ class LatencyController:
         self.busy_cpu = busy_cpu
         self.tolerance = tolerance
         self.saturated = saturated
+        self.hold_s = hold_s
+        self._last_busy: dict[str, float] = {}
         self._cpu_polls: dict[str, deque[tuple[float, float]]] = {}  # key -> (poll, CPU seconds then)
         self._uses: dict[str, deque[tuple[float, float]]] = {}
         self._capped: dict[str, deque[tuple[float, int, int]]] = {}  # key -> (poll, thawed, busy) since
@@ -129,7 +137,7 @@ class LatencyController:
             if tenant.key in self._capped:
                 handed.append(Tenant(tenant.key, tenant.util_ratio, min(1.0, share), tenant.priority))
                 self._preempting.discard(tenant.key)
-            elif math.fsum(u for _, u in uses) / len(uses) <= share:
+            elif not self._over(uses, share, _OVER_SIGMAS):
                 self._preempting.add(tenant.key)
             else:
                 self._preempting.discard(tenant.key)
@@ -162,17 +170,23 @@ class LatencyController:
             cpu.popleft()
         if len(uses) < _MIN_POLLS:
             return False
-        values = [u for _, u in uses]
-        mean = math.fsum(values) / len(values)
-        variance = max(math.fsum((u - mean) ** 2 for u in values) / (len(values) - 1),
-                       mean * (1.0 - mean) / _SAMPLES_PER_POLL)  # a few alike readings are no certainty
-        sigmas = _OVER_SIGMAS if len(cpu) >= _MIN_POLLS else _OVER_SIGMAS_BLIND
-        if mean - sigmas * math.sqrt(variance / len(values)) <= share:
+        if not self._over(uses, share, _OVER_SIGMAS if len(cpu) >= _MIN_POLLS else _OVER_SIGMAS_BLIND):
             return False
         if len(cpu) < _MIN_POLLS:
             return True
         (first, used_then), (last, used) = cpu[0], cpu[-1]
         return used - used_then >= self.saturated * (last - first)
+
+    @staticmethod
+    def _over(uses: deque[tuple[float, float]], share: float, sigmas: float) -> bool:
+        """The mean of ``uses`` is over ``share`` by ``sigmas`` standard errors (two readings at least)."""
+        if len(uses) < 2:
+            return False
+        values = [u for _, u in uses]
+        mean = math.fsum(values) / len(values)
+        variance = max(math.fsum((u - mean) ** 2 for u in values) / (len(values) - 1),
+                       mean * (1.0 - mean) / _SAMPLES_PER_POLL)  # a few alike readings are no certainty
+        return mean - sigmas * math.sqrt(variance / len(values)) > share
 
     # -- every few milliseconds -----------------------------------------------------------------------
 
@@ -195,8 +209,11 @@ class LatencyController:
                 if key in thawed_now and key in self._thawed:  # thawed through the interval
                     through, busy_in = self._counts.get(key, (0, 0))
                     self._counts[key] = (through + 1, busy_in + moved)
-            elif moved and key in self._preempting:
-                busy.add(key)
+            elif key in self._preempting:
+                if moved:
+                    self._last_busy[key] = now
+                if now - self._last_busy.get(key, -math.inf) <= self.hold_s:
+                    busy.add(key)
         self._thawed = thawed_now
         before = self.frozen()
         self._busy = frozenset(busy)
