@@ -3,6 +3,8 @@ window it closes, exactly once, whatever the cadence (``gpuagent/accounting/busy
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gpuagent.accounting.ledger import Ledger
@@ -86,3 +88,41 @@ def test_a_gap_adds_no_busy_and_the_reading_after_it_settles_what_came_before() 
     ledger.update({"GPU-0": gpu(31.0, {A: 0.5})}, 31.0, 1.0)
     assert busy_of(ledger, "a") == pytest.approx(0.5 * 2)
     assert ledger.gpus["GPU-0"].gap_seconds == pytest.approx(29.0)
+
+
+def shared(read_at: float, busy: dict[Owner, tuple[float | None, float | None]]) -> GpuRates:
+    """A shared GPU whose tenants have (their latest reading's figure, their estimate at this poll)."""
+    rates = GpuRates(uuid="GPU-0", index=0, usable=True, energy_joules_total=None, busy_read_at=read_at)
+    for owner, (ratio, estimate) in busy.items():
+        rates.units[(owner, None)] = Rate(allocated=0.5, busy=ratio, busy_estimate=estimate)
+    return rates
+
+
+def test_between_readings_the_estimate_is_counted_and_the_reading_adds_what_it_differs_by() -> None:
+    ledger = Ledger()
+    seen = []
+    for t in range(0, 11):  # a at 0.4 steadily; b estimated at 0.2 but the reading at 10 says 0.3
+        read_at = 0.0 if t < 10 else 10.0
+        b = (0.2, 0.2) if t < 10 else (0.3, 0.3)
+        ledger.update({"GPU-0": shared(read_at, {A: (0.4, 0.4), B: b})}, float(t), 1.0)
+        seen.append((busy_of(ledger, "a"), busy_of(ledger, "b")))
+    assert [a for a, _ in seen] == pytest.approx([0.4 * t for t in range(11)])  # every poll, exact
+    assert seen[9][1] == pytest.approx(0.2 * 9)  # b's estimate so far
+    assert seen[10][1] == pytest.approx(0.3 * 10)  # settled to the reading's figure
+
+
+def test_a_count_past_the_reading_is_held_and_paid_off_never_taken_back() -> None:
+    ledger = Ledger()
+    busy = []
+    for t in range(0, 21):  # a estimated at 0.5 until 10, but its reading at 10 says 0.2 throughout
+        read_at = 0.0 if t < 10 else 10.0 if t < 20 else 20.0
+        rate = (0.5, 0.5) if t < 10 else (0.2, 0.2)
+        ledger.update({"GPU-0": shared(read_at, {A: rate})}, float(t), 1.0)
+        busy.append(busy_of(ledger, "a"))
+    assert all(b >= a for a, b in itertools.pairwise(busy))  # a counter: never down
+    assert busy[10] == pytest.approx(0.5 * 9 + 0.35)  # counted 4.85 where the reading says 2.0: held
+    assert busy[20] == busy[10]  # the next 0.2 a second pays the 2.85 excess off first: flat
+    assert ledger._busy["GPU-0"].ahead == {(A, None): pytest.approx(0.85)}  # (the 2nd reading agreed: 2.0)
+    ledger.update({"GPU-0": shared(30.0, {B: (0.1, 0.1)})}, 21.0, 1.0)  # a left: its excess goes with it
+    assert ledger._busy["GPU-0"].ahead == {}
+    assert busy_of(ledger, "a") == busy[20]

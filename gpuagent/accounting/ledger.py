@@ -20,9 +20,13 @@ is split until the next reading after it.
 Busy on a GPU shared by several owners, whose processes' utilization is read every few seconds (``busy``; an
 owner alone on its GPU has the device's per-poll figure instead, ``busy_read_at`` None): each reading's
 averages are applied to the time since the previous reading, when it comes, so no window is counted twice or
-dropped whatever the cadence; its idle-held seconds are judged over the same window. A reading whose window is
-one interval (utilization read every poll: every GPU the share controller acts on) is settled with that
-interval's integration, to the same figures, without the round trip through the pending busy.
+dropped whatever the cadence; its idle-held seconds are judged over the same window. Between readings each
+owner's busy is counted provisionally poll by poll, by the trapezoid of its ``busy_estimate`` (its latest
+figure, scaled down to the GPU's utilization when that is less), and the reading adds only what its figure
+differs by. A reading
+whose window is one interval (utilization read every poll: every GPU the share controller acts on) is
+settled with that interval's integration, to the same figures, without the round trip through the pending
+busy.
 
 Series: each owner's increments go to its own series (a pod's container, or a workload off Kubernetes)
 and, for a pod, to the pod's series too. A series not seen for ``retention_seconds`` is dropped.
@@ -98,10 +102,14 @@ class _Increment:
     busy: float | None = None
     memory: float = 0.0
     energy: float | None = None
+    # busy the counter takes beside ``busy``, not judged idle or not: a provisional count between readings
+    # (judged when the reading settles it), or, negative, a provisional excess of before being paid off
+    busy_apart: float = 0.0
 
     def add(self, other: _Increment) -> None:
         self.allocated += other.allocated
         self.memory += other.memory
+        self.busy_apart += other.busy_apart
         if other.busy is not None:
             self.busy = (self.busy or 0.0) + other.busy
         if other.energy is not None:
@@ -199,11 +207,21 @@ class Ledger:
                     rate = after.get(place)
                     increment.busy = (None if rate is None or rate.busy is None
                                       else rate.busy * (((place in before) + 1) / 2 * dt))
+                if waiting.ahead:  # a provisional excess of slower readings before: paid off first
+                    for place, increment in increments.items():
+                        if increment.busy is not None and place in waiting.ahead:
+                            increment.busy_apart = waiting.count(place, increment.busy) - increment.busy
+                    waiting.forget_gone(after)
             else:
                 for place, increment in increments.items():
-                    present = ((place in before) + (place in after)) / 2 * dt
+                    a, b = before.get(place), after.get(place)
+                    present = ((a is not None) + (b is not None)) / 2 * dt
                     waiting.add(place, present, increment.allocated)
                     increment.busy = None
+                    estimate_a = 0.0 if a is None else a.busy_estimate
+                    estimate_b = 0.0 if b is None else b.busy_estimate
+                    if estimate_a is not None and estimate_b is not None:
+                        increment.busy_apart = waiting.estimate(place, (estimate_a + estimate_b) / 2 * dt)
         shares, series = pending.shares, self.series
         for key, increment in self._by_series(current.uuid, increments, _Increment).items():
             if increment.energy is not None:
@@ -245,7 +263,7 @@ class Ledger:
         waiting.note(current.units)
         if current.busy_read_at == waiting.read_at:
             return
-        settled: dict[tuple[Owner, int | None], Settled] = waiting.settle(current.busy_read_at)
+        settled: dict[tuple[Owner, int | None], Settled] = waiting.settle(current.busy_read_at, current.units)
         by_series = self._by_series(current.uuid, settled, Settled)
         series = self.series
         for key, lump in by_series.items():
@@ -291,17 +309,19 @@ class Ledger:
         """The interval's GPU-seconds and memory; its energy waits in the pending shares."""
         s.allocated_gpu_seconds += inc.allocated
         s.memory_byte_seconds += inc.memory
+        if inc.busy_apart:
+            s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + inc.busy_apart
         if inc.busy is not None:
             s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + inc.busy
             if inc.allocated > 0 and inc.busy < self.idle_threshold_ratio * inc.allocated:
                 s.idle_allocated_gpu_seconds += inc.allocated
 
     def _add_busy(self, s: Series, lump: Settled) -> None:
-        """A reading's busy over its window, and the time held in it judged idle or not (its GPU-seconds
-        were added poll by poll)."""
+        """A reading's busy over its window (less what was counted provisionally), and the time held in it
+        judged idle or not by the reading's figure (its GPU-seconds were added poll by poll)."""
         if lump.busy is None:
             return
-        s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + lump.busy
+        s.busy_gpu_seconds = (s.busy_gpu_seconds or 0.0) + lump.counted
         if lump.allocated_seconds > 0 and lump.busy < self.idle_threshold_ratio * lump.allocated_seconds:
             s.idle_allocated_gpu_seconds += lump.allocated_seconds
 

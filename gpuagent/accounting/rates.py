@@ -18,7 +18,10 @@ Rules (``docs/accounting.md`` states them for users):
   MPS client held to a share of the SMs counts that share of its utilization (``sm_share_ratio``). Alone on
   a whole GPU (no other owner's process there, no MPS client), the GPU's own utilization instead: read every
   poll, it is a per-poll rate the ledger integrates at once, where per-process figures come every few
-  seconds and are settled in lumps (``busy``).
+  seconds and are settled over their own windows (``busy``). Shared, each owner also gets ``busy_estimate``:
+  its latest figure, scaled down when the GPU's utilization at this poll is under their sum (the GPU's use
+  spread by the latest per-process split), which the ledger counts poll by poll until the reading that
+  covers the time settles it (exact for steady loads, no lumps).
   NVML has no per-process utilization on MIG: there the instance's GPM graphics-engine activity (the same
   time-based measure; SM activity when that is absent) times the instance's fraction, shared equally by
   the workloads with processes in it; no GPM (A100 and older) means busy is unknown (``None``), never 0.
@@ -70,6 +73,9 @@ class Rate:
     busy: float | None = 0.0  # GPUs kept busy; None: unknown
     memory_bytes: float = 0.0
     mps_held: float | None = None  # the share of the GPU MPS gives its clients, which it holds instead
+    # shared GPU: its busy now between per-process readings, its latest figure scaled down when the GPU's
+    # utilization is under their sum (GPUs); None: not shared (MIG, alone), or a tenant not measured yet
+    busy_estimate: float | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +159,7 @@ def _rates(
         for rate in rates.units.values():
             if rate.mps_held is not None:
                 rate.allocated = rate.mps_held
+        _estimate(gpu, rates)
         out[gpu.info.uuid] = rates
     return out
 
@@ -276,6 +283,30 @@ def _alone(gpu: GpuSample, rates: GpuRates) -> None:
         return
     rates.units[place].busy = min(1.0, max(0.0, gpu.gpu_util_percent / 100.0))
     rates.busy_read_at = None
+
+
+def _estimate(gpu: GpuSample, rates: GpuRates) -> None:
+    """Several owners on a whole GPU (busy waits for per-process readings, ``busy_read_at`` set): each one's
+    ``busy_estimate`` for this poll, its figure of the latest reading scaled down when the GPU's own
+    utilization, read every poll, is under their sum: the GPU's utilization spread by the latest split. So a
+    steady tenant is counted exactly at every poll; when the GPU as a whole falls quieter (a tenant stops,
+    all do) everyone's count falls at once; a rise is not guessed (it is nobody's figure yet: a neighbour's
+    rise must not land on a steady tenant) but counted when the reading says whose it was. MPS clients hold
+    their figures unscaled: their utilizations overlap, so their sum may pass the GPU's. None where an owner
+    was never measured (the reading settles the window)."""
+    if rates.busy_read_at is None or gpu.gpu_util_percent is None or gpu.migs:
+        return
+    split = 0.0
+    for rate in rates.units.values():
+        if rate.busy is None:
+            return
+        split += rate.busy
+    device = min(1.0, max(0.0, gpu.gpu_util_percent / 100.0))
+    scale = 1.0
+    if device < split and not any(p.kind == MPS_CLIENT for p in gpu.processes):
+        scale = device / split
+    for rate in rates.units.values():
+        rate.busy_estimate = rate.busy * scale  # type: ignore[operator]  # (every busy is known: checked above)
 
 
 def _instance_active(mig: MigSample | None) -> float | None:
