@@ -50,6 +50,7 @@ from gpuagent.hints.score import (
     parse_fit_request,
     score_node,
 )
+from gpuagent.hints.verdict_key import kind_keys
 from gpuagent.quantities import MEMORY_MAX_BYTES
 from gpuagent.snapshot import GpuHints, MigProfileHint, NodeHints, TenantHint
 from gpuagent.untrusted import has_unsafe
@@ -146,6 +147,7 @@ def test_score_and_the_fast_path_answer_every_hostile_node(hints: NodeHints, req
     assert 0 <= fit.score <= 100 and fit.fits == (fit.score > 0)
     verdict = _score(AgentEntry(node="node", url=None, hints=hints, index=node_index(hints)), request)
     assert 0 <= verdict.score <= 10
+    assert all(isinstance(key, bytes) for key in kind_keys(hints))  # the cluster view keys every state
     if not verdict.fits:
         assert verdict.reason.startswith(REASON_PREFIX) and len(verdict.reason) <= MAX_REASON_CHARS
         assert not has_unsafe(verdict.reason), verdict.reason
