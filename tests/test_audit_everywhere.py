@@ -94,6 +94,24 @@ def test_a_simulated_pid_is_a_would_be_signal_not_a_death(tmp_path: Path, caplog
     assert not any(f"PID {SIMULATED_PID} has exited" in line for line in said)
 
 
+def test_enforce_checks_the_cgroup_of_the_process_its_pidfd_pins_not_the_workload_tree(tmp_path: Path) -> None:
+    """The workloads' /proc tree (the config's proc_root) may be another PID namespace's, or made up: enforce
+    reads the cgroup where its pidfd pins the process, so a tree that puts a PID in a pod signals nobody."""
+    proc = tmp_path / "proc"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (proc / str(sleeper.pid)).mkdir(parents=True)
+        (proc / str(sleeper.pid) / "cgroup").write_text(f"0::{POD}/cri-containerd-0a1b.scope\n")
+        actions = Actions(mode="enforce", journal=Journal(tmp_path / "journal.json"),
+                          cgroup_root=tmp_path / "cgroup", workload_proc_root=proc)
+        assert actions.signal(sleeper.pid, signal.SIGTERM, reason="x") is False
+        assert sleeper.poll() is None  # in the test's own cgroup, which is no pod
+        assert actions.counts() == {("signal_term", "refused"): 1}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_audit_counts_the_thaws_of_release_and_thaw_all_as_enforce_does(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path
 ) -> None:

@@ -35,8 +35,9 @@ class Actions:
     token bucket of ``eviction_burst`` tokens refilled one per ``eviction_refill_interval`` seconds.
     ``eviction_client`` is made from the environment's Kubernetes configuration on first use when None.
     ``proc_root`` is where the agent reads its own process (``self/mountinfo``, ``self/cgroup``, its
-    ancestors); ``workload_proc_root`` where it reads a workload's ``PID/cgroup`` before a signal (the
-    config's ``proc_root``, the host's, as the pods source reads it; ``proc_root`` when None).
+    ancestors) and, in enforce mode, a process's cgroup before its signal (the PID namespace its pidfd is
+    opened in); ``workload_proc_root`` where audit mode reads it (the config's ``proc_root``, as the pods
+    source reads it: the demo's simulated PIDs are there alone; ``proc_root`` when None).
     """
 
     def __init__(

@@ -9,10 +9,12 @@ agent's own PID (``own-pid``) or an ancestor of it (``ancestor-pid``), a PID in 
 (``protected-pid``), a process in the agent's own cgroup (``own-cgroup``), or one whose cgroup is neither
 in a kubepods pod nor allowed by ``allowed_outside_kubepods`` (``outside-kubepods``).
 
-Audit mode checks the same rules on ``<proc_root>/PID/cgroup`` and counts the decision (outcome "audit")
-without opening a pidfd: nothing will be sent, so there is no process to pin, and the kernel's PIDs need not
-be the ones the agent reads (the demo's simulated processes exist only in its own ``/proc`` tree, and once
-read as "gone" through a pidfd: a decision counted as if the process had died of it).
+Audit mode checks the same rules on the process's cgroup, read where the agent read which pod the PID is
+(the config's ``proc_root``), and counts the decision (outcome "audit") without opening a pidfd: nothing
+will be sent, so there is no process to pin, and the PIDs the agent reads need not be the kernel's (the
+demo's simulated processes exist only in its own ``/proc`` tree, and once read as "gone" through a pidfd: a
+decision counted as if the process had died of it). Enforce reads the cgroup in the PID namespace the
+pidfd pins the process in (``proc_root`` of the gate), so that what is checked is what is signalled.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ _SIGNAL_ACTIONS = {signal.SIGTERM: "signal_term", signal.SIGKILL: "signal_kill"}
 
 class Signaller:
     """Sends SIGTERM or SIGKILL to processes ``workloads`` allows; ``protected_pids`` are never signalled.
-    A process's cgroup is read under ``workload_proc_root`` (``proc_root``, where the agent's ancestors are
-    read, when None). Holds no state of its own between calls: thread-safe."""
+    Enforce reads a process's cgroup under ``proc_root``, in the PID namespace its pidfd pins it in; audit,
+    which opens no pidfd, under ``workload_proc_root`` (where the agent read which pod the PID is;
+    ``proc_root`` when None). Holds no state of its own between calls: thread-safe."""
 
     def __init__(self, *, mode: str, workloads: WorkloadRules, outcomes: Outcomes,
                  protected_pids: Iterable[int] = (), proc_root: str | Path = "/proc",
@@ -40,7 +43,7 @@ class Signaller:
         self.protected_pids = frozenset(protected_pids)
         self._workloads = workloads
         self._outcomes = outcomes
-        self._proc = Path(proc_root)  # the agent's own: its ancestors
+        self._proc = Path(proc_root)  # the agent's PID namespace: its ancestors, a pinned process's cgroup
         self._workload_proc = Path(workload_proc_root) if workload_proc_root is not None else self._proc
 
     def signal(self, pid: int, sig: int, *, reason: str) -> bool:
@@ -96,7 +99,7 @@ class Signaller:
         what = f"PID {pid}"
         note = self._outcomes.note
         try:
-            self.check_cgroups(pid, self.cgroups_of(pid))
+            self.check_cgroups(pid, self.cgroups_of(pid, self._workload_proc))
         except ActionRefused as refused:
             note(action, "refused", what, str(refused))
             return False
@@ -124,9 +127,11 @@ class Signaller:
         if pid in self._ancestors():
             raise ActionRefused("ancestor-pid", what, "an ancestor of the agent")
 
-    def cgroups_of(self, pid: int) -> dict[str, str]:
-        """/proc/PID/cgroup as {"v2" or the v1 controllers field: path}."""
-        text = (self._workload_proc / str(pid) / "cgroup").read_bytes().decode("utf-8", "surrogateescape")
+    def cgroups_of(self, pid: int, proc: Path | None = None) -> dict[str, str]:
+        """``<proc>/PID/cgroup`` as {"v2" or the v1 controllers field: path}; ``proc`` is ``proc_root`` when
+        None, the PID namespace a pidfd is opened in, so that the cgroup read is the pinned process's."""
+        root = self._proc if proc is None else proc
+        text = (root / str(pid) / "cgroup").read_bytes().decode("utf-8", "surrogateescape")
         return parse_cgroups(text)
 
     def check_cgroups(self, pid: int, cgroups: Mapping[str, str]) -> None:
