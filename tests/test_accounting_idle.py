@@ -13,6 +13,8 @@ from simclock import FakeClock
 from test_accounting import NamedTenants, pod, pod_workload, sim_agent, uuids
 
 from gpuagent.accounting.events import IdleEventPoster, IdleNotice, idle_event
+from gpuagent.config import load_config
+from gpuagent.demo.run import DEMO_DEFAULTS
 from gpuagent.export.exposition import generate_text
 from gpuagent.kubeapi import ApiConnection
 
@@ -147,3 +149,33 @@ def test_the_event_body_passes_the_api_servers_rules() -> None:
     assert len(body["metadata"]["name"]) <= 253 and len(body["note"]) <= 1024
     assert body["eventTime"] == "2026-09-21T14:13:20.123456Z"
     assert "uid" not in body["regarding"]
+
+
+async def test_the_demo_flags_its_idle_allocation_at_the_first_poll_and_the_agent_after_its_window(
+    tmp_path: Path,
+) -> None:
+    """The demo's first screen shows the idle GPU its README promises (``DEMO_DEFAULTS``' ``idle_window``,
+    1 s: flagged at the second poll, a second after the agent starts); the agent's own default still waits
+    30 minutes."""
+    idle_gpu = {"version": 1, "name": "demo-idle-allocation", "gpus": [{"model": "H100-SXM5-80GB"}],
+                "processes": [{"name": "eval-harness", "gpu": 0, "memory": "22Gi", "sm_util": 0}]}
+    flagged_at = {}
+    windows = {"demo": DEMO_DEFAULTS["idle_window"], "default": load_config(None, env={}).idle_window}
+    for label, window in windows.items():
+        clock = FakeClock()
+        (tmp_path / label).mkdir()
+        agent, nvml = sim_agent(tmp_path / label, idle_gpu, clock, idle_window=window)
+        gpu_ids, _ = uuids(nvml)
+        agent.pods = NamedTenants({"eval-harness": pod_workload("batch", "eval-nightly", "eval")},  # type: ignore[assignment]
+                                  [pod("batch", "eval-nightly", "eval", [gpu_ids[0]])])
+        try:
+            clock.t = 1.0
+            while clock.t <= 130.0 and label not in flagged_at:
+                snap = await agent.poll_once()
+                assert snap.accounting is not None
+                if [i.name for i in snap.accounting.idle] == ["eval-nightly"]:
+                    flagged_at[label] = clock.t
+                clock.advance(1.0)
+        finally:
+            await agent.devices.close()
+    assert flagged_at == {"demo": 2.0}  # the second poll; the agent's 1800 s default: not in two minutes

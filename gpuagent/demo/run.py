@@ -6,7 +6,7 @@ configures ``gpuagent run`` (file, env, flags) with the node's wiring set by the
 and its scenario, the ``/proc`` tree, the pod-resources socket, the kubeconfig, the node's name, and a
 cgroup root and freeze journal inside the demo's temporary directory (so nothing real is ever frozen).
 Keys the user did not set take the demo's defaults (:data:`DEMO_DEFAULTS`: audit mode, idle pods flagged
-after two minutes and their Events posted, the kubelet read every second). All of it is removed on exit.
+after a second and their Events posted, the kubelet read every second). All of it is removed on exit.
 
 The temporary directory is the demo user's alone (``mkdtemp`` makes it 0700): the kubeconfig in it holds
 the API server's token, so the demo's agent is the one local client that can read or write its pods and
@@ -39,7 +39,7 @@ WIRED_KEYS = ("backend", "proc_root", "pod_resources_socket", "kubeconfig", "kub
               "cgroup_root", "journal_path")
 # Defaults of the demo where the user set nothing (file, env or flag).
 DEMO_DEFAULTS: Mapping[str, object] = {
-    "mode": "audit", "pod_resources_interval": 1.0, "idle_window": 120.0, "idle_events": "on",
+    "mode": "audit", "pod_resources_interval": 1.0, "idle_window": 1.0, "idle_events": "on",
     "network": False,
     # the demo's API server serves pods and owners; it holds no GPUNodeState CRD for the extender's view
     "publish_state": "off",
