@@ -2,14 +2,18 @@
 words for a failed request of its HTTP clients (the extender's and ``gpuagent top``'s, both aiohttp).
 
 Errors are ``{"error": ..., "field": ...}`` with a 4xx/5xx status, never an HTML page; the middleware turns
-aiohttp's own 404/405/413 into the same shape. A request aiohttp cannot even parse is answered 400 by
-aiohttp and logged as one line (:func:`server_logger`).
+aiohttp's own 404/405/413 into the same shape, and a refusal that leaves a request's body unread closes the
+connection once answered (the body is never read into memory: aiohttp drains it for at most its lingering
+time). A request aiohttp cannot even parse never reaches the app: :class:`JsonErrorRequestHandler`
+answers it with the same JSON shape instead of aiohttp's plain text, and it is logged as one line
+(:func:`server_logger`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
 
 import aiohttp
 from aiohttp import web
@@ -38,7 +42,46 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         response = json_error(exc.status, exc.reason or "error")
         if "Allow" in exc.headers:  # a 405 says which methods the path takes (RFC 9110)
             response.headers["Allow"] = exc.headers["Allow"]
+        if request.body_exists and not request.content.is_eof():
+            response.force_close()  # an unknown path or method: its body is not read, nor the next request
         return response
+
+
+class JsonErrorRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering a request it cannot parse (a bad request line, a header over
+    the limits) with a JSON error like the app's, not aiohttp's plain text. aiohttp builds such answers in
+    ``handle_error`` outside the app, so no middleware sees them; ``adopt`` gives a handler this class."""
+
+    __slots__ = ()
+
+    @classmethod
+    def adopt(cls, handler: web.RequestHandler) -> web.RequestHandler:
+        """``handler`` (made by aiohttp's ``Server``, which has no option for its class) as this class: the
+        same slots, one method more."""
+        if type(handler) is web.RequestHandler:
+            handler.__class__ = cls
+        return handler
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's own logs it (one line through server_logger) and raises if an answer is under way.
+        super().handle_error(request, status, exc, message)
+        response = json_error(status, protocol_error_text(status, exc), "request")
+        response.force_close()
+        return response
+
+
+def protocol_error_text(status: int, exc: BaseException | None) -> str:
+    """What a request aiohttp could not handle gets told: the status's phrase, and for a 4xx what aiohttp
+    found wrong (one line, clipped); a 5xx says nothing of the server's insides."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "error"
+    detail = getattr(exc, "message", None) if status < 500 else None
+    if not isinstance(detail, str) or not detail.strip():
+        return phrase
+    return f"{phrase}: {' '.join(detail.split())}"[:200]
 
 
 def client_error_text(exc: aiohttp.ClientError) -> str:

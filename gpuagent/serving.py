@@ -1,7 +1,8 @@
 """The agent's HTTP servers and its tasks, run together until a stop or the first failure, then shut down.
 
 The API listener (TLS when the web config names a certificate, behind the connection guard that bounds
-slow and many clients) and, when configured, the admin endpoints on their unix socket start first; then the
+slow and many clients, with the soft open-file limit raised to the hard one first and the guard's counts
+on ``/metrics``) and, when configured, the admin endpoints on their unix socket start first; then the
 agent's tasks (the poller first, the watchers and writers after it). The first task to fail, or to end on
 its own, is logged and stops the rest; ``stop`` being set (SIGTERM, SIGINT) ends them cleanly. Either way
 the bounded shutdown runs (:mod:`gpuagent.shutdown`): the tasks cancelled, the HTTP servers drained, then
@@ -17,10 +18,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.api.admin import AdminActions, bind_admin_socket, build_admin_app
+from gpuagent.api.app import app_registry
 from gpuagent.api.tls import load_web_config, server_ssl_context
 from gpuagent.config import Config
 from gpuagent.httperrors import json_errors, server_logger
-from gpuagent.httpguard import ConnectionGuard, GuardedSite
+from gpuagent.httpguard import ConnectionGuard, GuardCollector, GuardedSite, raise_open_file_limit
 from gpuagent.shutdown import Shutdown, Step
 
 if TYPE_CHECKING:
@@ -51,8 +53,10 @@ async def serve_until_stopped(
     from aiohttp import web
 
     drain = min(HTTP_DRAIN_SECONDS, config.shutdown_timeout / 4)
+    raise_open_file_limit()  # before the guard fits its cap to it
     guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
     guard.install(app)
+    app_registry(app).register(GuardCollector(guard))
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain, logger=server_logger(),
                            **guard.limits.runner_options())
     await runner.setup()
@@ -70,6 +74,9 @@ async def serve_until_stopped(
         web_config = config.web_config
         ssl_context = server_ssl_context(load_web_config(web_config)) if web_config else None
         host, port = config.listen_host, config.listen_port
+        if admin is not None and config.admin_token_file and ssl_context is None:
+            log.warning("the admin routes take their bearer token over plain HTTP on %s:%d: anyone on the "
+                        "path can read it; serve TLS (web_config) or use the admin socket", host, port)
         site = GuardedSite(runner, host, port, guard, ssl_context=ssl_context)
         await site.start()
         log.info("serving on %s://%s:%d (backend %s, poll every %gs)", "https" if ssl_context else "http",

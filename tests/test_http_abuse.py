@@ -12,29 +12,45 @@ from __future__ import annotations
 import asyncio
 import configparser
 import contextlib
+import json
 import logging
 import resource
 import socket
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from agent_runner import ROOT, AgentRunner
 from test_tls import free_port
 
-from gpuagent.httpguard import FILES_KEPT, ConnectionGuard, GuardedSite, ServerLimits, fitted
+from gpuagent.httpguard import (
+    FILES_KEPT,
+    ConnectionGuard,
+    GuardCollector,
+    GuardedSite,
+    ServerLimits,
+    fitted,
+    raise_open_file_limit,
+)
 from gpuagent.ratelog import RepeatFilter
 
 HALF_SENT = b"GET /v1/state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
 
+BIG_ANSWER = b"x" * (1 << 20)
+
+
 @contextlib.asynccontextmanager
 async def guarded(limits: ServerLimits) -> AsyncIterator[tuple[int, ConnectionGuard, asyncio.Event]]:
-    """A listener with ``/metrics`` (answers at once) and ``/slow`` (answers when the event is set)."""
+    """A listener with ``/metrics`` (answers at once), ``/slow`` (answers when the event is set), ``/big``
+    (1 MiB at once) and ``POST /echo`` (reads its body, up to 64 KiB), behind the JSON errors."""
     from aiohttp import web
+
+    from gpuagent.httpbody import BodyLimits, read_body
+    from gpuagent.httperrors import json_errors
 
     release = asyncio.Event()
 
@@ -45,12 +61,20 @@ async def guarded(limits: ServerLimits) -> AsyncIterator[tuple[int, ConnectionGu
         await release.wait()
         return web.Response(text="done")
 
-    app = web.Application()
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(body=BIG_ANSWER)
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=await read_body(request, BodyLimits(max_bytes=64 * 1024)))
+
+    app = web.Application(middlewares=[json_errors], client_max_size=64 * 1024)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/slow", slow)
+    app.router.add_get("/big", big)
+    app.router.add_post("/echo", echo)
     guard = ConnectionGuard(limits)
     guard.install(app)
-    runner = web.AppRunner(app, access_log=None, **limits.runner_options())
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, **limits.runner_options())
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, guard)
     await site.start()
@@ -126,6 +150,147 @@ async def test_requests_being_answered_leave_the_reserved_slots_to_scrapes_and_p
         assert (await get(port, "/metrics"))[0] == 200  # the reserved slot
         release.set()
         assert [status for status, _ in await asyncio.gather(*slow)] == [200, 200]
+
+
+async def wait_for(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 answer with a Content-Length: status, headers (lower-case names), body."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), 10)
+    return int(lines[0].split()[1]), headers, body
+
+
+def post_head(path: str, length: int) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()
+
+
+async def test_a_closed_connection_ends_the_drain_of_a_refused_body() -> None:
+    """The leak of issue 28: a request refused with its body unread is drained by aiohttp for its lingering
+    time; a connection closed meanwhile (evicted to make room) kept its task and buffers for all of it, and
+    a flood that reconnects piled them up (63 to 265 MB in 4 s). Now closing it ends its task at once."""
+    limits = ServerLimits(max_connections=2, reserved=0, header_timeout_seconds=60)  # lingers 60 s
+    async with guarded(limits) as (port, guard, _):
+        before = len(asyncio.all_tasks())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post_head("/nope", 100) + b"{")
+        status, headers, body = await answer(reader)
+        assert status == 404 and headers["content-type"].startswith("application/json")
+        assert json.loads(body) == {"error": "Not Found"}
+        assert headers["connection"] == "close"  # the body is never read, nor a request after it
+        assert guard.body_bytes == 0
+        others = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]  # evicts the drained one
+        assert await closed_by_server(reader, 10)
+        assert guard.evicted >= 1
+        await wait_for(lambda: len(asyncio.all_tasks()) <= before + 2, within=5)  # the two new ones' tasks
+        for _, w in [*others, (reader, writer)]:
+            w.close()
+
+
+async def test_request_bodies_in_flight_share_one_budget() -> None:
+    async with guarded(ServerLimits(body_budget_bytes=1000, header_timeout_seconds=60)) as (port, guard, _):
+        first = await asyncio.open_connection("127.0.0.1", port)
+        first[1].write(post_head("/echo", 800) + b"{")  # its head reserves 800 bytes; the body trickles
+        await wait_for(lambda: guard.body_bytes == 800)
+        second = await asyncio.open_connection("127.0.0.1", port)
+        second[1].write(post_head("/echo", 800) + b"{")
+        status, headers, body = await answer(second[0])
+        assert (status, headers["retry-after"], headers["connection"]) == (503, "1", "close")
+        assert json.loads(body) == {"error": "too many request bodies being read at once", "field": "body"}
+        assert guard.body_refused == 1
+        unknown = await asyncio.open_connection("127.0.0.1", port)
+        unknown[1].write(post_head("/nope", 800) + b"{")  # an unknown path reserves nothing
+        assert (await answer(unknown[0]))[0] == 404
+        third = await asyncio.open_connection("127.0.0.1", port)
+        third[1].write(post_head("/echo", 200) + b"y" * 200)  # fits beside the first
+        assert (await answer(third[0]))[::2] == (200, b"y" * 200)
+        first[1].write(b"z" * 799)
+        assert (await answer(first[0]))[::2] == (200, b"{" + b"z" * 799)
+        await wait_for(lambda: guard.body_bytes == 0)
+        for _, w in (first, second, unknown, third):
+            w.close()
+
+
+async def test_a_request_aiohttp_cannot_parse_gets_a_json_error() -> None:
+    async with guarded(ServerLimits()) as (port, _guard, _):
+        for bad in (b"G\x01T / HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(bad)
+            status, headers, body = await answer(reader)
+            assert status == 400 and headers["content-type"].startswith("application/json"), body
+            error = json.loads(body)
+            assert error["field"] == "request" and error["error"].startswith("Bad Request"), error
+            writer.close()
+
+
+def small_receive_buffer(writer: asyncio.StreamWriter) -> None:
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+
+async def test_a_client_that_does_not_read_its_answer_is_closed_after_the_send_timeout() -> None:
+    async with guarded(ServerLimits(send_timeout_seconds=0.5)) as (port, guard, _):
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        small_receive_buffer(writer)
+        writer.write(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        await wait_for(lambda: guard.send_timed_out == 1)
+        await wait_for(lambda: guard.open == 0 and guard.stalled_bytes == 0)
+        assert (await get(port, "/metrics"))[0] == 200
+        writer.close()
+
+
+async def test_past_the_send_budget_the_longest_unread_answer_goes() -> None:
+    # Each holds its 1 MiB answer and what of it the kernel did not take: room for two.
+    limits = ServerLimits(send_budget_bytes=5 << 20, send_timeout_seconds=60)
+    async with guarded(limits) as (port, guard, _):
+        readers = []
+        for count in range(1, 4):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            small_receive_buffer(writer)
+            writer.write(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            readers.append((reader, writer))
+            await wait_for(lambda n=count: len(guard._stalled) + guard.send_evicted == n)
+        assert guard.send_evicted == 1 and guard.stalled_bytes <= limits.send_budget_bytes
+        first = readers[0][0]
+        with contextlib.suppress(ConnectionResetError):  # what the kernel took, then the end
+            while await asyncio.wait_for(first.read(1 << 16), 10):
+                pass
+        assert guard.open == 2
+        for _, writer in readers:
+            writer.close()
+
+
+def test_the_guard_counts_on_metrics() -> None:
+    guard = ConnectionGuard(ServerLimits(max_connections=100, body_budget_bytes=4096), open_files=None)
+    guard.open, guard.evicted, guard.body_refused, guard.body_bytes = 7, 3, 2, 100
+    families = {family.name: family for family in GuardCollector(guard).collect()}
+    sample = {(s.name, tuple(s.labels.values())): s.value for f in families.values() for s in f.samples}
+    assert sample[("gpuagent_http_connections_open", ())] == 7
+    assert sample[("gpuagent_http_connections_max", ())] == 100
+    assert sample[("gpuagent_http_connections_closed_total", ("evicted",))] == 3
+    assert sample[("gpuagent_http_requests_refused_total", ("body_budget",))] == 2
+    assert sample[("gpuagent_http_body_reserved_bytes", ())] == 100
+    assert sample[("gpuagent_http_body_budget_bytes", ())] == 4096
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard < 1100:
+        pytest.skip(f"the hard open-file limit is {hard}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        assert raise_open_file_limit() == (1024, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+        assert raise_open_file_limit() == (hard, hard)  # nothing more to raise
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_storm_of_one_warning_is_a_few_lines_and_a_count() -> None:

@@ -92,6 +92,11 @@ async def state(request: web.Request) -> web.Response:
     return web.Response(body=cache["body"], content_type="application/json", headers=headers)
 
 
+def app_registry(app: web.Application) -> CollectorRegistry:
+    """The registry ``app`` serves on ``/metrics`` (the server adds its own collectors to it)."""
+    return app[_REGISTRY]
+
+
 def build_app(
     latest: LatestSnapshot, registry: CollectorRegistry, *, clock: Callable[[], float] = time.time,
     admin: AdminActions | None = None, admin_token_file: str | None = None,
