@@ -14,15 +14,28 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gpuagent import __version__, preflight
-from gpuagent.config import CONFIG_ENV, KEYS, KEYS_BY_NAME, Config, ConfigError, describe_keys, load_config
+from gpuagent.config import (
+    CONFIG_ENV,
+    KEYS,
+    KEYS_BY_NAME,
+    Config,
+    ConfigError,
+    describe_keys,
+    load_config,
+    parse_listen,
+)
 from gpuagent.hints import extender_config
 from gpuagent.ratelog import RepeatFilter
 from gpuagent.recommend.cli import add_recommend_parser
 from gpuagent.report.cli import add_report_parser
 from gpuagent.top.cli import add_top_parser
 from gpuagent.untrusted import shown
+
+if TYPE_CHECKING:
+    from gpuagent.snapshot import SourceStatus
 
 EXIT_CONFIG_ERROR = 2  # also argparse's exit status for bad usage
 
@@ -189,6 +202,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     from gpuagent.snapshot import to_jsonable
 
     snap = agent.poll_once(config)
+    _say_without_pod_sources("snapshot", config, snap.sources)
     if args.format == "table":
         from gpuagent.cli_table import format_table
 
@@ -205,6 +219,7 @@ def _hints(args: argparse.Namespace) -> int:
     setup_logging(one_shot_log_level(config))
     agent = importlib.import_module("gpuagent.agent")
     snap = agent.poll_once(config)
+    _say_without_pod_sources("hints", config, snap.sources)
     if snap.hints is None:
         log.error("no hints: computing them failed (see above)")
         return 1
@@ -217,6 +232,45 @@ def _hints(args: argparse.Namespace) -> int:
 
         text = json.dumps(hints_to_jsonable(snap.hints), indent=2) + "\n"
     return _write(text)
+
+
+POD_SOURCES = {"pod_resources": "the kubelet's pod-resources socket", "api_server": "the API server"}
+AGENT_PATHS = {"snapshot": "/v1/state", "hints": "/v1/hints"}
+
+
+def without_pod_sources(command: str, config: Config, sources: Sequence[SourceStatus]) -> str | None:
+    """The one line ``snapshot`` and ``hints`` print on stderr when no pod source answered their poll: why
+    (none here, or each one's error), what that does to the output, and the running agent's endpoint that
+    has the pods. A one-shot look from a shell on the node, without the kubelet socket or the API server
+    the agent's deployment mounts, otherwise disagrees with that agent's ``/v1/hints`` and ``/v1/state``
+    in silence (issue 30 item 5); None when a pod source answered."""
+    found = {s.name: s for s in sources if s.name in POD_SOURCES}
+    if any(s.ok for s in found.values()):
+        return None
+    why = []
+    for name, what in POD_SOURCES.items():
+        status = found.get(name)
+        if status is not None:
+            why.append(f"{what} failed ({status.error or 'no answer'})")
+        elif name == "pod_resources":
+            why.append(f"no kubelet pod-resources socket at {config.pod_resources_socket}"
+                       if config.pod_resources_socket else "no kubelet pod-resources socket configured")
+        else:
+            why.append(f"the API server not used (kubernetes_api {config.kubernetes_api})")
+    host, port = parse_listen(config.listen)
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    scheme = "https" if config.web_config else "http"
+    where = f"[{host}]" if ":" in host else host
+    return shown(f"gpuagent {command}: no pod sources: {', '.join(why)}; so pods are known at most by the "
+                 f"UIDs in their processes' cgroups, without names or allocations. The running agent has its "
+                 f"pods: curl -s {scheme}://{where}:{port}{AGENT_PATHS[command]}")
+
+
+def _say_without_pod_sources(command: str, config: Config, sources: Sequence[SourceStatus]) -> None:
+    line = without_pod_sources(command, config, sources)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _write(text: str) -> int:
