@@ -160,7 +160,7 @@ async def test_the_ladder_in_audit_signals_nobody_and_every_surface_says_would(
     agent = Agent(load_config(str(config), env={}))
     try:
         with caplog.at_level(logging.INFO):
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 60  # 1.2 s of ladder; a loaded machine polls slowly
             while True:
                 await agent.poll_once()
                 state = agent.latest.enforcement
@@ -267,8 +267,11 @@ def _alice_killed(url: str) -> dict | None:
 @pytest.mark.integration
 def test_the_demos_audit_takes_no_action_on_any_surface(demo: tuple[str, Path]) -> None:
     url, log = demo
-    deadline = time.monotonic() + 60
-    while (state := _alice_killed(url)) is None:
+    # the ladder's last step, and the throttling decision the controller ramps up to over a few polls
+    throttled = re.compile(r"audit: would freeze research/notebook-alice-0 \d+% of each period \(share 20%\); "
+                           "nothing is frozen")  # the demo has no freezer: said once, by the enforcer
+    deadline = time.monotonic() + 120  # a loaded machine starts the demo slowly
+    while (state := _alice_killed(url)) is None or not throttled.search(log.read_text()):
         assert time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     # /v1/state: counts by action and outcome, every one of them "audit" (or a refusal)
@@ -289,5 +292,3 @@ def test_the_demos_audit_takes_no_action_on_any_surface(demo: tuple[str, Path]) 
     # the log: decisions, never a death the agent did not cause
     text = log.read_text()
     assert "audit: would send SIGKILL to PID" in text and "has exited" not in text, text[-3000:]
-    assert re.search(r"audit: would freeze research/notebook-alice-0 \d+% of each period \(share 20%\); "
-                     "nothing is frozen", text), text[-3000:]  # the demo has no freezer: said once, by the enforcer
