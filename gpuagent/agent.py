@@ -64,7 +64,7 @@ from gpuagent.snapshot import (
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-# A second SIGTERM/SIGINT this soon after the first is the same request delivered twice, not an operator
+# A second stop signal this soon after the first is the same request delivered twice, not an operator
 # insisting: GNU timeout, and a kill of the process group beside the main process, deliver two at once.
 DUPLICATE_SIGNAL_SECONDS = 0.1
 GC_YOUNG_OBJECTS = 10_000  # allocations between collections of the youngest generation (CPython's: 700)
@@ -513,8 +513,13 @@ def dra_resolver(config: Config, connection: ApiConnection | None) -> DraResolve
 
 
 def run(config: Config) -> int:
-    """``gpuagent run``: serve until SIGTERM or SIGINT. Returns the process exit code (0; 1 when it cannot
-    listen); a shutdown that cannot finish in ``shutdown_timeout`` ends the process with 3 instead."""
+    """``gpuagent run``: serve until SIGTERM, SIGINT or SIGHUP. Returns the process exit code (0; 1 when it
+    cannot listen); a shutdown that cannot finish in ``shutdown_timeout`` ends the process with 3 instead.
+
+    SIGHUP is a stop like the others (the terminal of ``gpuagent run`` or ``gpuagent demo`` was closed): its
+    default action ends the process at once, with no thaw and no clean-up, so a workload frozen in its slot
+    would wait for the next start's journal. Where the agent was started with SIGHUP ignored (``nohup``, the
+    demo script), it stays ignored."""
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -540,8 +545,9 @@ def run(config: Config) -> int:
                 reason = f"{signal.Signals(signum).name} again during shutdown"
                 loop.call_soon_threadsafe(shutdown.force, reason)
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, on_signal)
         try:
             await agent.serve(stop, shutdown)
         except OSError as exc:

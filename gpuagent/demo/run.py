@@ -96,7 +96,7 @@ def demo_config(config_file: str | None, flags: Mapping[str, object], *, scenari
 
 
 def run(config_file: str | None, flags: Mapping[str, object]) -> int:
-    """Serve the demo node until SIGTERM or SIGINT; the exit code of ``gpuagent run``."""
+    """Serve the demo node until SIGTERM, SIGINT or SIGHUP; the exit code of ``gpuagent run``."""
     from gpuagent import agent
 
     scenario_path = str(flags.get("scenario") or kubernetes_demo_path())
