@@ -541,7 +541,9 @@ async def test_serve_over_tls_until_stopped(tmp_path: Path, agents: VirtualAgent
             await asyncio.sleep(0.5)  # the refresher runs: conditional GETs answered 304
             assert (NODES[0], 304) in agents.requests
             async with session.get(f"https://127.0.0.1:{port}/metrics", ssl=client_context) as response:
-                assert "gpuagent_extender_agent_fetches_total" in await response.text()
+                text = await response.text()
+                assert "gpuagent_extender_agent_fetches_total" in text
+                assert "gpuagent_http_connections_open " in text  # the listener's guard counts too
     finally:
         stop.set()
         await asyncio.wait_for(serving, 10)
