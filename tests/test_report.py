@@ -499,8 +499,9 @@ def test_json(prometheus: FakePrometheus) -> None:
                                  "start_unix": END - DAY, "end_unix": END, "seconds": DAY, "chunk_seconds": DAY}
     assert document["pods"][0] == {
         "namespace": "training", "pod": "llama-ft-0", "gpu_models": [H100], "allocated_gpu_hours": 48.0,
-        "busy_gpu_hours": 36.0, "efficiency_ratio": 0.75, "idle_gpu_hours": 1.0, "memory_gib_hours": 2832.0,
-        "energy_kwh": pytest.approx(25.44), "cost": 48.0}
+        "busy_gpu_hours": 36.0, "busy_elsewhere_gpu_hours": 0.0, "efficiency_ratio": 0.75, "idle_gpu_hours": 1.0,
+        "memory_gib_hours": 2832.0, "energy_kwh": pytest.approx(25.44), "cost": 48.0, "notes": []}
+    assert document["notes"] == {}  # every figure adds up: nothing to explain
     assert document["prices"]["gpu_hour_default"] == 1.0
     assert len(document["timeline"]["cluster"]) == 24 and set(document["timeline"]["namespaces"]) == {
         "training", "research"}

@@ -4,6 +4,12 @@ efficiency timeline (immutable; no I/O).
 Quantities stay in the counters' base units (GPU-seconds, byte-seconds, joules) so sums are exact; the
 properties give the units people read (GPU-hours, GiB-hours, kWh). ``None`` means "no such counter in
 Prometheus for this row", never 0.
+
+Every figure a row shows adds up on the row, or the row says why not (:meth:`Usage.notes`, one reason per
+code in :data:`NOTES`, the same in every format): busy time on a GPU the row was not allocated (a stray) is
+busy but not efficiency, and is shown apart (``busy_elsewhere_gpu_hours``); efficiency is taken over the
+allocated time whose busy time is known (MIG without GPM has none); and a replica holder can use more of
+its GPU than the 1/N it was allocated, so its efficiency can pass 100 %.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ class Usage:
     # not given (a stray) is busy there, in busy_gpu_seconds, but that is not the allocation put to use
     # (it made the demo's notebook 130 % efficient)
     allocated_busy_gpu_seconds: float | None = None
+    # busy GPU-seconds on GPUs it was not allocated (a stray's): busy_gpu_seconds less the line above, summed
+    # apart so that it is exactly 0 where there is none
+    busy_elsewhere_gpu_seconds: float | None = None
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(**{name: _add(getattr(self, name), getattr(other, name)) for name in USAGE_FIELDS})
@@ -54,6 +63,11 @@ class Usage:
     @property
     def busy_gpu_hours(self) -> float | None:
         return None if self.busy_gpu_seconds is None else self.busy_gpu_seconds / SECONDS_PER_HOUR
+
+    @property
+    def busy_elsewhere_gpu_hours(self) -> float | None:
+        s = self.busy_elsewhere_gpu_seconds
+        return None if s is None else s / SECONDS_PER_HOUR
 
     @property
     def idle_gpu_hours(self) -> float | None:
@@ -80,12 +94,41 @@ class Usage:
         """The reported figures, by their names in CSV and JSON."""
         return {name: getattr(self, name) for name in FIGURES}
 
+    def notes(self) -> tuple[str, ...]:
+        """Why the row's figures do not add up as busy / allocated = efficiency <= 100 % (codes of
+        :data:`NOTES`, in its order); () when they do."""
+        found = []
+        if self.busy_elsewhere_gpu_seconds:
+            found.append(BUSY_ELSEWHERE)
+        efficiency = self.efficiency_ratio
+        if efficiency is not None:
+            known, allocated = self.busy_known_allocated_gpu_seconds or 0.0, self.allocated_gpu_seconds or 0.0
+            if known < allocated * (1 - 1e-9):
+                found.append(BUSY_UNKNOWN)
+            if efficiency > OVER_FULL_RATIO:
+                found.append(OVER_SHARE)
+        return tuple(found)
+
 
 USAGE_FIELDS = ("allocated_gpu_seconds", "busy_gpu_seconds", "idle_gpu_seconds", "memory_byte_seconds",
-                "energy_joules", "cost", "busy_known_allocated_gpu_seconds", "allocated_busy_gpu_seconds")
+                "energy_joules", "cost", "busy_known_allocated_gpu_seconds", "allocated_busy_gpu_seconds",
+                "busy_elsewhere_gpu_seconds")
 # What the outputs show, in their column order.
-FIGURES = ("allocated_gpu_hours", "busy_gpu_hours", "efficiency_ratio", "idle_gpu_hours", "memory_gib_hours",
-           "energy_kwh", "cost")
+FIGURES = ("allocated_gpu_hours", "busy_gpu_hours", "busy_elsewhere_gpu_hours", "efficiency_ratio",
+           "idle_gpu_hours", "memory_gib_hours", "energy_kwh", "cost")
+
+# Why a row's efficiency is not its GPU-h busy / allocated, or is over 100 %: each reason's code (CSV, JSON)
+# and its sentence (under a table, in the page, in the JSON's legend), numbered in this order.
+BUSY_ELSEWHERE, BUSY_UNKNOWN, OVER_SHARE = "busy_elsewhere", "busy_unknown", "over_share"
+NOTES = {
+    BUSY_ELSEWHERE: "GPU-h busy elsewhere (on GPUs not allocated to it: a stray process) count in GPU-h "
+                    "busy, not in efficiency: efficiency = (busy - busy elsewhere) / allocated",
+    BUSY_UNKNOWN: "efficiency over the allocated GPU-hours whose busy time is known (a MIG instance without "
+                  "GPM has none), not over all of them",
+    OVER_SHARE: "over 100 %: it used more of its GPUs than it was allocated (a time-slicing or MPS replica "
+                "is allocated 1/N of a GPU and may use more while its neighbours leave room)",
+}
+OVER_FULL_RATIO = 1.0005  # an efficiency shown over 100.0 %
 
 
 @dataclass(frozen=True)
@@ -152,6 +195,17 @@ class Report:
     def has_cost(self) -> bool:
         return self.prices.any
 
+    def notes(self) -> dict[str, str]:
+        """The sentences of the reasons any row gives (:meth:`Usage.notes`), by code, in NOTES' order."""
+        rows = (*self.namespaces, *self.pods, *self.workloads)
+        found = {code for usage in (*(r.usage for r in rows), self.total) for code in usage.notes()}
+        return {code: text for code, text in NOTES.items() if code in found}
+
+    @property
+    def has_busy_elsewhere(self) -> bool:
+        """Some row was busy on a GPU it was not allocated (the total sums every row)."""
+        return bool(self.total.busy_elsewhere_gpu_seconds)
+
     def top_idle_pods(self, count: int = 10) -> tuple[PodRow, ...]:
         """Pods with the most idle GPU-hours, most first (those with none left out)."""
         idle = [row for row in self.pods if row.usage.idle_gpu_seconds]
@@ -189,7 +243,8 @@ def usage_of(quantities: Mapping[str, float]) -> Usage:
     allocated, busy = quantities.get(q.ALLOCATED), quantities.get(q.BUSY)
     return Usage(allocated, busy, quantities.get(q.IDLE), quantities.get(q.MEMORY), quantities.get(q.ENERGY),
                  busy_known_allocated_gpu_seconds=None if busy is None else allocated,
-                 allocated_busy_gpu_seconds=None if busy is None else (busy if allocated else 0.0))
+                 allocated_busy_gpu_seconds=None if busy is None else (busy if allocated else 0.0),
+                 busy_elsewhere_gpu_seconds=None if busy is None else (0.0 if allocated else busy))
 
 
 Rows = dict[tuple[str, str], Usage]

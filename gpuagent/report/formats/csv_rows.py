@@ -1,6 +1,7 @@
 """The report as CSV: one line per namespace, pod, other workload and the total, figures in full precision
-(for spreadsheets and billing systems). Names are label values any scrape target can set: one that starts a
-formula is neutralised (``gpuagent.untrusted.csv_cell``); figures stay numbers."""
+(for spreadsheets and billing systems), and ``notes``: the codes (space-separated, ``model.NOTES``) of why a
+line's efficiency is not its busy / allocated or is over 1. Names are label values any scrape target can
+set: one that starts a formula is neutralised (``gpuagent.untrusted.csv_cell``); figures stay numbers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from gpuagent.prom.timerange import format_time
 from gpuagent.report.model import FIGURES, Report, Usage
 from gpuagent.untrusted import csv_cell
 
-COLUMNS = ("level", "namespace", "pod", "workload_kind", "workload", "start", "end", *FIGURES)
+COLUMNS = ("level", "namespace", "pod", "workload_kind", "workload", "start", "end", *FIGURES, "notes")
 
 
 def render_csv(report: Report) -> str:
@@ -23,7 +24,8 @@ def render_csv(report: Report) -> str:
     def row(level: str, namespace: str, pod: str, kind: str, workload: str, usage: Usage) -> None:
         figures = usage.figures()
         writer.writerow([level, *map(csv_cell, (namespace, pod, kind, workload)), start, end,
-                         *("" if figures[n] is None else repr(figures[n]) for n in FIGURES)])
+                         *("" if figures[n] is None else repr(figures[n]) for n in FIGURES),
+                         " ".join(usage.notes())])
 
     for ns in report.namespaces:
         row("namespace", ns.namespace, "", "", "", ns.usage)

@@ -1,18 +1,20 @@
 """The report as one self-contained HTML page: summary, plots (inline SVG, drawn by matplotlib) and tables.
 
 No external script, style sheet, font or image: the page can be mailed or archived as it is. Every figure
-cell carries its full-precision value in ``data-value`` (the text is rounded for reading).
+cell carries its full-precision value in ``data-value`` (the text is rounded for reading). An efficiency
+that is not its row's busy / allocated, or is over 100 %, carries the marks of its reasons, which the notes
+under its table (or the summary) state, as the terminal table does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from gpuagent.formats import page
 from gpuagent.formats.numbers import figure, money, percent, quantity
 from gpuagent.formats.page import escape as _e
 from gpuagent.prom.timerange import format_duration, format_time
-from gpuagent.report.formats.columns import describe_prices, figure_names, title
+from gpuagent.report.formats.columns import describe_prices, figure_names, footnotes, note_marks, title
 from gpuagent.report.model import Report, Usage, total_of
 
 
@@ -65,7 +67,8 @@ def render_html(report: Report) -> str:
                              for r in report.workloads]))
     footer = (f"gpuagent report; {report.queries} queries. GPU-hours allocated: time GPUs were allocated "
               "to the pod; busy: time they ran its kernels; idle: allocated time under the agent's idle "
-              "threshold; efficiency: busy / allocated.")
+              "threshold; efficiency: busy on the GPUs allocated / allocated (where that is not the "
+              "columns' ratio, or is over 100 %, a mark and the notes under the table say why).")
     return page.finish(parts, footer)
 
 
@@ -73,12 +76,19 @@ def _cards(report: Report) -> str:
     total = report.total
     cards = [("GPU-hours allocated", quantity(total.allocated_gpu_hours)),
              ("GPU-hours busy", quantity(total.busy_gpu_hours)),
-             ("efficiency", percent(total.efficiency_ratio)),
+             *([("GPU-hours busy elsewhere", quantity(total.busy_elsewhere_gpu_hours))]
+               if report.has_busy_elsewhere else []),
+             ("efficiency", " ".join(filter(None, (percent(total.efficiency_ratio), note_marks(total))))),
              ("idle GPU-hours", quantity(total.idle_gpu_hours)),
              ("energy kWh", quantity(total.energy_kwh))]
     if report.has_cost:
         cards.append((f"cost {report.prices.currency}".strip(), money(total.cost)))
-    return page.cards(cards)
+    return page.cards(cards) + _notes([total])
+
+
+def _notes(usages: Iterable[Usage]) -> str:
+    """The reasons the rows give, one line each, under their table (or the summary); "" when none."""
+    return "".join(f'<p class="meta note">{_e(mark)} {_e(text)}</p>' for mark, text in footnotes(usages))
 
 
 def _table(report: Report, table_id: str, keys: Sequence[str], rows: Sequence[tuple[Sequence[str], Usage]],
@@ -97,6 +107,7 @@ def _table(report: Report, table_id: str, keys: Sequence[str], rows: Sequence[tu
     if total is not None:
         lines.append(f'<tfoot><tr class="total">{_row(total[0], total[1], names)}</tr></tfoot>')
     lines.append("</table>")
+    lines.append(_notes([*(usage for _, usage in rows), *([total[1]] if total is not None else [])]))
     return "\n".join(lines)
 
 
@@ -106,5 +117,7 @@ def _row(labels: Sequence[str], usage: Usage, names: Sequence[str]) -> str:
     for name in names:
         value = figures[name]
         data = "" if value is None else f' data-value="{value!r}"'
-        cells += f'<td class="num" data-figure="{name}"{data}>{_e(figure(name, value))}</td>'
+        marks = note_marks(usage) if name == "efficiency_ratio" else ""
+        mark = f' <sup class="note">{_e(marks)}</sup>' if marks else ""
+        cells += f'<td class="num" data-figure="{name}"{data}>{_e(figure(name, value))}{mark}</td>'
     return cells

@@ -1,5 +1,6 @@
 """The report as one JSON document: range, prices, rows (figures in GPU-hours, GiB-hours, kWh, 0-1
-ratios), totals, the efficiency timeline and warnings."""
+ratios, and ``notes``: the codes of why its efficiency is not busy / allocated or is over 1), totals, the
+notes' sentences by code, the efficiency timeline and warnings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from typing import Any
 
 from gpuagent.prom.timerange import format_time
-from gpuagent.report.model import SECONDS_PER_HOUR, Report, TimelinePoint
+from gpuagent.report.model import SECONDS_PER_HOUR, Report, TimelinePoint, Usage
 
 
 def render_json(report: Report) -> str:
@@ -23,13 +24,14 @@ def as_document(report: Report) -> dict[str, Any]:
                   "start_unix": span.start_unix, "end_unix": span.end_unix, "seconds": span.seconds,
                   "chunk_seconds": report.chunk_seconds},
         "prices": report.prices.as_dict() if report.has_cost else None,
-        "namespaces": [{"namespace": r.namespace, "pods": r.pods, **r.usage.figures()}
+        "namespaces": [{"namespace": r.namespace, "pods": r.pods, **_figures(r.usage)}
                        for r in report.namespaces],
         "pods": [{"namespace": r.namespace, "pod": r.pod, "gpu_models": list(r.gpu_models),
-                  **r.usage.figures()} for r in report.pods],
+                  **_figures(r.usage)} for r in report.pods],
         "workloads": [{"workload_kind": r.workload_kind, "workload": r.workload,
-                       "gpu_models": list(r.gpu_models), **r.usage.figures()} for r in report.workloads],
-        "total": report.total.figures(),
+                       "gpu_models": list(r.gpu_models), **_figures(r.usage)} for r in report.workloads],
+        "total": _figures(report.total),
+        "notes": report.notes(),
         "timeline": {
             "step_seconds": report.timeline.step_seconds,
             "cluster": _points(report.timeline.cluster),
@@ -38,6 +40,10 @@ def as_document(report: Report) -> dict[str, Any]:
         "queries": report.queries,
         "warnings": list(report.warnings),
     }
+
+
+def _figures(usage: Usage) -> dict[str, Any]:
+    return {**usage.figures(), "notes": list(usage.notes())}
 
 
 def _points(points: tuple[TimelinePoint, ...]) -> list[dict[str, Any]]:

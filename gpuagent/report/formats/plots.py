@@ -81,7 +81,10 @@ def efficiency_lines(timeline: Timeline, namespaces: Sequence[str]) -> str:
     points = timeline.cluster
     axes.plot(utc_times(p.time_unix for p in points), [nan_for_none(p.efficiency_ratio) for p in points],
               linewidth=2.6, color=CLUSTER_COLOR, label="all")
-    axes.set_ylim(0, 1.05)
+    # a replica holder can use more than its 1/N (the tables flag it): such a step is drawn, not clipped
+    ratios = [p.efficiency_ratio for points in (timeline.cluster, *(timeline.namespaces[ns] for ns in shown))
+              for p in points if p.efficiency_ratio is not None]
+    axes.set_ylim(0, max([1.05, *(r * 1.05 for r in ratios)]))
     axes.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     locator = AutoDateLocator()
     axes.xaxis.set_major_locator(locator)
