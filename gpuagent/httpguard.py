@@ -10,12 +10,12 @@ makes the listener with ``ConnectionGuard``'s protocol factory):
 - a connection that has not finished its request head ``header_timeout_seconds`` after it opened, or after
   the first byte of its next request, is closed (slowloris); TLS handshakes get the same bound;
 - at ``max_connections`` open, a new connection closes the oldest one that is not being answered (a client
-  that sent nothing, or half a head, or is idle between requests, or is being drained after a refusal),
-  else the one whose answer has waited longest for the client to read it, rather than being refused, so a
-  scrape always gets in however many slow clients there are, and the process never holds more sockets
-  than the cap (sized below the unit's ``LimitNOFILE``, and lowered to fit a smaller open-file limit: no
-  EMFILE, no accept-error storm; :func:`raise_open_file_limit` first raises the soft limit to the hard one,
-  as Go programs do, since containerd gives containers a soft 1,024);
+  that sent nothing, or half a head, or is idle between requests, or is being drained after a refusal, or
+  is being sent an answer it does not read: aiohttp writes an answer after the handler returned it) rather
+  than being refused, so a scrape always gets in however many slow clients there are, and the process
+  never holds more sockets than the cap (sized below the unit's ``LimitNOFILE``, and lowered to fit a
+  smaller open-file limit: no EMFILE, no accept-error storm; :func:`raise_open_file_limit` first raises
+  the soft limit to the hard one, as Go programs do, since containerd gives containers a soft 1,024);
 - a closed connection ends what aiohttp was doing for it (``handler_cancellation``): without it, a
   connection evicted while aiohttp drained the unread body of a refused request kept its task, buffers and
   timers for the whole ``lingering_time``, uncounted, and a flood that kept reconnecting piled them up
@@ -71,9 +71,6 @@ BACKLOG = 64
 FILES_KEPT = 256 + 6 * BACKLOG
 MIN_CONNECTIONS = 16
 SEND_HIGH_WATER = 16 * 1024  # the transport's: above it the answer being written waits (asyncio's: 64 KiB)
-# A connection whose client has not read for this long may be closed for room (a scraper reading its answer
-# stops for a moment at a time: it must not be the one closed under a flood of readers that never read).
-STALL_GRACE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -102,8 +99,7 @@ class ServerLimits:
 class _Connection(asyncio.Protocol):
     """One accepted connection: aiohttp's protocol behind a timer and the guard's bookkeeping."""
 
-    __slots__ = ("answer_bytes", "busy", "guard", "handler", "stall", "stalled_at", "stalled_bytes", "timer",
-                 "transport")
+    __slots__ = ("answer_bytes", "busy", "guard", "handler", "stall", "stalled_bytes", "timer", "transport")
 
     def __init__(self, guard: ConnectionGuard, handler: asyncio.Protocol) -> None:
         self.guard = guard
@@ -112,7 +108,6 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None  # the request head's deadline
         self.stall: asyncio.TimerHandle | None = None  # the deadline for the client to read what it was sent
         self.stalled_bytes = 0  # what waited for the client when it stopped reading
-        self.stalled_at = 0.0
         self.answer_bytes = 0  # the body of the answer being written, held until it is all sent
         self.busy = False
 
@@ -144,9 +139,8 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self.stall is None and self.transport is not None:
-            loop = asyncio.get_running_loop()
-            self.stall = loop.call_later(self.guard.limits.send_timeout_seconds, self._not_reading)
-            self.stalled_at = loop.time()
+            self.stall = asyncio.get_running_loop().call_later(self.guard.limits.send_timeout_seconds,
+                                                                self._not_reading)
             self.stalled_bytes = self.transport.get_write_buffer_size() + self.answer_bytes
             self.guard._stalling(self)
         self.handler.pause_writing()
@@ -239,7 +233,6 @@ class ConnectionGuard:
         self.open = 0
         self.body_bytes = 0  # reserved by the bodies being read now
         self.evicted = 0  # closed to make room for a new connection
-        self.stalled_evicted = 0  # closed to make room, its client not reading its answer
         self.timed_out = 0  # closed for a request head not in within the timeout
         self.send_timed_out = 0  # closed for an answer not read within the send timeout
         self.send_evicted = 0  # closed for holding the oldest unread answer when they were over the budget
@@ -262,22 +255,12 @@ class ConnectionGuard:
         self._waiting[conn] = None
         if self.open <= self.limits.max_connections:
             return
-        victim = next(iter(self._waiting))
-        if victim is not conn:
-            self.evicted += 1
-        elif (victim := self._long_stalled()) is not None:  # all others being answered: the slowest reader
-            self.stalled_evicted += 1
-        else:
-            victim = conn
+        oldest = next(iter(self._waiting))
+        if oldest is conn:  # every other connection is being answered
             self.refused += 1
-        victim.close()
-
-    def _long_stalled(self) -> _Connection | None:
-        """The connection whose client has not read the longest, if that is over ``STALL_GRACE_SECONDS``."""
-        oldest = next(iter(self._stalled), None)
-        if oldest is None or asyncio.get_running_loop().time() - oldest.stalled_at < STALL_GRACE_SECONDS:
-            return None
-        return oldest
+        else:
+            self.evicted += 1
+        oldest.close()
 
     def _closed(self, conn: _Connection) -> None:
         if self._by_handler.pop(conn.handler, None) is not None:
@@ -286,7 +269,7 @@ class ConnectionGuard:
 
     def _stalling(self, conn: _Connection) -> None:
         """``conn``'s client stopped reading: past the send budget, those stalled longest go (a scraper
-        reading its answer is stalled for moments, so it is rarely the oldest)."""
+        reading its answer stops for moments, so it is not the oldest)."""
         self._stalled[conn] = None
         self.stalled_bytes += conn.stalled_bytes
         while self.stalled_bytes > self.limits.send_budget_bytes:
@@ -361,11 +344,11 @@ class GuardCollector:
         guard = self._guard
         closed = CounterMetricFamily(
             "gpuagent_http_connections_closed", "Connections the listener closed itself, by reason: evicted "
-            "(idle, to make room), stalled (not reading its answer, to make room), refused (no room), "
+            "(not being answered, to make room), refused (no room), "
             "header_timeout, send_timeout, send_budget (the longest unread answer, over the budget).",
             labels=["reason"])
-        for reason, count in (("evicted", guard.evicted), ("stalled", guard.stalled_evicted),
-                              ("refused", guard.refused), ("header_timeout", guard.timed_out),
+        for reason, count in (("evicted", guard.evicted), ("refused", guard.refused),
+                              ("header_timeout", guard.timed_out),
                               ("send_timeout", guard.send_timed_out), ("send_budget", guard.send_evicted)):
             closed.add_metric([reason], count)
         refused = CounterMetricFamily(
