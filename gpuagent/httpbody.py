@@ -1,7 +1,9 @@
 """Request bodies read within bounds, for every HTTP server of the project (the agent's API, the extender).
 
 A body is untrusted input of any size and shape, so reading one is bounded four ways before any handler
-looks at it, and each bound refused is a ``BodyError`` whose status and message name the limit:
+looks at it (and, across requests, by the listener's one budget for bodies in flight, reserved before the
+handler runs: ``gpuagent.httpguard``), and each bound refused is a ``BodyError`` whose status and message
+name the limit:
 
 - the bytes on the wire (``max_wire_bytes``: the compressed size when the client sent
   ``Content-Encoding: gzip`` or ``deflate``): 413;
