@@ -11,6 +11,15 @@ Choices that matter on thousands of nodes:
 - The first list asks for ``resourceVersion=0`` (served from the API server's watch cache, like the
   kubelet's own list); a re-list after a broken watch asks for the last version seen (never older data);
   only after 410 Gone does it ask for a consistent list (no ``resourceVersion``).
+- A view of the whole cluster (``page_size`` set: the extender's view of every node's state) lists in pages
+  of ``page_size`` objects (``limit`` and ``continue``), so no answer is the whole fleet at once (at 100,000
+  nodes one answer was 0.7-0.9 GB). Its lists ask for no ``resourceVersion``: the watch cache ignores
+  ``limit`` on ``resourceVersion=0``, while a list without one is consistent, every page at the first
+  page's version (also the version the watch then starts from), and never older than what was seen. Each
+  page's continue token is read before its objects are decoded, so the API server prepares the next page
+  while this one is decoded; the view is replaced once the last page is in. A continue that has expired
+  (410: the first page's version was compacted away while the pages were read) lists again from the first
+  page, as any 410 does.
 - The watch asks for bookmarks, so a quiet node keeps a fresh ``resourceVersion`` and resumes a watch
   without a re-list, and for a server-side timeout spread over [T, 2T) so agents do not reconnect in step.
   A connection silent past that timeout is dead (no FIN from a vanished peer): it is dropped and resumed.
@@ -114,6 +123,7 @@ class Reflector:
     what = ""  # what the view is, for log lines ("pod metadata", "DRA ResourceSlices")
     cluster_wide = False  # True: every object of the kind, no node selector (node_name is then None)
     max_depth = 64  # a watch event nested deeper is cut to this depth before it is parsed
+    page_size = 0  # objects a list answer holds at most (limit/continue); 0: one answer (see above)
 
     def __init__(
         self,
@@ -154,11 +164,18 @@ class Reflector:
         self._failures = 0  # in a row, for the backoff; cleared by a watch that proves healthy
         self._expiries = 0  # 410s in a row: the first re-lists at once, more back off
         self.lists = 0  # requests made, for tests and debugging
+        self.pages = 0  # list answers read (a list of many pages counts each)
         self.watches = 0
 
     # -- what a subclass provides --------------------------------------------------------------------------
     def _decode_list(self, body: bytes) -> tuple[list[Any], str]:
         """(items, the list's resourceVersion); raises msgspec's DecodeError."""
+        raise NotImplementedError
+
+    def _decode_page(self, body: bytes) -> tuple[Callable[[], list[Any]], str, str]:
+        """With ``page_size``: one page of a list, as (a function that decodes its items, the list's
+        resourceVersion, its continue token, "" on the last page): the token is read first and cheaply, the
+        items when the next page has been asked for. Raises msgspec's DecodeError."""
         raise NotImplementedError
 
     def _decode_object(self, raw: Any) -> Any:
@@ -260,12 +277,10 @@ class Reflector:
         except Exception as exc:
             raise _Failure("config", f"no Kubernetes API configuration: {exc}", slow=True) from exc
 
-    async def _list(self, http: httpx2.AsyncClient) -> None:
+    async def _get(self, http: httpx2.AsyncClient, params: dict[str, str]) -> bytes:
+        """One list request's answer; raises the failure to report (``_Expired`` for 410)."""
         import httpx2
 
-        params = {"fieldSelector": self._selector} if self._selector else {}
-        if self._list_rv:
-            params["resourceVersion"] = self._list_rv
         self.lists += 1
         try:
             response = await http.get(self.path, params=params)
@@ -273,8 +288,18 @@ class Reflector:
             raise self._transport_failure("list", exc) from exc
         if response.status_code != 200:
             raise self._http_failure("list", response.status_code, response.content)
+        self.pages += 1
+        return response.content
+
+    async def _list(self, http: httpx2.AsyncClient) -> None:
+        params = {"fieldSelector": self._selector} if self._selector else {}
         try:
-            items, rv = self._decode_list(response.content)
+            if self.page_size:
+                items, rv = await self._list_pages(http, params)
+            else:
+                if self._list_rv:
+                    params["resourceVersion"] = self._list_rv
+                items, rv = self._decode_list(await self._get(http, params))
         except wire().DecodeError as exc:
             raise _Failure("protocol", f"{self._where('list')}: bad list: {exc}") from exc
         self._replace(items)
@@ -286,6 +311,29 @@ class Reflector:
             self._log.info("API server: %d %s %s", self._size(), self.resource, self._scope)
         self._synced = True
         self._healthy()
+
+    async def _list_pages(self, http: httpx2.AsyncClient, params: dict[str, str]) -> tuple[list[Any], str]:
+        """Every page of a consistent list (no resourceVersion: see the module docstring), the next one
+        asked for before this one's objects are decoded; (items, the version of the first page)."""
+        params = {**params, "limit": str(self.page_size)}
+        items: list[Any] = []
+        version = ""
+        pending: asyncio.Task[bytes] | None = asyncio.ensure_future(self._get(http, params))
+        try:
+            while pending is not None:
+                body = await pending
+                pending = None
+                decode, rv, token = self._decode_page(body)
+                del body  # the page's objects keep what they need of it
+                version = version or rv
+                if token:
+                    pending = asyncio.ensure_future(self._get(http, {**params, "continue": token}))
+                items.extend(decode())
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+        return items, version
 
     async def _watch(self, http: httpx2.AsyncClient) -> bool:
         """Follows one watch connection; True when it ended after proving healthy (resume at once)."""

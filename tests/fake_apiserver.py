@@ -6,7 +6,18 @@ chunked stream of newline-delimited ``{"type", "object"}`` events, replayed from
 ``resourceVersion`` and then live (one version sequence for every kind, as etcd has). It honours
 ``fieldSelector=spec.nodeName=<node>`` (an object that starts or stops matching is ADDED or DELETED for that
 watch, as the real watch cache does), ``timeoutSeconds`` (the stream ends cleanly) and
-``allowWatchBookmarks``; it needs the bearer token::
+``allowWatchBookmarks``; it needs the bearer token.
+
+Lists are paged as the real API server pages them (``limit`` and ``continue``): ``resourceVersion=0`` is
+served from the watch cache, which ignores ``limit`` (one answer, everything); without a resourceVersion a
+list is consistent and honours ``limit``, in key order, each page carrying ``metadata.continue`` (an opaque
+token naming the first page's version and the last key) and ``remainingItemCount``; every page of a
+continued list is the store as it was at the first page's version, whatever was written since (the
+``resourceVersion`` of every page is that version, so a watch from it sees those writes); a continue whose
+version was compacted away (``expire_watch``) is 410 Expired, as etcd's compaction makes it; a continue
+beside a ``resourceVersion`` is 400. Each object's JSON is encoded once per version and kept (the real
+watch cache keeps its objects' serialisations likewise); ``api.list_pages`` records what each list answer
+served (kind, items, bytes, seconds, whether a continue followed)::
 
     async with FakeApiServer() as api:
         api.add_pod(make_pod("job-0", node="gpu-1"))  # ADDED (or MODIFIED if its UID is known)
@@ -22,6 +33,8 @@ watch, as the real watch cache does), ``timeoutSeconds`` (the stream ends cleanl
         await api.stop(); await api.start()            # the server is away, then back on the same port
         config = api.kubeconfig()                      # a lightkube KubeConfig pointing here
         api.requests, api.lists, api.watches           # requests seen: path, query, token, time
+        api.list_pages                                 # list answers served: items, bytes, seconds
+        api.after_page = lambda served: ...            # called after each list answer (writes between pages)
         api.pdb_blocks("ml-team", "job-0")             # its Evictions get 429 (a PodDisruptionBudget)
         api.evictions                                  # Evictions seen (POST .../pods/<name>/eviction)
         api.add_owner(make_owner("Deployment", "web"))  # GET /apis/{apps,batch}/v1/.../<kind>s/<name>
@@ -61,9 +74,12 @@ after the API server's validation of the fields it requires (``eventTime``, ``re
 from __future__ import annotations
 
 import asyncio
+import base64
+import bisect
 import contextlib
 import copy
 import hashlib
+import heapq
 import json
 import time
 import uuid
@@ -307,6 +323,18 @@ class SeenRequest:
         return self.query.get("watch") in ("true", "1")
 
 
+@dataclass(frozen=True)
+class ServedList:
+    """One list answer (a page, or a whole list): what the API server's side of a list costs."""
+
+    kind: str
+    items: int
+    bytes: int
+    seconds: float  # building the answer (the objects' encodings are kept, as the watch cache keeps them)
+    continued: bool  # a continue token went with it (more pages follow)
+    resource_version: str
+
+
 @dataclass(eq=False)
 class _Watcher:
     node: str | None
@@ -367,6 +395,11 @@ class FakeApiServer:
         self.cluster = ClusterObjects(self)  # Nodes, Leases and discovery (tests/fake_cluster.py)
         self.node_names: list[str] = []  # the cluster's Nodes, listed by name (metadata only)
         self.node_lists: list[SeenRequest] = []
+        self.list_pages: list[ServedList] = []
+        self.after_page: Callable[[ServedList], None] | None = None  # called once each list answer is made
+        self._encoded: dict[str, tuple[str, bytes]] = {}  # uid -> (its resourceVersion, its JSON)
+        self._sorted: dict[str, list[str] | None] = {}  # kind -> its uids in key order (None: to sort again)
+        self._at_version: dict[tuple[str, int], tuple[dict[str, Any], int]] = {}  # a paged list's past store
 
     # lifecycle
     async def __aenter__(self) -> FakeApiServer:
@@ -465,11 +498,15 @@ class FakeApiServer:
         store = self._stores[kind]
         before = store.get(uid)
         store[uid] = after
+        if before is None:
+            self._sorted[kind] = None
         self._record(kind, before, after, notify)
         return after
 
     def _delete(self, kind: str, uid: str, notify: bool) -> None:
         before = self._stores[kind].pop(uid)
+        self._encoded.pop(uid, None)
+        self._sorted[kind] = None
         self._rv += 1
         self._record(kind, before, None, notify)
 
@@ -487,6 +524,7 @@ class FakeApiServer:
         self._rv += 1
         self._oldest = self._rv
         self._history.clear()
+        self._at_version.clear()  # a continue from before is 410 now
         event = {"type": "ERROR", "object": _status(410, "Expired", "too old resource version: 1 (1001)")}
         for w in self._watchers:
             w.queue.put_nowait(event)
@@ -606,13 +644,96 @@ class FakeApiServer:
             node = _node_of(query.get("fieldSelector"))
         except ValueError as exc:
             return web.json_response(_status(400, "BadRequest", str(exc)), status=400)
-        store = self._stores[kind]
         if not watch:
-            items = [p for p in store.values() if self._matches(node, p)]
-            list_kind, api_version = _KINDS[kind]
-            return web.json_response({"kind": list_kind, "apiVersion": api_version,
-                                      "metadata": {"resourceVersion": str(self._rv)}, "items": items})
+            return self._list(query, node, kind)
         return await self._watch(request, query, node, kind)
+
+    def _list(self, query: Mapping[str, str], node: str | None, kind: str) -> web.Response:
+        """One list answer: everything (``resourceVersion=0``, or no ``limit``), or a page (see the module
+        docstring)."""
+        started = time.perf_counter()
+        version, token = query.get("resourceVersion", ""), query.get("continue", "")
+        limit = int(query.get("limit") or 0)
+        if token and version:
+            return web.json_response(_status(400, "BadRequest", "specifying resource version is not allowed "
+                                             "when using continue"), status=400)
+        start = ""
+        at = self._rv
+        if token:
+            try:
+                decoded = json.loads(base64.b64decode(token, validate=True))
+                at, start = int(decoded["rv"]), str(decoded["start"])
+            except (ValueError, KeyError, TypeError):
+                return web.json_response(_status(400, "BadRequest", "continue key is not valid"), status=400)
+            if at < self._oldest:
+                return web.json_response(_status(
+                    410, "Expired", "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter."), status=410)
+        if version == "0" or limit <= 0:
+            limit = 0  # the watch cache ignores limit; no limit: everything
+        store, extra = self._store_at(kind, at)
+        keys = self._sorted.get(kind)
+        if keys is None:
+            keys = self._sorted[kind] = sorted(self._stores[kind])
+        ahead = sorted(k for k in extra if k > start)
+        chosen: list[bytes] = []
+        last = ""
+        more = False
+        for key in heapq.merge(keys[bisect.bisect_right(keys, start):], ahead):
+            obj = store.get(key) if key in store else self._stores[kind].get(key)
+            if obj is None or not self._matches(node, obj):
+                continue
+            if limit and len(chosen) == limit:
+                more = True
+                break
+            chosen.append(self._encoding(key, obj))
+            last = key
+        meta: dict[str, Any] = {"resourceVersion": str(at)}
+        if more:
+            token = base64.b64encode(json.dumps({"v": "meta.k8s.io/v1", "rv": at, "start": last}).encode())
+            meta["continue"] = token.decode()
+            if node is None and not store:  # counted where it is cheap (the real one omits it at times too)
+                meta["remainingItemCount"] = len(keys) - bisect.bisect_right(keys, last)
+        list_kind, api_version = _KINDS[kind]
+        head = json.dumps({"kind": list_kind, "apiVersion": api_version, "metadata": meta})
+        body = head[:-1].encode() + b',"items":[' + b",".join(chosen) + b"]}"
+        served = ServedList(kind, len(chosen), len(body), time.perf_counter() - started, more, str(at))
+        self.list_pages.append(served)
+        if self.after_page is not None:  # a test's writes between two pages
+            self.after_page(served)
+        return web.Response(body=body, content_type="application/json")
+
+    def _store_at(self, kind: str, version: int) -> tuple[dict[str, Any], list[str]]:
+        """The objects of ``kind`` written since ``version``, as they were at it (uid -> object, None where
+        it did not exist yet), and the uids among them no longer stored (deleted since). Kept per version and
+        brought up to date from the history at each page, so a list of many pages walks it once."""
+        if version >= self._rv:
+            return {}, []
+        cached = self._at_version.get((kind, version))
+        past, scanned = cached if cached is not None else ({}, bisect.bisect_right(
+            self._history, version, key=lambda entry: entry[1]))
+        for seen_kind, _rv, before, after in self._history[scanned:]:
+            if seen_kind == kind:
+                uid = (before or after or {}).get("metadata", {}).get("uid")
+                past.setdefault(uid, before)  # the first write after the version holds what it was
+        self._at_version[(kind, version)] = (past, len(self._history))
+        while len(self._at_version) > 8:
+            del self._at_version[next(iter(self._at_version))]
+        return past, [uid for uid in past if uid not in self._stores[kind]]
+
+    def _encoding(self, uid: str, obj: dict[str, Any]) -> bytes:
+        """``obj``'s JSON, encoded once per version of it."""
+        version = obj["metadata"].get("resourceVersion", "")
+        cached = self._encoded.get(uid)
+        if cached is not None and cached[0] == version and self._stores_hold(uid, obj):
+            return cached[1]
+        encoded = json.dumps(obj).encode()
+        if self._stores_hold(uid, obj):
+            self._encoded[uid] = (version, encoded)
+        return encoded
+
+    def _stores_hold(self, uid: str, obj: dict[str, Any]) -> bool:
+        return any(store.get(uid) is obj for store in self._stores.values())
 
     async def _watch(self, request: web.Request, query: Mapping[str, str], node: str | None,
                      kind: str = "pods") -> web.StreamResponse:

@@ -218,6 +218,49 @@ async def test_an_api_server_that_is_down_costs_a_count_not_the_poll() -> None:
         await publisher.close()
 
 
+async def test_nothing_is_published_before_a_poll_has_seen_a_gpu(api: FakeApiServer, tmp_path: Path) -> None:
+    """Was: while NVML was still loading (the faults scenario's first 5 s) the agent published a state of 0
+    GPUs, and for about 10 s the node was a plain 'does not fit', which invites preemption there; with no
+    state the extender says unresolvable. The faults scenario's own agent, its clock stepped past the load."""
+    from simclock import FakeClock
+    from test_agent_sim import FAULTS, make_agent
+
+    clock = FakeClock(start=0.0)
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    agent, _ = make_agent(FAULTS, clock, pod_resources_socket=None, kubernetes_api="off", idle_events="off",
+                          publish_state="on", kubeconfig=str(kubeconfig), hostname="gpu-faulty-03")
+    try:
+        publisher = agent.publisher
+        assert publisher is not None
+        snapshot = await agent.poll_once()
+        assert not snapshot.sources[0].ok and snapshot.hints is not None and snapshot.hints.gpu_count == 0
+        assert await publisher.publish_once() is None and api.state_writes == []
+        clock.t = 6.0  # the driver has loaded
+        snapshot = await agent.poll_once()
+        assert snapshot.sources[0].ok and snapshot.hints is not None and snapshot.hints.gpu_count == 4
+        assert await publisher.publish_once() == "written"
+        assert len(api.states["state-gpu-faulty-03"]["hints"]["gpus"]) == 4
+    finally:
+        await agent.aclose()
+
+
+async def test_a_gpu_lost_after_the_first_poll_is_still_published(api: FakeApiServer) -> None:
+    clock = Clock()
+    publisher = StatePublisher("n1", ApiConnection(config=api.kubeconfig()), min_interval=1.0,
+                               heartbeat=300.0, monotonic=clock)
+    try:
+        publisher.offer(dataclasses.replace(all_free("n1"), gpus=(), gpu_count=0))
+        assert await publisher.publish_once() is None
+        publisher.offer(all_free("n1"))
+        assert await publisher.publish_once() == "written"
+        clock.now += 10
+        publisher.offer(dataclasses.replace(all_free("n1"), gpus=(), gpu_count=0))  # once seen: offered
+        assert await publisher.publish_once() == "written"
+        assert api.states["state-n1"]["hints"]["gpus"] == []
+    finally:
+        await publisher.close()
+
+
 # --- the extender's side ----------------------------------------------------------------------------------------
 
 
@@ -385,50 +428,38 @@ async def test_an_agent_publishes_its_node_for_the_extender(api: FakeApiServer, 
 # --- judging many nodes ----------------------------------------------------------------------------------------
 
 
-async def test_nodes_in_the_same_state_are_judged_once_a_request(api: FakeApiServer, view: ClusterView,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpuagent.hints.extender as extender_module
-
+async def test_nodes_in_the_same_state_are_judged_once_a_request(api: FakeApiServer, view: ClusterView) -> None:
     for i in range(30):  # three states: ten idle nodes, ten held, ten with one GPU of their own each
         hints = all_free(f"n{i}") if i < 10 else all_held(f"n{i}") if i < 20 else \
             moved(all_free(f"n{i}"), memory_free_bytes=(i - 19) * GiB)
         publish(api, f"n{i}", hints)
-    scored = []
-    real = extender_module._score
-    monkeypatch.setattr(extender_module, "_score", lambda entry, request: scored.append(entry.node) or
-                        real(entry, request))
     extender = Extender(view, max_age_seconds=900.0)
     nodes = [f"n{i}" for i in range(30)]
     reply = await extender.filter(gpu_pod_filter(nodes))
-    assert len(scored) == 1 + 1 + 10  # once per distinct state
+    assert sum(extender.states_judged.values()) == 1 + 1 + 10  # once per distinct state
     assert set(reply["NodeNames"]) == {f"n{i}" for i in range(10)} | {f"n{i}" for i in range(20, 30)}
     failed = {reply["FailedNodes"][f"n{i}"] for i in range(10, 20)}
     assert len(failed) == 1  # the same state, the same reason
 
 
 async def test_nodes_running_pods_of_their_own_are_judged_once_for_a_shared_pod(
-        api: FakeApiServer, view: ClusterView, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: FakeApiServer, view: ClusterView) -> None:
     """Each node's time-sliced GPUs hold its own pods: an exclusive pod's reasons name them ("not free for
     exclusive use"), a shared pod's never do, so the shared pod is judged once for all of them."""
-    import gpuagent.hints.extender as extender_module
-
     for i in range(10):
         gpus = tuple(replace_tenant_names(gpu(g, tenants=1, free_gib=40, share=0.5), f"team/job-{i}-{g}")
                      for g in range(4))
         publish(api, f"n{i}", node_hints(f"n{i}", gpus))
-    scored: list[str] = []
-    real = extender_module._score
-    monkeypatch.setattr(extender_module, "_score", lambda entry, request: scored.append(entry.node) or
-                        real(entry, request))
     extender = Extender(view, max_age_seconds=900.0)
+    judged = extender.states_judged
     nodes = [f"n{i}" for i in range(10)]
     shared = gpu_pod_filter(nodes)
     shared["Pod"]["metadata"]["annotations"]["gpuagent.io/gpu-share"] = "30%"
     reply = await extender.filter(shared)
-    assert len(reply["NodeNames"]) == 10 and len(scored) == 1
-    scored.clear()
+    assert len(reply["NodeNames"]) == 10 and sum(judged.values()) == 1
+    judged.update(dict.fromkeys(judged, 0))
     reply = await extender.filter(gpu_pod_filter(nodes))  # exclusive: each node's reason names its pods
-    assert len(scored) == 10 and len(reply["FailedNodes"]) == 10
+    assert sum(judged.values()) == 10 and len(reply["FailedNodes"]) == 10
     assert "team/job-3-0" in reply["FailedNodes"]["n3"]
 
 

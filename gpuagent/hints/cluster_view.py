@@ -1,8 +1,11 @@
 """The extender's cluster view: every node's ``GPUNodeState``, kept by one list and watch.
 
-This is kube-scheduler's own informer pattern: a cold start is one LIST (served from the API server's watch
-cache), after which every node that has an agent is judged on the first call; the watch then applies each
-change as it is written; a restart or a failover loses nothing that the API server holds. Nothing here
+This is kube-scheduler's own informer pattern: a cold start is one LIST, after which every node that has an
+agent is judged on the first call; the watch then applies each change as it is written; a restart or a
+failover loses nothing that the API server holds. The LIST is read in pages of ``PAGE_SIZE`` objects
+(``reflector``: a consistent list, every page at the first page's version), each page decoded while the API
+server prepares the next, so at 100,000 nodes no answer is a gigabyte and the view never holds more than
+one page's bytes beside what it keeps. Nothing here
 talks to an agent: the extender's answers depend on the API server alone, whose load is the agents' writes
 (``hints.publisher``: on change, rate-limited, plus a heartbeat).
 
@@ -28,7 +31,10 @@ log names the node, once per node and reason; ``collector`` exports the counts.
 Memory: nodes whose states have the same verdict key (``hints.verdict_key``: alike in everything the
 extender's verdicts read) share one decoded copy and its index, so a fleet of alike idle nodes costs one
 state. A node's hints here are therefore those of the first node seen in its state: what differs between
-them (names, memory used, MIG instances) is what nothing of the extender reads.
+them (names, memory used, MIG instances) is what nothing of the extender reads. Objects are folded onto the
+copy their key already has as each page is decoded, not once the list is complete, so a list of 100,000
+alike nodes never holds 100,000 decoded copies at once. What a node costs beyond its state's copy is its
+entry, its generation and its name (docs/scheduling.md, "The cluster view", has the bytes measured).
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from gpuagent.hints.published import (
     PLURAL,
     Generation,
     PublishedState,
-    decode_list,
+    decode_page,
     decode_state,
     identify,
 )
@@ -72,6 +78,7 @@ UNKNOWN_REASON = "no GPUNodeState published for this node (no agent, or it canno
 MAX_LOGGED_BAD = 1024  # nodes whose refusal is remembered for the log's once-per-node rule
 MAX_NAMED = 200  # nodes named in the metric of unresolvable nodes (the count covers them all)
 MAX_CLOCK_SKEW_S = 300.0  # how far ahead of ours a node's clock may be (NTP keeps them within a second)
+PAGE_SIZE = 500  # objects a list answer holds (client-go's pager's default): 5 MB at most of 10 KB objects
 # Outcomes of a write, for the metrics.
 APPLIED, UNREADABLE, STALE_WRITE, AHEAD = "applied", "unreadable", "stale", "ahead_of_clock"
 
@@ -111,6 +118,7 @@ class ClusterView(Reflector):
     what = "published GPU states"
     cluster_wide = True
     max_depth = OBJECT_BOUNDS.max_depth + 1  # a watch event: its object is one level down
+    page_size = PAGE_SIZE
 
     def __init__(
         self,
@@ -133,6 +141,7 @@ class ClusterView(Reflector):
         # node -> the generation and heartbeat of its last write applied (kept while a later write is refused)
         self._seen: dict[str, tuple[Generation, float]] = {}
         self._shared: dict[bytes, _Shared] = {}  # verdict key -> the one copy of that state
+        self._listed: dict[bytes, NodeHints] = {}  # while a list is read: the copy of each key decoded so far
         self._synced_event = asyncio.Event()
         self._logged: dict[str, str] = {}  # node -> the refusal last logged for it
         self.outcomes = dict.fromkeys((APPLIED, UNREADABLE, STALE_WRITE, AHEAD), 0)  # writes, for metrics
@@ -142,13 +151,33 @@ class ClusterView(Reflector):
 
     # -- what the reflector asks of a view -----------------------------------------------------------------
     def _decode_list(self, body: bytes) -> tuple[list[Any], str]:
+        decode, rv, _ = self._decode_page(body)
+        return decode(), rv
+
+    def _decode_page(self, body: bytes) -> tuple[Callable[[], list[Any]], str, str]:
         try:
-            raw_items, rv, checked = decode_list(body)
+            page = decode_page(body)
         except ValueError as exc:  # the reflector reports a protocol failure and lists again
             raise wire().DecodeError(str(exc)) from None
-        items = [self._decode(raw, checked) for raw in raw_items]
-        gc.freeze()  # thousands of long-lived objects: kept out of every later collection
-        return items, rv
+
+        def decode() -> list[Any]:
+            return [self._listed_item(self._decode(raw, page.depth_checked)) for raw in page.items]
+
+        return decode, page.resource_version, page.continue_token
+
+    def _listed_item(self, item: _Item) -> _Item:
+        """A listed object holding the copy of its state decoded before it (the view's, else the list's
+        first), its own copy dropped at once."""
+        state = item.state
+        if state is None:
+            return item
+        hints = self._listed.get(state.key)
+        if hints is None:
+            shared = self._shared.get(state.key)
+            hints = self._listed[state.key] = shared.hints if shared is not None else state.hints
+        if hints is state.hints:
+            return item
+        return dataclasses.replace(item, state=dataclasses.replace(state, hints=hints))
 
     def _decode_object(self, raw: Any) -> _Item:
         return self._decode(raw, True)  # the reflector counted its event's depth within max_depth
@@ -170,6 +199,8 @@ class ClusterView(Reflector):
             self._forget(node)
         for item in items:
             self._put(item)  # the generation check applies across a re-list too
+        self._listed.clear()
+        gc.freeze()  # thousands of long-lived objects: kept out of every later collection
         self._synced_event.set()
         self.version += 1
 

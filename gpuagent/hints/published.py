@@ -260,7 +260,8 @@ def _wire() -> _Wire:
         ("heartbeatTime", str, ""),
         ("hints", NodeHints | None, None),
     ])
-    list_meta = msgspec.defstruct("ListMeta", [("resourceVersion", str, "")])
+    list_meta = msgspec.defstruct("ListMeta", [("resourceVersion", str, ""), ("continue_", str, "")],
+                                  rename={"continue_": "continue"})
     listing = msgspec.defstruct("GPUNodeStateList", [
         ("metadata", list_meta, msgspec.field(default_factory=list_meta)),
         ("items", list[msgspec.Raw] | None, None),
@@ -270,9 +271,25 @@ def _wire() -> _Wire:
                  msgspec.DecodeError)
 
 
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """One answer of a list (the whole list, or a page of it), its items not decoded yet."""
+
+    items: list[Any]  # msgspec Raw: each object's bytes
+    resource_version: str
+    continue_token: str  # "" on the last page
+    depth_checked: bool  # the items' depth was counted within the object's bound (``decode_list``)
+
+
 def decode_list(body: bytes) -> tuple[list[Any], str, bool]:
-    """(the raw items, the list's resourceVersion, whether their depth is checked); raises ``ValueError``
-    for a list that cannot be read.
+    """(the raw items, the list's resourceVersion, whether their depth is checked): ``decode_page``."""
+    page = decode_page(body)
+    return page.items, page.resource_version, page.depth_checked
+
+
+def decode_page(body: bytes) -> ListPage:
+    """A list's answer, its items as raw bytes (a C-speed scan); raises ``ValueError`` for an answer that
+    cannot be read.
 
     The depth is checked once, on the list's bytes: within ``LIST_DEPTH``, every item is within the
     object's bound, and ``decode_state`` need not count it again. One item nested too deep does not make
@@ -286,7 +303,8 @@ def decode_list(body: bytes) -> tuple[list[Any], str, bool]:
         listing = wire.listing.decode(body)
     except (wire.error, RecursionError) as exc:
         raise ValueError(f"bad {KIND}List: {exc}") from None
-    return list(listing.items or ()), listing.metadata.resourceVersion, checked
+    meta = listing.metadata
+    return ListPage(list(listing.items or ()), meta.resourceVersion, meta.continue_, checked)
 
 
 def decode_state(raw: Any, *, depth_checked: bool = False) -> PublishedState:

@@ -10,7 +10,13 @@ server). :class:`PublishPolicy` decides, in the caller's monotonic time:
 - an unchanged one is written again after ``heartbeat`` seconds, so the extender can tell a silent agent
   from a quiet node (its staleness bound is a few heartbeats);
 - a failed write is retried after the same ``min_interval`` (the API server being down never blocks
-  polling: nothing waits on it but the publisher's own task).
+  polling: nothing waits on it but the publisher's own task);
+- nothing is written before a poll has seen a GPU: while NVML is still loading (the driver at boot, the
+  ``faults`` scenario's first 5 s) the hints hold no GPU, and a state of 0 GPUs would make the node a
+  plain "does not fit" for the extender, which invites preemption there, where no state leaves it
+  unresolvable ("no GPUNodeState published") until the first complete poll. A node that never sees a GPU
+  never publishes, which is the same verdict for the same reason. Once a GPU has been seen, every poll's
+  hints are offered (a GPU lost later stays in them, marked).
 
 :meth:`StatePublisher.run` writes with server-side apply (``PATCH`` ``application/apply-patch+yaml``, the
 JSON body is valid YAML), one request a write whether the object exists or not, through the node-wide
@@ -115,8 +121,9 @@ class StatePublisher:
         self.last_write_unix: float | None = None
 
     def offer(self, hints: NodeHints | None) -> None:
-        """This poll's hints (no I/O; the writing task looks at them)."""
-        if hints is not None:
+        """This poll's hints (no I/O; the writing task looks at them); ignored until a poll has seen a GPU
+        (the module docstring)."""
+        if hints is not None and (hints.gpus or self._latest is not None):
             self._latest = hints
             self._wake.set()
 
