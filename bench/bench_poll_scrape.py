@@ -43,11 +43,13 @@ SCENARIO = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"
 async def bench_poll_and_scrape(polls: int, scrapes: int) -> dict[str, object]:
     from gpuagent.devices.sim import SimulatedNvml, load_scenario
     from gpuagent.export import scrape
+    from gpuagent.httpguard import ConnectionGuard, GuardCollector
 
     nvml = SimulatedNvml(load_scenario(str(SCENARIO)))
     async with kubelet_node() as node:
         node.add_pods(*one_pod_per_process(nvml, node.work / "proc"))
         async with running_agent(node, nvml, SCENARIO) as agent:
+            agent.registry.register(GuardCollector(ConnectionGuard()))  # as serving.py registers it
             return await _measure(agent, polls, scrapes, scrape)
 
 
