@@ -1,22 +1,32 @@
 """Benchmark the extender's cluster view at fleet scale: published GPUNodeStates read with one list and watch.
 
-Usage: .venv/bin/python bench/bench_cluster_view.py [--nodes 1000,5000,20000] [--calls 40]
+Usage: .venv/bin/python bench/bench_cluster_view.py [--nodes 5000,20000,100000] [--calls 40]
+                                                     [--call-names 5000] [--memory-max 20000]
        .venv/bin/python bench/bench_cluster_view.py --decode [--baseline main] [--fleet 3000]
 
-- A fake API server (``tests/fake_apiserver.py``: list, watch with resourceVersions, server-side apply) runs
-  in a child process holding N GPUNodeStates, each the projection of a real ``/v1/hints`` body (``poll_once``
-  of the simulated 8xH100/64-process, A100-MIG and laptop nodes, in turn) under its own node name.
-- cold: a fresh extender's first filter over all N nodes: its time (one LIST, decoding every object,
+- A fake API server (``tests/fake_apiserver.py``: list in pages, watch with resourceVersions, server-side
+  apply) runs in a child process holding N GPUNodeStates, each the projection of a real ``/v1/hints`` body
+  (``poll_once`` of the simulated 8xH100/64-process, A100-MIG and laptop nodes, in turn) under its own node
+  name. The fake keeps each object's JSON once encoded, as the real watch cache keeps its serialisations,
+  so its side of a list is mostly the bytes.
+- ready: a fresh view from its first request until the last page is in (``ClusterView.synced``): seconds,
+  pages, and the API server's side of that list (answers, their largest and total bytes, the seconds the
+  fake spent building them); the bench process's RSS then and its peak over the list (VmHWM, reset before).
+- cold: a fresh extender's first filter over all N nodes: its time (the list, decoding every object,
   judging every node) and how many nodes it could judge (the goal: all of them).
+- memory (N up to ``--memory-max``): what the view keeps, by tracemalloc, in this process: the N objects
+  read page by page into a fresh view, then the bytes still held, per node and per distinct state.
 - decode: one object into ``NodeHints`` and its verdict key (``hints.published.decode_state``), per node
   kind, and the two parts of it (``bench/decode_costs.py``). ``--decode`` runs this part alone; with
   ``--baseline REF`` it measures ``published.py`` at git revision REF beside the working tree's in
   alternating rounds, and counts the distinct verdict keys each gives a modelled fleet of ``--fleet`` nodes.
-- filter: the warm extender, in process (``Extender.filter``: parse, judge every node, build the reply), p50
-  and p99 over ``--calls``: a never-seen pod (a new memory request each call, every node scored again) and
-  a seen pod (the per-node memo answers).
-- restart: while a writer in the child changes 2 % of the nodes' states every second, a second extender
-  starts from scratch; once both have caught up, their verdicts over all N nodes must be the same.
+- filter: the warm extender, in process (``Extender.filter``: parse, judge every node named, build the
+  reply), p50 and p99 over ``--calls``: a never-seen pod (a new memory request each call, every node scored
+  again) and a seen pod (the per-node memo answers); each call names every node, or ``--call-names`` of
+  them drawn once (kube-scheduler's adaptive percentageOfNodesToScore hands about 5,000 at 100,000 nodes).
+- restart: while a writer in the child changes 2 % of the nodes' states every second (at most
+  ``MAX_CHURN_WRITES`` a second), a second extender starts from scratch; once both have caught up, their
+  verdicts over all N nodes must be the same.
 - writes: the agents' write rate, from ``PublishPolicy`` itself in virtual time (no API server): 20
   simulated nodes for an hour of 1 s polls each, steady (utilisation and memory noise only) and churning
   (a pod arrives or leaves every 10 minutes per node), scaled to 5,000 and 20,000 nodes; with the object's
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import json
@@ -60,6 +71,7 @@ from gpuagent.snapshot import NodeHints  # noqa: E402
 
 GiB = 2**30
 CHURN_FRACTION = 0.02  # of the nodes changed every second during the restart check
+MAX_CHURN_WRITES = 500  # a second: above the 400 a second the churning write budget gives 100,000 nodes
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -93,26 +105,37 @@ def node_objects(count: int, bodies: list[dict[str, Any]], busy: float) -> list[
 
 
 def serve_api(port: int, count: int, bodies: list[dict[str, Any]], busy: float,
-              churn: multiprocessing.Event) -> None:
+              churn: multiprocessing.Event, served: Any) -> None:
     """Child process: the fake API server with N states; while ``churn`` is set, 2 % of them change every
-    second (a GPU of each taken, then given back), as agents' writes would."""
+    second (a GPU of each taken, then given back), as agents' writes would. Asked on ``served`` (a pipe), it
+    sends what its list answers cost since the last time asked."""
     from fake_apiserver import FakeApiServer
 
     async def main() -> None:
-        server = FakeApiServer(token=None, port=port)
-        await server.start()
         objects = node_objects(count, bodies, busy)
+        server = FakeApiServer(token=None, port=port)
         for obj in objects:
             server.put_state(obj, notify=False)
+        del objects
+        server.list_pages.clear()
+        await server.start()
         sequence = 1
         rng = random.Random(1)
+        names = [f"node-{i:05d}" for i in range(count)]
+        next_churn = time.monotonic()
         while True:
-            await asyncio.sleep(1.0)
-            if not churn.is_set():
+            await asyncio.sleep(0.05)
+            if served.poll():
+                served.recv()
+                served.send([dataclasses.asdict(page) for page in server.list_pages])
+                server.list_pages.clear()
+            if not churn.is_set() or time.monotonic() < next_churn:
                 continue
+            next_churn = time.monotonic() + 1.0
             sequence += 1
-            for i in rng.sample(range(count), max(1, int(count * CHURN_FRACTION))):
-                changed = json.loads(json.dumps(objects[i]))
+            changes = min(MAX_CHURN_WRITES, max(1, int(count * CHURN_FRACTION)))
+            for name in rng.sample(names, changes):
+                changed = json.loads(json.dumps(server.states["state-" + name]))
                 gpus = changed["hints"]["gpus"]
                 if gpus:
                     first = gpus[0]
@@ -121,6 +144,66 @@ def serve_api(port: int, count: int, bodies: list[dict[str, Any]], busy: float,
                 server.put_state(changed)
 
     asyncio.run(main())
+
+
+def served_lists(pipe: Any) -> dict[str, Any]:
+    """The API server's side of the lists since the last call: answers, bytes, seconds to build them."""
+    pipe.send("report")
+    pages = pipe.recv()
+    sizes = [page["bytes"] for page in pages]
+    return {"answers": len(pages), "items": sum(page["items"] for page in pages),
+            "bytes_total": sum(sizes), "largest_answer_bytes": max(sizes, default=0),
+            "serve_seconds": round(sum(page["seconds"] for page in pages), 3)}
+
+
+def rss_mib() -> float:
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
+
+
+def reset_peak_rss() -> None:
+    """VmHWM back to the current RSS (Linux: ``5`` to ``/proc/self/clear_refs``), where allowed."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mib() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def view_memory(count: int, bodies: list[dict[str, Any]], busy: float, page_size: int) -> dict[str, Any]:
+    """What a view keeps of N nodes, by tracemalloc: the objects read page by page, as from the API server
+    (each page's JSON made just before it is read), then the bytes still held once the pages are gone."""
+    import tracemalloc
+
+    objects = node_objects(count, bodies, busy)
+    for i, obj in enumerate(objects):
+        obj["metadata"]["resourceVersion"] = str(1000 + i)
+    view = ClusterView()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        items: list[Any] = []
+        for start in range(0, count, page_size):
+            page = json.dumps({"metadata": {"resourceVersion": "1"},
+                               "items": objects[start:start + page_size]}).encode()
+            decode, _, _ = view._decode_page(page)
+            del page
+            items.extend(decode())
+        view._replace(items)
+        del items
+        gc.collect()
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    states = len({entry.key for entry in view.entries()})
+    return {"nodes": len(view), "distinct_states": states, "kept_mib": round(kept / 2**20, 1),
+            "bytes_per_node": round(kept / count), "peak_traced_mib": round(peak / 2**20, 1)}
 
 
 def kubeconfig_for(port: int) -> Any:
@@ -157,33 +240,48 @@ async def caught_up(*views: ClusterView, timeout: float = 120.0) -> None:
     raise RuntimeError(f"the views did not catch up within {timeout:g}s")
 
 
-async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int, busy: float) -> dict[str, Any]:
+async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int, busy: float,
+                      call_names: int = 0) -> dict[str, Any]:
     port = free_port()
     churn = multiprocessing.Event()
-    server = multiprocessing.Process(target=serve_api, args=(port, count, bodies, busy, churn), daemon=True)
+    ours, theirs = multiprocessing.Pipe()
+    server = multiprocessing.Process(target=serve_api, args=(port, count, bodies, busy, churn, theirs),
+                                     daemon=True)
     server.start()
     out: dict[str, Any] = {"nodes": count, "busy_fraction": busy}
     nodes = [f"node-{i:05d}" for i in range(count)]
+    named = sorted(random.Random(3).sample(nodes, call_names)) if 0 < call_names < count else nodes
     try:
-        wait_for_port(port, timeout=120)
+        wait_for_port(port, timeout=600)
         tune_garbage_collector()  # as the extender's process does when it starts
+        gc.collect()
+        rss_before = rss_mib()
+        reset_peak_rss()
         view, stop, task = await started_view(port)
+        started = time.perf_counter()
+        while not view.synced:
+            await asyncio.sleep(0.005)
+        ready = time.perf_counter() - started
+        out["ready"] = {"seconds": round(ready, 3), "pages": view.pages, "page_size": view.page_size,
+                        "rss_mib_before": rss_before, "rss_mib": rss_mib(), "peak_rss_mib": peak_rss_mib(),
+                        "api_server": served_lists(ours)}
         extender = Extender(view, max_age_seconds=900.0)
         started = time.perf_counter()
         reply = await extender.filter(pod_args(nodes))
         elapsed = time.perf_counter() - started
         judged = len(reply["NodeNames"]) + len(reply["FailedNodes"])
-        out["cold_first_filter"] = {"seconds": round(elapsed, 3), "nodes_judged": judged,
+        out["cold_first_filter"] = {"seconds": round(ready + elapsed, 3), "filter_seconds": round(elapsed, 3),
+                                    "nodes_judged": judged,
                                     "nodes_unjudged": len(reply["FailedAndUnresolvableNodes"]),
                                     "lists": view.lists}
         out["distinct_states"] = len({entry.key for entry in view.entries()})
-        out["extender_rss_mib"] = round(psutil.Process().memory_info().rss / 2**20, 1)
+        out["extender_rss_mib"] = rss_mib()
         gc.collect()  # what the cold start left behind, before the timed calls
 
         filter_new, filter_seen, cpu_new, cpu_seen = [], [], [], []
-        seen = pod_args(nodes)
+        seen = pod_args(named)
         for i in range(calls):
-            fresh = pod_args(nodes, memory_gib=1 + i)  # a request never seen: every node scored again
+            fresh = pod_args(named, memory_gib=1 + i)  # a request never seen: every node scored again
             started, cpu = time.perf_counter(), time.thread_time()
             await extender.filter(fresh)
             filter_new.append(time.perf_counter() - started)
@@ -193,6 +291,7 @@ async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int, busy
             filter_seen.append(time.perf_counter() - started)
             cpu_seen.append(time.thread_time() - cpu)
         out["filter_in_process"] = {
+            "names_per_call": len(named),
             "never_seen_pod": quantiles(filter_new), "seen_pod": quantiles(filter_seen),
             "never_seen_pod_cpu": quantiles(cpu_new), "seen_pod_cpu": quantiles(cpu_seen),
         }
@@ -208,7 +307,8 @@ async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int, busy
         first_reply, second_reply = await extender.filter(probe), await restarted.filter(probe)
         out["restart_mid_run"] = {"same_verdicts": first_reply == second_reply,
                                   "passing": len(first_reply["NodeNames"]),
-                                  "lists_by_the_restarted_view": second.lists}
+                                  "lists_by_the_restarted_view": second.lists,
+                                  "pages_read_by_the_restarted_view": second.pages}
         await stopped(second, stop2, task2)
         await stopped(view, stop, task)
     finally:
@@ -283,6 +383,10 @@ async def main(bodies: list[dict[str, Any]]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", default="1000,5000,20000")
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--call-names", type=int, default=0,
+                        help="nodes named in each timed call (drawn once); 0: all of them")
+    parser.add_argument("--memory-max", type=int, default=20000,
+                        help="measure what the view keeps (tracemalloc) at node counts up to this")
     parser.add_argument("--busy", default="0.5,1.0",
                         help="fractions of the nodes in a state of their own (the rest idle, alike)")
     parser.add_argument("--skip-writes", action="store_true", help="leave out the write-rate model (~2 min)")
@@ -314,7 +418,9 @@ async def main(bodies: list[dict[str, Any]]) -> None:
     results["extender"] = []
     for count in (int(n) for n in args.nodes.split(",")):
         for busy in (float(b) for b in args.busy.split(",")):
-            result = await bench_nodes(count, bodies, args.calls, busy)
+            result = await bench_nodes(count, bodies, args.calls, busy, args.call_names)
+            if count <= args.memory_max:
+                result["view_memory"] = view_memory(count, bodies, busy, ClusterView.page_size)
             results["extender"].append(result)
             print(json.dumps(result), flush=True)
     if not args.skip_writes:

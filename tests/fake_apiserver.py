@@ -15,8 +15,8 @@ token naming the first page's version and the last key) and ``remainingItemCount
 continued list is the store as it was at the first page's version, whatever was written since (the
 ``resourceVersion`` of every page is that version, so a watch from it sees those writes); a continue whose
 version was compacted away (``expire_watch``) is 410 Expired, as etcd's compaction makes it; a continue
-beside a ``resourceVersion`` is 400. Each object's JSON is encoded once per version and kept (the real
-watch cache keeps its objects' serialisations likewise); ``api.list_pages`` records what each list answer
+beside a ``resourceVersion`` is 400. Each object's JSON is encoded when it is written and kept (the real
+watch cache keeps its objects' serialisations likewise: a list's time here is mostly its bytes); ``api.list_pages`` records what each list answer
 served (kind, items, bytes, seconds, whether a continue followed)::
 
     async with FakeApiServer() as api:
@@ -475,9 +475,9 @@ class FakeApiServer:
 
     def put_state(self, obj: Mapping[str, Any], *, notify: bool = True) -> dict[str, Any]:
         """Creates or replaces a GPUNodeState by name (as the agents' server-side applies do)."""
-        obj = copy.deepcopy(dict(obj))
-        obj.setdefault("metadata", {})["uid"] = "state-" + obj["metadata"]["name"]
-        return self._put("gpunodestates", obj, notify)
+        metadata = dict(obj.get("metadata") or {})
+        metadata["uid"] = "state-" + metadata["name"]
+        return self._put("gpunodestates", {**obj, "metadata": metadata}, notify)  # copied there
 
     def delete_state(self, name: str, *, notify: bool = True) -> None:
         self._delete("gpunodestates", "state-" + name, notify)
@@ -498,6 +498,7 @@ class FakeApiServer:
         store = self._stores[kind]
         before = store.get(uid)
         store[uid] = after
+        self._encoded[uid] = (after["metadata"]["resourceVersion"], json.dumps(after).encode())
         if before is None:
             self._sorted[kind] = None
         self._record(kind, before, after, notify)
