@@ -187,8 +187,8 @@ class Agent(AgentRunner):
 # -- one such node, ready to watch -------------------------------------------------------------------------
 
 # What the node shows besides its tenants' use: research/notebook-5 holds its replica of GPU 5 and does
-# nothing (flagged idle after IDLE_WINDOW_S), an XID 31 on GPU 5 and GPU 6's utilization read hanging (GPU 6
-# goes stale).
+# nothing (flagged idle after IDLE_WINDOW_S), XID 31 on GPU 5 (every 2 s) and GPU 6's utilization read hanging
+# (GPU 6 goes stale).
 IDLE_POD = ("research", "notebook-5")
 IDLE_WINDOW_S = 2.0
 STALE_GPU = 6
@@ -203,7 +203,10 @@ def tenant_scenario() -> dict[str, Any]:
         if process["name"] == "notebook-5":
             process["sm_util"] = 0
     scenario["faults"] = [*scenario.get("faults", []),
-                          {"xid": {"gpu": 5, "at": 1, "code": 31}},
+                          # every 2 s for an hour, not once at 1 s: the simulated NVML, as NVML, gives an
+                          # event set only what comes after it registers, which an agent starting on a
+                          # loaded machine did more than 1 s in, and then showed no XID at all
+                          {"xid_storm": {"gpu": 5, "at": 1, "code": 31, "count": 1800, "interval": 2}},
                           {"hang": {"function": "nvmlDeviceGetUtilizationRates", "gpu": STALE_GPU, "at": 3,
                                     "seconds": 3600}}]
     return scenario
