@@ -279,7 +279,9 @@ def test_every_recommendation_is_the_right_one(document: dict) -> None:
     assert reason["research/Notebook/alice"].startswith("idle 90% of the time it held its GPU")
     assert "bursty use" in reason["batch/CronJob/etl-nightly"]
     assert "terminated or evicted it 2 time(s)" in reason["ml/Deployment/ranker"]
-    assert "peak 15.6 GiB is 97.5% of the 16.0 GiB one device holds" in reason["ml/Deployment/ranker"]  # the 15.6 GiB spike
+    # the 15.6 GiB spike, on its one GPU: all the memory the ladder compares with its 16 GiB limit
+    assert ("its GPU memory on all its GPUs peaked at 15.6 GiB: 97.5% of its gpuagent.io/gpu-memory limit 16.0 GiB, "
+            "just under where the memory ladder stops it") in reason["ml/Deployment/ranker"]
     assert "frozen) 20% of its time at gpuagent.io/gpu-share 30%: raise it to 45%" in reason["ml/Deployment/scorer"]
     assert reason["batch/Job/smoke-test"].startswith("too little history: it held GPUs for 3h")
     # what the patches would set

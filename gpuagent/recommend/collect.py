@@ -96,6 +96,12 @@ def _plan(client: PrometheusClient, request: Request, found: _Found) -> Plan:
             (rq.MEMORY_LIMIT, rq.limit_query(rq.MEMORY_LIMIT, span, pods), _limit(found, "memory_limit")),
             (rq.SHARE_LIMIT, rq.limit_query(rq.SHARE_LIMIT, span, pods), _limit(found, "share_limit")),
             (rq.LADDER_STAGE, rq.ladder_query(span, pods), _ladder(found)),
+            ("pod memory on all its GPUs", rq.all_gpus_memory_query(span, request.step_seconds, pods),
+             _all_gpus_memory(found)),
+            ("stray SM peaks", rq.stray_query(rq.SM, span, request.step_seconds, pods),
+             _stray(found, "stray_sm_peak")),
+            ("stray memory peaks", rq.stray_query(rq.MEMORY, span, request.step_seconds, pods),
+             _stray(found, "stray_memory_peak")),
         ]
         facts += [(f"{subject.kind} MIG profiles",
                    rq.mig_profiles_query(subject, span, matchers[subject.kind]), _mig_profile(found, subject))
@@ -182,6 +188,23 @@ def _limit(found: _Found, name: str) -> Sink:
 def _ladder(found: _Found) -> Sink:
     def into(labels: Mapping[str, str], value: float) -> None:
         found.history(q.PODS, labels).ladder_restarts += max(0.0, value)
+    return into
+
+
+def _all_gpus_memory(found: _Found) -> Sink:
+    def into(labels: Mapping[str, str], value: float) -> None:
+        history = found.history(q.PODS, labels)
+        now = history.all_gpus_memory_peak
+        history.all_gpus_memory_peak = value if now is None else max(now, value)
+    return into
+
+
+def _stray(found: _Found, name: str) -> Sink:
+    def into(labels: Mapping[str, str], value: float) -> None:
+        uuid = labels.get(q.UUID_LABEL)
+        if uuid:
+            peaks: dict[str, float] = getattr(found.history(q.PODS, labels), name)
+            peaks[uuid] = max(value, peaks.get(uuid, value))
     return into
 
 

@@ -7,6 +7,11 @@ replicas give three samples a step); what it held at once is the most devices it
 instant, each of the size its devices usually have (the median over the steps).
 Percentiles interpolate linearly between the nearest samples; the peak is the largest value any scrape
 saw (``max_over_time`` over each step), never only the samples.
+
+What a pod did on a GPU it was not allocated (a stray) stays apart: its samples are not read (the queries
+leave them out), its busy time is not the workload's (busy on a GPU with no allocated time, as ``gpuagent
+report`` counts efficiency), and :class:`~gpuagent.recommend.model.Strays` says what it was. Its memory
+still counts in ``memory_all_gpus_bytes``, since the memory ladder counts it against the pod's limit.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuagent.migprofiles import mig_model
-from gpuagent.recommend.model import Distribution, WorkloadKey, WorkloadStats
+from gpuagent.recommend.model import Distribution, Strays, WorkloadKey, WorkloadStats
 
 DAY = 86400.0
 
@@ -45,6 +50,9 @@ class PodHistory:
     owners: set[tuple[str, str]] = field(default_factory=set)  # (owner_kind, owner_name) seen
     containers: set[str] = field(default_factory=set)
     mig_profiles: set[str] = field(default_factory=set)
+    all_gpus_memory_peak: float | None = None  # its memory on every GPU it used, strays included, added up
+    stray_sm_peak: dict[str, float] = field(default_factory=dict)  # UUID of a GPU not allocated -> peak
+    stray_memory_peak: dict[str, float] = field(default_factory=dict)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -92,13 +100,19 @@ def build_stats(key: WorkloadKey, pods: Mapping[str, PodHistory], models: Mappin
     busy: float | None = None
     idle: float | None = None
     throttled = 0.0
+    stray_busy: float | None = None
+    stray_gpus: set[str] = set()
     for history in histories:
+        stray_gpus.update(history.stray_sm_peak, history.stray_memory_peak)
         for uuid, figures in history.totals.items():
             alloc = figures.get("allocated_seconds", 0.0)
             allocated += alloc
             allocated_by_model[models.get(uuid, "")] += alloc
-            if "busy_seconds" in figures:
+            if "busy_seconds" in figures and alloc > 0:
                 busy = (busy or 0.0) + figures["busy_seconds"]
+            elif figures.get("busy_seconds", 0.0) > 0:  # busy on a GPU it was not allocated: a stray
+                stray_busy = (stray_busy or 0.0) + figures["busy_seconds"]
+                stray_gpus.add(uuid)
             if "idle_allocated_seconds" in figures:
                 idle = (idle or 0.0) + figures["idle_allocated_seconds"]
             throttled += figures.get("throttled_seconds", 0.0)
@@ -141,6 +155,13 @@ def build_stats(key: WorkloadKey, pods: Mapping[str, PodHistory], models: Mappin
         throttled_seconds=throttled, ladder_restarts=round(sum(h.ladder_restarts for h in histories)),
         seen_seconds=len(seen) * step_seconds,
         days_seen=len({math.floor((t - step_seconds / 2 - start_unix) / DAY) for t in seen}),
+        memory_all_gpus_bytes=_max(h.all_gpus_memory_peak for h in histories),
+        strays=Strays(
+            gpus=len(stray_gpus), busy_gpu_seconds=stray_busy,
+            sm_peak=_max(v for h in histories for v in h.stray_sm_peak.values()),
+            memory_peak_bytes=_max(sum(h.stray_memory_peak.values()) if h.stray_memory_peak else None
+                                   for h in histories),
+        ) if stray_gpus else None,
     )
 
 

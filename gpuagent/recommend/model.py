@@ -62,6 +62,19 @@ class Distribution:
 
 
 @dataclass(frozen=True)
+class Strays:
+    """A workload's use of GPUs its pods were not allocated (the agents' ``gpuagent_pod_gpu_unallocated_use``,
+    or busy time on a GPU with no allocated time): left out of its SM and memory figures, its busy time and
+    its size, and shown apart. Its memory still counts toward the pod's ``gpuagent.io/gpu-memory`` limit,
+    as the memory ladder counts it."""
+
+    gpus: int  # the GPUs it strayed onto
+    busy_gpu_seconds: float | None  # its busy time there
+    sm_peak: float | None  # the largest SM use of a pod on one of them (0-1)
+    memory_peak_bytes: float | None  # the most memory one pod held on them at once (their peaks added)
+
+
+@dataclass(frozen=True)
 class WorkloadStats:
     """A workload's history over the range, its pods pooled."""
 
@@ -74,10 +87,10 @@ class WorkloadStats:
     device_size: float  # one device, in GPUs (1 whole, 2/7 a 2g MIG slice, 1/N a time-slicing replica)
     devices_per_pod: int
     allocated_gpu_seconds: float
-    busy_gpu_seconds: float | None
+    busy_gpu_seconds: float | None  # on the GPUs allocated to it (a stray's: in strays)
     idle_gpu_seconds: float | None
-    sm: Distribution | None  # SM use of its busiest device while it ran processes (0-1)
-    memory: Distribution | None  # GPU memory used on its fullest device (bytes)
+    sm: Distribution | None  # SM use of its busiest allocated device while it ran processes (0-1)
+    memory: Distribution | None  # GPU memory used on its fullest allocated device (bytes)
     memory_limit_bytes: float | None  # its gpuagent.io/gpu-memory limit (the largest seen)
     memory_capacity_bytes: float | None  # what one device holds: the limit, the MIG instance or the GPU
     gpu_memory_bytes: float | None  # a whole GPU of its model
@@ -87,6 +100,10 @@ class WorkloadStats:
     ladder_restarts: int  # times the memory ladder terminated or evicted it
     seen_seconds: float  # time it held GPUs, in sampling steps
     days_seen: int  # 24-hour periods of the range in which it held GPUs
+    # the most GPU memory one of its pods used on every GPU at once, strays included: what the memory
+    # ladder holds to the pod's gpuagent.io/gpu-memory limit (bytes)
+    memory_all_gpus_bytes: float | None = None
+    strays: Strays | None = None  # GPUs it used without being allocated them; None: none seen
 
     @property
     def idle_ratio(self) -> float | None:

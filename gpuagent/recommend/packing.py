@@ -4,8 +4,9 @@ Each workload brings one item per device it holds at once (replicas x GPUs each)
 model and kind of sharing, since a GPU is either whole, time-sliced, running MPS, or cut into MIG
 instances:
 
-- keep, needs more, too little history: what it holds now: a whole GPU each, or (a fraction of a GPU
-  already) a time-sliced item of that size;
+- keep, needs more, too little history: what it holds now: its MIG instance (or the larger one needing
+  more asks for) as a MIG item, a whole GPU each, or (a fraction of a GPU already) a time-sliced item of
+  that size;
 - share: (share, memory / GPU memory) in a time-sliced GPU of (1, 1);
 - MPS: (active threads, memory / GPU memory) in an MPS GPU of (1, 1);
 - MIG: (compute slices, memory slices, 1 instance) in a MIG GPU of the model's (7, 8, 7);
@@ -23,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpuagent.migprofiles import mig_model
 from gpuagent.recommend.model import Action, PoolPacking, Row
 
 EPSILON = 1e-9
@@ -54,6 +56,18 @@ def first_fit_decreasing(items: Iterable[Item], capacity: Sequence[float]) -> li
     return bins
 
 
+def _kept_mig(row: Row) -> tuple[int, int, int, int] | None:
+    """(compute, memory, of compute, of memory) slices of the MIG instance a workload that keeps its size
+    holds (the larger one, when it needs more), or None: it is not on MIG, or its model has no table."""
+    stats, rec = row.stats, row.recommendation
+    name = rec.mig_profile or stats.mig_profile
+    table = mig_model(stats.gpu_model)
+    profile = table.profile(name) if table is not None and name else None
+    if profile is None or table is None or rec.action.resizes or rec.action is Action.RELEASE:
+        return None
+    return profile.slices, profile.memory_slices, table.slices, table.memory_slices
+
+
 def pack(rows: Iterable[Row]) -> tuple[PoolPacking, ...]:
     """Per GPU model (most GPUs now first): GPUs held now and GPUs the recommended packing needs."""
     by_model: dict[str, list[Row]] = defaultdict(list)
@@ -75,6 +89,7 @@ def pack(rows: Iterable[Row]) -> tuple[PoolPacking, ...]:
                       if stats.memory is not None and stats.gpu_memory_bytes else 0.0)
             rec_memory = rec.memory_bytes / stats.gpu_memory_bytes if (
                 rec.memory_bytes and stats.gpu_memory_bytes) else memory
+            kept_mig = _kept_mig(row)
             for _ in range(stats.devices):
                 if rec.action is Action.RELEASE:
                     released += 1
@@ -84,6 +99,10 @@ def pack(rows: Iterable[Row]) -> tuple[PoolPacking, ...]:
                     mps.append(Item((rec.mps_thread_percent / 100, rec_memory), label))
                 elif rec.action is Action.MIG and rec.mig_slices is not None:
                     compute, memory_slices, of_compute, of_memory = rec.mig_slices
+                    mig_capacity = (of_compute, of_memory, of_compute)
+                    mig.append(Item((compute, memory_slices, 1), label))
+                elif kept_mig is not None:  # a MIG instance it keeps (or a larger one): MIG, not time-sliced
+                    compute, memory_slices, of_compute, of_memory = kept_mig
                     mig_capacity = (of_compute, of_memory, of_compute)
                     mig.append(Item((compute, memory_slices, 1), label))
                 elif stats.device_size >= 1 - 1e-3:

@@ -5,14 +5,18 @@ Range queries, every step over the range, per pod (``namespace, pod``) or other 
 
 - SM use and GPU memory at the instant (the distributions' samples), and their peak over the step before
   (``max_over_time``: every scrape counts for the peak), of the pod's busiest or fullest device. Pods have
-  their own families; other workloads are summed from their processes' series per device;
+  their own families, read on the GPUs allocated to them only: a GPU the agent flags as used without
+  being allocated (``gpuagent_pod_gpu_unallocated_use``, a stray) is left out, since a pod's size is what
+  it holds, not where it wandered; other workloads are summed from their processes' series per device;
 - GPUs and devices held over the step: the rate of the accounting counter of allocated GPU-seconds (a MIG
   slice counts its fraction), summed, and counted where it rose.
 
 Instant queries at the end of each chunk, over the chunk: the accounting totals (``gpuagent report``'s),
 time frozen by the time-slice controller, the memory and share limits, the memory ladder's terminations
 and evictions (rises of a 0/1 stage series: ``changes - resets``), the pods' owners and containers, the
-MIG profiles they ran on, and each GPU's model and memory.
+MIG profiles they ran on, and each GPU's model and memory. Two more per chunk, as subqueries at the step:
+each pod's GPU memory on every GPU it used, strays included, added up (what the memory ladder holds to
+its ``gpuagent.io/gpu-memory`` limit), and each stray's SM and memory peaks (shown apart).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ PROCESS_SM = "gpuagent_process_sm_utilization_ratio"
 PROCESS_MEMORY = "gpuagent_process_gpu_memory_used_bytes"
 POD_INFO = "gpuagent_pod_info"
 POD_ALLOCATED_DEVICE = "gpuagent_pod_gpu_allocated"
+POD_UNALLOCATED = "gpuagent_pod_gpu_unallocated_use"  # 1: the pod used a GPU not allocated to it (a stray)
+STRAY_JOIN = f"on (namespace, pod, {rq.UUID_LABEL})"  # the stray flag is per GPU (a MIG instance's GPU too)
 CONTAINER_MEMORY = "gpuagent_container_gpu_memory_used_bytes"
 MEMORY_LIMIT = "gpuagent_pod_gpu_memory_limit_bytes"
 SHARE_LIMIT = "gpuagent_pod_gpu_share_limit_ratio"
@@ -63,12 +69,33 @@ def use_query(subject: rq.Subject, what: str, matchers: Sequence[str],
         inner = f"{POD_SM if what == SM else POD_MEMORY}{rq.selector(matchers)}"
         if peak_seconds is not None:
             inner = f"max_over_time({inner}[{promql_duration(peak_seconds)}])"
-        return f"max by ({_by(subject)}) ({inner})"
+        strays = f"{POD_UNALLOCATED}{rq.selector(matchers)}"
+        return f"max by ({_by(subject)}) ({inner} unless {STRAY_JOIN} {strays})"
     series = f"{PROCESS_SM if what == SM else PROCESS_MEMORY}{rq.selector(_who(subject, matchers))}"
     if peak_seconds is not None:
         series = f"max_over_time({series}[{promql_duration(peak_seconds)}])"
     per_device = f"sum by ({_by(subject, rq.UUID_LABEL, 'GPU_I_ID')}) ({series})"
     return f"max by ({_by(subject)}) ({per_device})"
+
+
+def stray_query(what: str, range_seconds: float, step_seconds: float, matchers: Sequence[str]) -> str:
+    """The SM use (0-1) or memory (bytes) peak of each pod on each GPU it used without being allocated it,
+    over ``range_seconds``, step by step (a GPU allocated to it at other times of the range does not
+    count then)."""
+    step = promql_duration(step_seconds)
+    series = f"max_over_time({POD_SM if what == SM else POD_MEMORY}{rq.selector(matchers)}[{step}])"
+    flagged = f"{series} and {STRAY_JOIN} {POD_UNALLOCATED}{rq.selector(matchers)}"
+    return (f"max by (namespace, pod, {rq.UUID_LABEL}) "
+            f"(max_over_time(({flagged})[{promql_duration(range_seconds)}:{step}]))")
+
+
+def all_gpus_memory_query(range_seconds: float, step_seconds: float, matchers: Sequence[str]) -> str:
+    """The peak of each pod's GPU memory on every GPU it used, strays included, added up: what the memory
+    ladder compares with its limit. Each step adds the GPUs' peaks over the step, so it is never below the
+    true peak."""
+    step = promql_duration(step_seconds)
+    per_step = f"sum by (namespace, pod) (max_over_time({POD_MEMORY}{rq.selector(matchers)}[{step}]))"
+    return f"max by (namespace, pod) (max_over_time(({per_step})[{promql_duration(range_seconds)}:{step}]))"
 
 
 def held_query(subject: rq.Subject, matchers: Sequence[str], window_seconds: float, devices: bool) -> str:

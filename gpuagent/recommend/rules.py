@@ -3,8 +3,10 @@
 In order, the first that applies:
 
 1. **too little history**: it held GPUs for less than ``min_history`` of the range: no guess.
-2. **needs more**: the memory ladder terminated or evicted it; or its memory peak reached ``near_limit``
-   (90 %) of what one device holds (its ``gpuagent.io/gpu-memory`` limit, its MIG instance, its GPU); or
+2. **needs more**: the memory ladder terminated or evicted it; or its memory on all its GPUs (strays
+   included: the figure the ladder compares with the limit) reached ``near_limit`` (90 %) of its
+   ``gpuagent.io/gpu-memory`` limit; or its memory peak reached ``near_limit`` of what one device holds
+   (its limit, its MIG instance, its GPU); or
    the time-slice controller froze it ``throttled`` (5 %) of its time. The new limit: memory at peak plus
    headroom, a share at its limit plus headroom scaled up by the time it was held back.
 3. **release**: idle (under the agents' idle threshold) ``release_idle`` (80 %) of its allocated time: it
@@ -104,11 +106,17 @@ def _needs_more(stats: WorkloadStats, options: Options) -> Recommendation | None
     mig_profile: str | None = None
     if stats.ladder_restarts:
         reasons.append(f"the memory ladder terminated or evicted it {stats.ladder_restarts} time(s)")
-    if peak is not None and capacity and peak >= options.near_limit * capacity:
+    over_limit = _over_its_limit(stats, options)
+    if over_limit is not None:
+        reasons.append(over_limit)
+        grown = round_memory(max(stats.memory_all_gpus_bytes or 0.0, peak or 0.0) * (1 + options.headroom))
+    if (peak is not None and capacity and peak >= options.near_limit * capacity
+            and not (over_limit and capacity == stats.memory_limit_bytes)):
         reasons.append(f"its memory peak {gib_text(peak)} is {percent_text(peak / capacity)} of the "
                        f"{gib_text(capacity)} one device holds")
     if reasons and grown is not None:
-        limit_binds = stats.memory_limit_bytes is not None and stats.memory_limit_bytes == capacity
+        limit_binds = over_limit is not None or (
+            stats.memory_limit_bytes is not None and stats.memory_limit_bytes == capacity)
         if stats.mig_profile and not limit_binds:
             larger = _larger_mig(stats, grown)
             mig_profile = larger.name if larger else None
@@ -119,6 +127,9 @@ def _needs_more(stats: WorkloadStats, options: Options) -> Recommendation | None
         else:
             memory_bytes = grown
             reasons.append(f"raise {MEMORY_ANNOTATION} to {memory_text(grown)} (peak {_headroom(options)})")
+            strays = stats.strays
+            if over_limit and peak is not None and strays is not None and strays.memory_peak_bytes:
+                reasons.append(f"or keep it on the GPU(s) allocated to it, its peak there {gib_text(peak)}")
     share: float | None = None
     throttled = stats.throttled_ratio
     if throttled >= options.throttled:
@@ -141,6 +152,23 @@ def _needs_more(stats: WorkloadStats, options: Options) -> Recommendation | None
     return Recommendation(Action.NEEDS_MORE, "needs more: " + "; ".join(reasons), share_ratio=share,
                           memory_bytes=memory_bytes, mig_profile=mig_profile, annotations=annotations,
                           resources=resources)
+
+
+def _over_its_limit(stats: WorkloadStats, options: Options) -> str | None:
+    """Why its memory on all its GPUs, strays included, reached ``near_limit`` of its gpu-memory limit,
+    or None. The memory ladder compares that figure with the limit, and acts above it: a workload it
+    stopped there is never "keep" on its other figures (``gpuagent top`` shows the ladder's stage)."""
+    limit, used = stats.memory_limit_bytes, stats.memory_all_gpus_bytes
+    if not limit or used is None or used < options.near_limit * limit:
+        return None
+    strays = stats.strays
+    apart = ""
+    if strays is not None and strays.memory_peak_bytes:
+        apart = (f", {gib_text(strays.memory_peak_bytes)} of it on {strays.gpus} GPU(s) not allocated to "
+                 f"it")
+    return (f"its GPU memory on all its GPUs peaked at {gib_text(used)}{apart}: "
+            f"{percent_text(used / limit)} of its {MEMORY_ANNOTATION} limit {gib_text(limit)}, "
+            f"{'over which' if used > limit else 'just under where'} the memory ladder stops it")
 
 
 def _larger_mig(stats: WorkloadStats, memory: float) -> MigProfile | None:

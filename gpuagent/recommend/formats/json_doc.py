@@ -17,6 +17,7 @@ from gpuagent.recommend.model import (
     Recommendations,
     Row,
     Savings,
+    Strays,
     WorkloadStats,
     memory_text,
     percent_text,
@@ -84,7 +85,18 @@ def stats_dict(stats: WorkloadStats) -> dict[str, Any]:
         "allocated_gpu_hours": stats.allocated_gpu_seconds / SECONDS_PER_HOUR,
         "busy_gpu_hours": _hours(stats.busy_gpu_seconds),
         "idle_gpu_hours": _hours(stats.idle_gpu_seconds),
+        "memory_all_gpus_bytes": stats.memory_all_gpus_bytes,
+        "strays": strays_dict(stats.strays),
     }
+
+
+def strays_dict(strays: Strays | None) -> dict[str, Any]:
+    """Its use of GPUs it was not allocated (left out of the figures above); the same keys without any,
+    so that the CSV's columns are the same on every line."""
+    if strays is None:
+        return {"gpus": 0, "busy_gpu_hours": None, "sm_peak_ratio": None, "memory_peak_bytes": None}
+    return {"gpus": strays.gpus, "busy_gpu_hours": _hours(strays.busy_gpu_seconds),
+            "sm_peak_ratio": strays.sm_peak, "memory_peak_bytes": strays.memory_peak_bytes}
 
 
 def _hours(seconds: float | None) -> float | None:
