@@ -43,10 +43,12 @@ import signal
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -54,6 +56,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from gpuagent import gctune
+from gpuagent.hints import fitcolumns
 from gpuagent.hints.agents import STATES, AgentCache, AgentDirectory, AgentEntry, AgentTLS
 from gpuagent.hints.claim_reader import ClaimReader
 from gpuagent.hints.claims import Unjudged
@@ -68,10 +71,11 @@ from gpuagent.hints.extender_protocol import (
     parse_args,
 )
 from gpuagent.hints.fit import NodeFit, fit_node
-from gpuagent.hints.fitreasons import unjudgeable
+from gpuagent.hints.fitcolumns import NOT_COLUMNAR, STATIC, Outcome, StateColumns
+from gpuagent.hints.fitreasons import node_reason, size_reason, unjudgeable
 from gpuagent.hints.fitrequest import FitRequest, kind_name
 from gpuagent.hints.malformed import MalformedPod
-from gpuagent.hints.nodeindex import NO_INDEX, node_index
+from gpuagent.hints.nodeindex import NO_INDEX, NodeIndex, node_index
 from gpuagent.hints.nodes import KnownNodes, NodeLister
 from gpuagent.hints.podrequest import PodRequestError, pod_fit_request, pod_name
 from gpuagent.hints.verdict_key import KindKeys
@@ -94,7 +98,6 @@ UNKNOWN_NODE = "unknown node: not in the API server's node list nor the agents f
 UNKNOWN_LOG_SECONDS = 60.0
 MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
 LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
-YIELD_EVERY_NODES = 250
 # The garbage collector of the extender's process (``tune_garbage_collector``): its view holds every node's
 # state for hours and each call makes a few objects per node; at CPython's thresholds the collections a
 # call met added 15 ms to a never-seen pod's p99 over 5,000 nodes (48.6 against 33.8 ms with none).
@@ -103,15 +106,27 @@ REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class _RequestMemo:
-    """One request's verdicts: by node (while its hints are the same object) and by state key."""
+    """One request's verdicts: by state key (the cluster view's ``kind_keys``, the request's kind's), by node
+    while its hints are the same object (the agents' cache), and the last whole answer."""
 
     __slots__ = ("answer", "nodes", "states")
 
     def __init__(self) -> None:
         self.nodes: dict[str, tuple[NodeHints, Verdict]] = {}
         self.states: dict[bytes, Verdict] = {}
-        # the cluster view's last whole answer: (its version, valid until, the nodes asked, the verdicts)
-        self.answer: tuple[int, float, Sequence[str], dict[str, Verdict]] | None = None
+        self.answer: _Judged | None = None  # the cluster view's last whole answer
+
+
+@dataclass(slots=True)
+class _Judged:
+    """A call's verdicts, one per candidate name in the order sent, and what answers them."""
+
+    verdicts: list[Verdict]
+    passed: int
+    version: int | None = None  # the cluster view's, when these verdicts were worked out from it
+    until: float = 0.0  # monotonic time they hold until (the first state to age out)
+    nodes: tuple[str, ...] = ()
+    replies: dict[str, bytes] = field(default_factory=dict)  # verb -> the reply written (NodeNames form)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,23 +254,34 @@ class Extender:
         # (the cluster view's ``kind_keys``, the request's kind's), so nodes in the same state (idle nodes of
         # one model, say) are judged once for a request never seen.
         self._memo: OrderedDict[FitRequest, _RequestMemo] = OrderedDict()
+        self._columns = StateColumns()  # the states judged over columns, by verdict key
+        self._unresolvable_verdicts: dict[str, Verdict] = {}
+        # states judged for requests new to them: over the columns, or one by one by fit_node
+        self.states_judged = {"columns": 0, "per_state": 0}
         self._unknown_logged_at: float | None = None
         self._unknown_since_log = 0
 
     async def filter(self, body: Any) -> dict[str, Any]:
         args = parse_args(body)
-        verdicts = await self._judge(args, "filter")
-        passing = [node for node, verdict in verdicts.items() if verdict.fits]
-        failed = {n: v.reason for n, v in verdicts.items() if not v.fits and not v.unresolvable}
-        unresolvable = {n: v.reason for n, v in verdicts.items() if not v.fits and v.unresolvable}
-        return filter_result(args, passing, failed, unresolvable)
+        return _filter_reply(args, await self._judge(args, "filter"))
 
     async def prioritize(self, body: Any) -> list[dict[str, Any]]:
         args = parse_args(body)
-        verdicts = await self._judge(args, "prioritize")
-        return host_priority_list((node, verdicts[node].score) for node in args.node_names)
+        return _priorities(args, await self._judge(args, "prioritize"))
 
-    async def _judge(self, args: ExtenderArgs, verb: str) -> dict[str, Verdict]:
+    async def reply(self, verb: str, body: Any) -> bytes:
+        """The verb's reply as the JSON kube-scheduler reads: what ``filter`` or ``prioritize`` answer,
+        written once per answer (a repeated call over an unchanged view gets the same bytes)."""
+        args = parse_args(body)
+        judged = await self._judge(args, verb)
+        written = judged.replies.get(verb)
+        if written is None:
+            written = _encode(_filter_reply(args, judged) if verb == "filter" else _priorities(args, judged))
+            if judged.version is not None and args.nodes is None:  # the reply depends on the names alone
+                judged.replies[verb] = written
+        return written
+
+    async def _judge(self, args: ExtenderArgs, verb: str) -> _Judged:
         nodes = args.node_names
         try:
             claims = await self.claims.pod_gpus(args.pod) if isinstance(args.pod, Mapping) else None
@@ -265,74 +291,141 @@ class Extender:
         except PodRequestError as err:
             log.info("pod %s: %s", pod_name(args.pod), err)
             bad = Verdict(False, reason=_reason(f"{err.field}: {err.message}"), unresolvable=True)
-            return self._count(verb, dict.fromkeys(nodes, bad))
+            return self._count(verb, _Judged([bad] * len(nodes), 0))
         except Unjudged as err:
             self._unjudged(verb, args.pod, err)
-            return self._count(verb, dict.fromkeys(nodes, Verdict(True)))
+            return self._count(verb, _Judged([_FITS[0]] * len(nodes), len(nodes)))
         if request is None:  # no GPU asked for: not ours to judge
-            return self._count(verb, dict.fromkeys(nodes, Verdict(True)))
+            return self._count(verb, _Judged([_FITS[0]] * len(nodes), len(nodes)))
         memo = self._memo.pop(request, None)
-        if memo is None or len(memo.nodes) > 2 * len(self.cache) + 1000:  # new, or holding forgotten nodes
+        if memo is None or len(memo.nodes) + len(memo.states) > 2 * len(self.cache) + 1000:  # forgotten nodes
             memo = _RequestMemo()
         self._memo[request] = memo  # most recent last
-        by_node, by_state = memo.nodes, memo.states
         while len(self._memo) > MEMO_REQUESTS:
             self._memo.popitem(last=False)
         now = self._monotonic()
-        max_age = self.max_age_seconds
         version = getattr(self.cache, "version", None)  # the cluster view's count of changes
         if version is not None:
             last = memo.answer
-            if last is not None and last[0] == version and now <= last[1] and last[2] == nodes:
-                return self._count(verb, last[3])  # nothing changed, nothing aged out: the same answer
+            if last is not None and last.version == version and now <= last.until and last.nodes == nodes:
+                return self._count(verb, last)  # nothing changed, nothing aged out: the same answer
         entries = await self.cache.lookup(nodes)
+        verdicts = self._verdicts(verb, nodes, entries, request, memo, now)
+        judged = _Judged(verdicts, sum([v.fits for v in verdicts]))
+        if version is not None and version == self.cache.version:  # type: ignore[union-attr]
+            judged.version, judged.nodes = version, nodes
+            judged.until = self.cache.expiry(self.max_age_seconds)  # type: ignore[union-attr]
+            memo.answer = judged
+        return self._count(verb, judged)
+
+    def _verdicts(self, verb: str, nodes: Sequence[str], entries: Mapping[str, AgentEntry],
+                  request: FitRequest, memo: _RequestMemo, now: float) -> list[Verdict]:
+        """Each name's verdict, in order: one dict lookup a name, and each state not judged before for this
+        request judged once (``_judge_states``)."""
+        max_age = self.max_age_seconds
         kind = KindKeys._fields.index(kind_name(request))
-        verdicts: dict[str, Verdict] = {}
-        scored = 0
+        by_node, by_state = memo.nodes, memo.states
+        get, known = entries.get, by_state.get
+        out: list[Verdict | bytes] = []
+        add = out.append
+        pending: dict[bytes, AgentEntry] = {}  # state key -> a node in that state, to judge it by
         unknown = 0
         for node in nodes:
             try:  # whatever one node's entry holds, it is that node's verdict, never the call's error
-                entry = entries.get(node)
-                if entry is None and not self.cache.knows(node):
-                    verdicts[node] = self._unknown_verdict
-                    unknown += 1
+                entry = get(node)
+                if entry is None:
+                    if self.cache.knows(node):
+                        add(self._unresolvable(self._unknown_reason))
+                    else:
+                        add(self._unknown_verdict)
+                        unknown += 1
                     continue
-                if (
-                    entry is None
-                    or entry.hints is None
-                    or entry.answered_at is None
-                    or now - entry.answered_at > max_age
-                ):
-                    reason = entry.reason(now, max_age) if entry is not None else self._unknown_reason
-                    verdicts[node] = Verdict(False, reason=_reason(reason), unresolvable=True)
+                answered = entry.answered_at
+                if entry.hints is None or answered is None or now - answered > max_age:
+                    add(self._unresolvable(entry.reason(now, max_age)))
+                    continue
+                keys = entry.keys  # the cluster view's: its kind's key leaves out what it never reads
+                if keys is not None:
+                    key = keys[kind]
+                    verdict = known(key)
+                    if verdict is None:
+                        pending.setdefault(key, entry)
+                        add(key)  # judged below, with the other states new to this request
+                    else:
+                        add(verdict)
                     continue
                 hints = entry.hints
-                known = by_node.get(node)
-                if known is not None and known[0] is hints:
-                    verdicts[node] = known[1]
+                seen = by_node.get(node)
+                if seen is not None and seen[0] is hints:
+                    add(seen[1])
                     continue
-                keys = entry.keys  # this kind of request's key leaves out what only other kinds read
-                key = keys[kind] if keys is not None else None
-                verdict = by_state.get(key) if key is not None else None
-                if verdict is None:
-                    try:
-                        verdict = _score(entry, request)
-                    except Exception as exc:  # kept below like any verdict: logged once per state
-                        verdict = self._unjudgeable(verb, node, exc)
-                    if key is not None:
-                        by_state[key] = verdict
-                verdicts[node] = verdict
+                try:
+                    verdict = _score(entry, request)
+                except Exception as exc:  # kept below like any verdict: logged once per state
+                    verdict = self._unjudgeable(verb, node, exc)
+                self.states_judged["per_state"] += 1
                 by_node[node] = (hints, verdict)
+                add(verdict)
             except Exception as exc:
-                verdicts[node] = self._unjudgeable(verb, node, exc)
-            scored += 1
-            if scored % YIELD_EVERY_NODES == 0:  # scoring thousands of nodes: let the loop serve others
-                await asyncio.sleep(0)
+                add(self._unjudgeable(verb, node, exc))
         if unknown:
             self._unknown(verb, unknown, len(nodes))
-        if version is not None and version == self.cache.version:  # type: ignore[union-attr]
-            memo.answer = (version, self.cache.expiry(max_age), nodes, verdicts)  # type: ignore[union-attr]
-        return self._count(verb, verdicts)
+        if not pending:
+            return out  # type: ignore[return-value]
+        self._judge_states(verb, request, pending, by_state)
+        return [v if v.__class__ is Verdict else by_state[v] for v in out]  # type: ignore[index]
+
+    def _judge_states(self, verb: str, request: FitRequest, pending: dict[bytes, AgentEntry],
+                      by_state: dict[bytes, Verdict]) -> None:
+        """The verdict of each state new to ``request`` (key -> a node in it), into ``by_state``: over the
+        columns (``hints.fitcolumns``) where they answer, else by ``fit_node`` state by state."""
+        left = pending
+        if fitcolumns.handles(request):
+            try:
+                self._columns.forget_if_over(len(self.cache))
+                slots = self._columns.slots(
+                    (entry.key, entry.index) for entry in pending.values())  # type: ignore[misc]
+                columnar = [(key, slot) for key, slot in zip(pending, slots, strict=True)
+                            if slot != NOT_COLUMNAR]
+                outcomes = self._columns.judge([slot for _key, slot in columnar], request)
+            except Exception:  # a bug of the columns: every state is judged one by one instead
+                log.warning("%s: judging %d states over columns raised; judged one by one", verb,
+                            len(pending), exc_info=True)
+                self._columns.clear()
+            else:
+                self.states_judged["columns"] += len(columnar)
+                left = {}
+                for (key, _slot), outcome in zip(columnar, outcomes, strict=True):
+                    entry = pending[key]
+                    try:
+                        verdict = _outcome_verdict(entry.index, request, outcome)  # type: ignore[arg-type]
+                    except Exception as exc:
+                        verdict = self._unjudgeable(verb, entry.node, exc)
+                    if verdict is None:  # it fits several GPUs: where is fit_node's choice
+                        left[key] = entry
+                    else:
+                        by_state[key] = verdict
+                for key, slot in zip(pending, slots, strict=True):
+                    if slot == NOT_COLUMNAR:
+                        left[key] = pending[key]
+        for key, entry in left.items():
+            try:
+                verdict = _score(entry, request)
+            except Exception as exc:  # kept like any verdict: logged once per state
+                verdict = self._unjudgeable(verb, entry.node, exc)
+            by_state[key] = verdict
+        self.states_judged["per_state"] += len(left)
+
+    def _unresolvable(self, reason: str) -> Verdict:
+        """The verdict of a node that cannot be judged, for ``reason`` (one object per reason: stale nodes
+        of a fleet share a few)."""
+        verdict = self._unresolvable_verdicts.get(reason)
+        if verdict is None:
+            if len(self._unresolvable_verdicts) >= LOGGED_UNJUDGED:
+                self._unresolvable_verdicts.clear()
+            verdict = self._unresolvable_verdicts[reason] = Verdict(False, reason=_reason(reason),
+                                                                    unresolvable=True)
+        return verdict
 
     def _unjudgeable(self, verb: str, node: str, exc: Exception) -> Verdict:
         """The verdict of a node whose judging raised: failed, unresolvable (preempting pods there would
@@ -369,14 +462,14 @@ class Extender:
             self._logged_unjudged.popitem(last=False)
         log.info("pod %s passed on every node without judging its GPU claims: %s", key[0], err.reason)
 
-    def _count(self, verb: str, verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+    def _count(self, verb: str, judged: _Judged) -> _Judged:
         if self.metrics is not None:
-            passed = sum(1 for v in verdicts.values() if v.fits)
+            passed = judged.passed
             if passed:
                 self.metrics.nodes.labels(verb, "pass").inc(passed)
-            if len(verdicts) - passed:
-                self.metrics.nodes.labels(verb, "fail").inc(len(verdicts) - passed)
-        return verdicts
+            if len(judged.verdicts) - passed:
+                self.metrics.nodes.labels(verb, "fail").inc(len(judged.verdicts) - passed)
+        return judged
 
 
 def _score(entry: AgentEntry, request: FitRequest) -> Verdict:
@@ -396,18 +489,73 @@ def _score(entry: AgentEntry, request: FitRequest) -> Verdict:
 
 
 _FITS = [Verdict(True, score=score) for score in range(11)]  # a node that fits: one of these, shared
+_JSON = msgspec.json.Encoder()
 
 
 def _fit_reason(fit: NodeFit) -> str:
     """The node-level reason, then the first GPU's, by index (UUIDs are long and differ per node)."""
-    node = fit.node_reason()
+    return _reason_text(fit.node_reason(), fit.first_gpu_reason())
+
+
+def _reason_text(node: str | None, first: tuple[int, str, str, int] | None) -> str:
     parts = [node] if node is not None else []
-    first = fit.first_gpu_reason()
     if first is not None:
         gpu, uuid, why, count = first
         more = f" (+{count - 1} more GPUs)" if count > 1 else ""
         parts.append(f"GPU {gpu if gpu != NO_INDEX else uuid}: {why}{more}")
     return "; ".join(parts) or "does not fit"
+
+
+def _outcome_verdict(index: NodeIndex, request: FitRequest, outcome: Outcome) -> Verdict | None:
+    """A state's verdict from its outcome over the columns, the reason worded as ``_score`` words it; None
+    when it fits several GPUs (which ones is ``fit_node``'s choice)."""
+    if outcome.fits:
+        return _FITS[extender_score(outcome.score)]
+    if outcome.fits is None:
+        return None
+    first = None
+    if outcome.first >= 0:
+        rank, key, pos = index.rank[outcome.first]
+        if outcome.why == STATIC:
+            text = getattr(index, kind_name(request)).static[pos]
+        else:
+            text = size_reason(index.gpus[pos], outcome.why, request, None)
+        first = (rank, key, text, len(index.gpus) - outcome.available)
+    node = node_reason(request, outcome.available, len(index.rows))
+    return Verdict(False, reason=_reason(_reason_text(node, first)))
+
+
+def _filter_reply(args: ExtenderArgs, judged: _Judged) -> dict[str, Any]:
+    """The ExtenderFilterResult of a call's verdicts (C-speed passes over the names: ``compress``)."""
+    nodes, verdicts = args.node_names, judged.verdicts
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    if judged.passed == len(verdicts):
+        return filter_result(args, nodes, failed, unresolvable)
+    fits = [verdict.fits for verdict in verdicts]
+    failing = [not fit for fit in fits]
+    names = list(compress(nodes, failing))
+    bad = list(compress(verdicts, failing))
+    if any([verdict.unresolvable for verdict in bad]):
+        for node, verdict in zip(names, bad, strict=True):
+            (unresolvable if verdict.unresolvable else failed)[node] = verdict.reason
+    else:
+        failed = dict(zip(names, [verdict.reason for verdict in bad], strict=True))
+    return filter_result(args, list(compress(nodes, fits)), failed, unresolvable)
+
+
+def _priorities(args: ExtenderArgs, judged: _Judged) -> list[dict[str, Any]]:
+    scores = [verdict.score for verdict in judged.verdicts]
+    return host_priority_list(zip(args.node_names, scores, strict=True))
+
+
+def _encode(reply: Any) -> bytes:
+    """JSON as kube-scheduler reads it, written by msgspec (C); a name no UTF-8 can hold (a lone surrogate
+    sent as a ``\\ud800`` escape) is written back escaped, as ``json`` writes it."""
+    try:
+        return _JSON.encode(reply)
+    except UnicodeEncodeError:
+        return json.dumps(reply, separators=(",", ":")).encode()
 
 
 def _reason(text: str) -> str:
@@ -428,7 +576,7 @@ _BODY_SLOTS = web.AppKey("body_slots", asyncio.Semaphore)
 _VERBS_NEED_CERT = web.AppKey("verbs_need_client_cert", bool)
 
 
-def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handler:
+def _verb(verb: str) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         if request.app[_VERBS_NEED_CERT] and not _client_certificate(request):
             return json_error(403, "the scheduler verbs need a client certificate signed by the web "
@@ -447,14 +595,12 @@ def _verb(verb: str, answer: Callable[[Extender, Any], Awaitable[Any]]) -> Handl
                     outcome = "bad_request"
                     return error_response(err)
                 try:
-                    reply = await answer(extender, body)
+                    reply = await extender.reply(verb, body)
                 except ArgsError as err:
                     outcome = "bad_request"
                     log.info("%s: bad ExtenderArgs: %s", verb, err)
                     return json_error(400, err.message, err.field)
-                return web.Response(
-                    body=json.dumps(reply, separators=(",", ":")).encode(), content_type="application/json"
-                )
+                return web.Response(body=reply, content_type="application/json")
         except Exception:
             outcome = "error"
             raise
@@ -522,8 +668,8 @@ def build_app(
     app[_BODY_SLOTS] = asyncio.Semaphore(BODIES_AT_ONCE)
     app[_VERBS_NEED_CERT] = verbs_need_client_cert
     prefix = prefix.rstrip("/")
-    app.router.add_post(f"{prefix}/filter", _verb("filter", Extender.filter))
-    app.router.add_post(f"{prefix}/prioritize", _verb("prioritize", Extender.prioritize))
+    app.router.add_post(f"{prefix}/filter", _verb("filter"))
+    app.router.add_post(f"{prefix}/prioritize", _verb("prioritize"))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)

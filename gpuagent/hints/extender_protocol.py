@@ -12,7 +12,7 @@ sets the one the scheduler reads. Prioritize answers a bare ``[{"Host", "Score"}
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,20 +99,21 @@ def _node_name(item: Any, index: int) -> str:
 
 def filter_result(
     args: ExtenderArgs,
-    passing: Iterable[str],
+    passing: Sequence[str],
     failed: Mapping[str, str],
     unresolvable: Mapping[str, str],
     error: str = "",
 ) -> dict[str, Any]:
-    """An ExtenderFilterResult mirroring the form of ``args``."""
-    keep = set(passing)
+    """An ExtenderFilterResult mirroring the form of ``args``; ``passing``: the names that pass, in the
+    order of ``args.node_names`` (a name sent twice, twice)."""
     nodes = None
     if args.nodes is not None:
+        keep = set(passing)
         items = args.nodes.get("items") or []
         nodes = {**args.nodes, "items": [item for item in items if item["metadata"]["name"] in keep]}
     names = None
     if args.names_sent or args.nodes is None:  # never both null: that would filter out every node
-        names = [name for name in args.node_names if name in keep]
+        names = list(passing)
     return {
         "Nodes": nodes,
         "NodeNames": names,
@@ -124,8 +125,10 @@ def filter_result(
 
 def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
     """A HostPriorityList; every score is clamped to 0-10 (the scheduler does not check)."""
+    low, high = MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY
     return [
-        {"Host": host, "Score": max(MIN_EXTENDER_PRIORITY, min(MAX_EXTENDER_PRIORITY, int(score)))}
+        {"Host": host, "Score": score if score.__class__ is int and low <= score <= high
+         else max(low, min(high, int(score)))}
         for host, score in scores
     ]
 
