@@ -16,6 +16,7 @@ from test_recommend import H100, H100_MEMORY, WEEK, dist, result, stats
 
 from gpuagent.prom.prices import Prices
 from gpuagent.prom.queries import PODS
+from gpuagent.recommend.formats import renderer
 from gpuagent.recommend.formats.json_doc import as_document
 from gpuagent.recommend.formats.table import render_table
 from gpuagent.recommend.history import PodHistory, build_stats
@@ -127,6 +128,9 @@ def test_the_table_says_the_strays_and_where_its_pool_figures_come_from() -> Non
                                          "memory_peak_bytes": 4 * GIB}
     assert doc[str(ALICE)]["memory_all_gpus_bytes"] == 13 * GIB
     assert doc["serving/Deployment/llm-api"]["strays"]["gpus"] == 0
+    page = renderer("html")(result(rows))
+    assert '<td class="num" data-figure="strays_gpus" data-value="1.0">1</td>' in page
+    assert f'data-figure="memory_all_gpus_bytes" data-value="{13 * GIB}">13.0 GiB</td>' in page
 
 
 def test_a_workload_kept_on_its_mig_instance_is_packed_into_mig_not_time_sliced() -> None:

@@ -124,8 +124,8 @@ def _pool(result: Recommendations) -> str:
 
 def _figures(rows: Sequence[Row]) -> str:
     head = ["workload", "pods", "GPUs held", "devices", "days", "hours seen", "SM p50", "SM p95", "SM p99",
-            "SM max", "SM samples", "mem p50", "mem p99", "mem peak", "mem limit", "idle", "throttled",
-            "ladder stops", "GPU-h allocated"]
+            "SM max", "SM samples", "mem p50", "mem p99", "mem peak", "mem all GPUs", "mem limit", "idle",
+            "throttled", "ladder stops", "GPU-h allocated", "stray GPUs"]
     lines = ['<table id="figures-table">',
              "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead>", "<tbody>"]
     for row in rows:
@@ -145,12 +145,16 @@ def _figures(rows: Sequence[Row]) -> str:
         for name in ("p50", "p99", "max"):
             value = getattr(memory, name) if memory else None
             cells.append(_cell(f"memory_{name}", value, gib_text(value)))
-        cells += [_cell("memory_limit_bytes", stats.memory_limit_bytes, gib_text(stats.memory_limit_bytes)),
+        all_gpus = stats.memory_all_gpus_bytes
+        cells += [_cell("memory_all_gpus_bytes", all_gpus, gib_text(all_gpus)),
+                  _cell("memory_limit_bytes", stats.memory_limit_bytes, gib_text(stats.memory_limit_bytes)),
                   _cell("idle_ratio", stats.idle_ratio, percent_text(stats.idle_ratio)),
                   _cell("throttled_ratio", stats.throttled_ratio, percent_text(stats.throttled_ratio)),
                   _cell("memory_ladder_restarts", float(stats.ladder_restarts), str(stats.ladder_restarts)),
                   _cell("allocated_gpu_hours", stats.allocated_gpu_seconds / SECONDS_PER_HOUR,
-                        quantity(stats.allocated_gpu_seconds / SECONDS_PER_HOUR))]
+                        quantity(stats.allocated_gpu_seconds / SECONDS_PER_HOUR)),
+                  _cell("strays_gpus", float(stats.strays.gpus if stats.strays else 0),
+                        str(stats.strays.gpus) if stats.strays else NONE)]
         lines.append("<tr>" + "".join(cells) + "</tr>")
     lines += ["</tbody>", "</table>"]
     return "\n".join(lines)
