@@ -36,8 +36,8 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
   service for ``q`` of its own GPU time, so preemption bounds the latency only beside shallow queues.
   Every thaw comes after the service's last request and the freezer's latency: the GPU idles meanwhile
   beside synchronous neighbours, hence 1 ms readings (0.94 of the throughput kept where 5 ms keep 0.86),
-  and no hold by default (20 ms of it cut the p99 beside deep queues by a tenth and the throughput by a
-  tenth too). Figures, and what it cannot meet: docs/shares.md, the latency class.
+  and no hold by default (20 ms of it moved the p99 by 1-12 ms and the throughput kept to 0.69-0.86).
+  Figures, and what it cannot meet: docs/shares.md, the latency class.
 
 :meth:`frozen` is what to freeze beyond the plan's windows; the plant of the tests drives it as the agent
 would (``tests/latencyplant.py``). Not wired to a setting yet: the agent's cycler and its ``cpu.stat``
