@@ -5,9 +5,10 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
 :class:`RotationController` for one GPU and treats the keys of its ``latency`` set apart:
 
 - **exempt while under its share**: a latency tenant is left out of the rotation (never frozen) unless it
-  is clearly over its share and saturated, over ``window`` seconds (10 polls at least): its mean use less
+  is clearly over its share and saturated: its mean use over ``window`` seconds (10 polls at least) less
   one standard error (the noise at least NVML's: 5 samples a poll, each crediting one context) over its
-  share by more than ``tolerance``, and its CPU (read as for preemption) busy ``saturated`` of the time.
+  share by more than ``tolerance``, and its CPU (read as for preemption) busy ``saturated`` of the last
+  10 s.
   The burden is on being over, on a long window, so a service at 0.6-0.7 of its share is not pulled in
   on NVML's noise (the issue's 0.18 and 0.21 of 0.30), nor one at its share (a service asking for 30 %
   of the GPU reads about 33 %: the context switches shorten the busy time). NVML alone is not enough: a
@@ -29,9 +30,10 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
   (cgroup ``cpu.stat``); one whose CPU moved by more than ``busy_cpu`` of the interval has a request in
   hand (a CUDA synchronisation spins), and while any has (and ``hold_s`` after), the batch tenants with a
   share are all frozen; not while its mean use is over its share and ``tolerance`` by one standard error
-  and its CPU is saturated (or not known yet), so a service over it, not capped yet, does not hold every
-  neighbour frozen. NVML alone switched preemption off now and then: beside one preempted `matmul` it
-  read a service at 30 % as 40-45 % for 20 s, which doubled the p99. The freeze stops
+  with its CPU saturated, or by three whatever its CPU: a service over its share, not capped yet, does
+  not hold every neighbour frozen (served at once, one at 60 % is not saturated: its CPU alone would let
+  it preempt for ever), and NVML's noise does not switch it off (one standard error did: beside one
+  preempted `matmul` NVML read a service at 30 % as 40-45 % for 20 s, which doubled the p99). The freeze stops
   their CPU, not what they queued: a neighbour with ``q`` seconds queued still time-slices with the
   service for ``q`` of its own GPU time, so preemption bounds the latency only beside shallow queues.
   Every thaw comes after the service's last request and the freezer's latency: the GPU idles meanwhile
@@ -140,7 +142,7 @@ class LatencyController:
             if tenant.key in self._capped:
                 handed.append(Tenant(tenant.key, tenant.util_ratio, min(1.0, share), tenant.priority))
                 self._preempting.discard(tenant.key)
-            elif saturated is not False and self._over(uses, share, _OVER_SIGMAS):
+            elif self._over(uses, share, _OVER_SIGMAS if saturated else _OVER_SIGMAS_BLIND):
                 self._preempting.discard(tenant.key)
             else:
                 self._preempting.add(tenant.key)
@@ -165,11 +167,11 @@ class LatencyController:
         return busy - busy_then < _SATURATED * (thawed - thawed_then)
 
     def _saturated(self, key: str, now: float) -> bool | None:
-        """Its CPU busy ``saturated`` of the last ``window`` (None while under 10 polls of readings)."""
+        """Its CPU busy ``saturated`` of the last 10 s (None while under 10 polls of readings)."""
         cpu = self._cpu_polls.setdefault(key, deque())
         if key in self._cpu:
             cpu.append((now, self._cpu[key][1]))
-        while len(cpu) > 1 and cpu[0][0] <= now - self.window:
+        while len(cpu) > 1 and cpu[0][0] <= now - _RELEASE_S:
             cpu.popleft()
         if len(cpu) < _MIN_POLLS:
             return None
