@@ -314,6 +314,9 @@ async def bench_nodes(count: int, bodies: list[dict[str, Any]], calls: int, busy
     finally:
         server.terminate()
         server.join(10)
+    del view, second, extender, restarted
+    gc.unfreeze()  # the views froze what they listed: let the next size start from what this one leaves
+    gc.collect()
     return out
 
 
