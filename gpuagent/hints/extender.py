@@ -81,7 +81,13 @@ from gpuagent.hints.podrequest import PodRequestError, pod_fit_request, pod_name
 from gpuagent.hints.verdict_key import KindKeys
 from gpuagent.httpbody import BodyError, BodyLimits, error_response, parse_json, read_body
 from gpuagent.httperrors import Handler, json_error, json_errors
-from gpuagent.httpguard import ConnectionGuard, GuardCollector, GuardedSite, raise_open_file_limit
+from gpuagent.httpguard import (
+    ConnectionGuard,
+    GuardCollector,
+    GuardedSite,
+    ServerLimits,
+    raise_open_file_limit,
+)
 from gpuagent.snapshot import NodeHints
 from gpuagent.untrusted import shown
 
@@ -708,7 +714,11 @@ async def serve(
     app = build_app(extender, registry, prefix=prefix, max_body_bytes=max_body_bytes,
                     verbs_need_client_cert=checks_certs)
     raise_open_file_limit()  # before the guard fits its cap to it
-    guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
+    # Slow and many clients: docs/operations.md#security-model. Bodies in flight may hold four of the largest
+    # at once: kube-scheduler's calls (a filter and a prioritize, a retry beside them) are never refused
+    # unread for the budget while the extender stays within its memory limit (512 Mi).
+    budget = max(ServerLimits.body_budget_bytes, 4 * max_body_bytes)
+    guard = ConnectionGuard(ServerLimits(body_budget_bytes=budget))
     guard.install(app)
     registry.register(GuardCollector(guard))
     runner = web.AppRunner(app, access_log=None, **guard.limits.runner_options())  # cancels closed handlers
