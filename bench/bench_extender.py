@@ -1,6 +1,8 @@
 """Benchmark the scheduler extender at cluster scale, and an agent's ``POST /v1/hints/score``.
 
 Usage: .venv/bin/python bench/bench_extender.py [--nodes 100,1000,5000] [--calls 30] [--score-calls 300]
+       .venv/bin/python bench/bench_extender.py --judging [--nodes 5000,20000] [--busy 1.0] [--calls 30]
+                                                [--baseline REF] [--rounds 3]
 
 - Virtual agents: one child process serves N agents' ``GET /n/<node>/v1/hints`` (ETag, 304 on
   ``If-None-Match``, as the agent does). Their bodies are real hints: ``poll_once`` of the simulated
@@ -16,6 +18,17 @@ Usage: .venv/bin/python bench/bench_extender.py [--nodes 100,1000,5000] [--calls
 - score: a real ``gpuagent run`` process (8xH100 simulated), ``POST /v1/hints/score`` over keep-alive.
 Medians and p95; this machine is small and shared, single timings mean nothing. Results go to
 ``bench/results/extender_<time>.json``.
+
+``--judging``: the judging alone, against the cluster view's fleet (``bench_cluster_view.node_objects``: the
+three kinds in turn, the ``--busy`` fraction with a state of its own) read into a ``ClusterView`` in process
+(no API server), per call p50 / p99 of: a never-seen pod's filter and prioritize (a new memory request
+each call: every state of the call judged again) and a seen pod's (the one asked just before), in
+process (``Extender.filter``/``prioritize``: parse, judge, the reply's objects; and this thread's CPU)
+and over HTTP on loopback (the extender's own app: the body read, the reply written). With ``--baseline
+REF`` the same measurement runs on ``gpuagent/`` as it is at git revision REF and on the working tree's (or
+at ``--now REF``), in
+alternating child processes (``--rounds`` each, the order flipping every round), so the machine's load
+falls on both alike; the ratios are baseline over now. Results go to ``bench/results/judging_<time>.json``.
 """
 
 from __future__ import annotations
@@ -35,8 +48,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# ``--tree PATH`` (a judging child): gpuagent as it is in PATH, imported before anything else imports it
+TREE = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv else str(ROOT)
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, TREE)
 
 from aiohttp import ClientSession, TCPConnector, web  # noqa: E402
 
@@ -247,17 +263,167 @@ async def bench_score(calls: int) -> dict[str, Any]:
         proc.wait(10)
 
 
-async def main(bodies: list[dict[str, Any]]) -> None:
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50_ms": round(statistics.median(ordered) * 1000, 3),
+            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+            "runs": len(ordered)}
+
+
+def fleet_view(count: int, busy: float, bodies: list[dict[str, Any]]) -> Any:
+    """A ClusterView holding ``count`` published states, read as its reflector reads a LIST."""
+    from bench_cluster_view import node_objects
+
+    from gpuagent.hints.cluster_view import ClusterView
+
+    objects = node_objects(count, bodies, busy)
+    items = b",".join(json.dumps(o, separators=(",", ":")).encode() for o in objects)
+    view = ClusterView(wall_clock=time.time)
+    decoded, _rv = view._decode_list(b'{"metadata":{"resourceVersion":"1"},"items":[' + items + b"]}")
+    view._replace(decoded)
+    return view
+
+
+async def judging_child(count: int, busy: float, calls: int, bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One tree's judging figures (see the module docstring), as lists of seconds per call."""
+    import gc
+
+    from gpuagent.hints.extender import tune_garbage_collector
+
+    view = fleet_view(count, busy, bodies)
+    nodes = [f"node-{i:05d}" for i in range(count)]
+    extender = Extender(view, max_age_seconds=900.0)
+    tune_garbage_collector()
+    gc.collect()
+    gc.freeze()  # what the list left behind, as the view freezes it
+    out: dict[str, Any] = {"distinct_states": len({e.key for e in view.entries()})}
+    seen = pod_args(nodes)
+    await extender.filter(seen)
+    samples: dict[str, list[float]] = {}
+
+    def timed(name: str, started: float, cpu: float) -> None:
+        samples.setdefault(name, []).append(time.perf_counter() - started)
+        samples.setdefault(name + "_cpu", []).append(time.thread_time() - cpu)
+
+    for i in range(calls):
+        for verb in ("filter", "prioritize"):
+            answer = extender.filter if verb == "filter" else extender.prioritize
+            fresh = pod_args(nodes, memory_gib=1 + (i * 2 + (verb == "prioritize")) % 79)
+            started, cpu = time.perf_counter(), time.thread_time()
+            await answer(fresh)
+            timed(f"in_process_{verb}_never_seen", started, cpu)
+            started, cpu = time.perf_counter(), time.thread_time()
+            await answer(seen)
+            timed(f"in_process_{verb}_seen", started, cpu)
+    registry = build_registry(extender)
+    runner = web.AppRunner(build_app(extender, registry), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    seen_body = json.dumps(seen).encode()
+    async with ClientSession(connector=TCPConnector(limit=1)) as session:
+        headers = {"Content-Type": "application/json"}
+        for i in range(calls):
+            for verb in ("filter", "prioritize"):
+                fresh = json.dumps(pod_args(nodes, memory_gib=100 + i * 2 + (verb == "prioritize"))).encode()
+                for name, body in ((f"http_{verb}_never_seen", fresh), (f"http_{verb}_seen", seen_body)):
+                    started, cpu = time.perf_counter(), time.thread_time()
+                    url = f"http://127.0.0.1:{port}/{verb}"
+                    async with session.post(url, data=body, headers=headers) as response:
+                        await response.read()
+                        assert response.status == 200, response.status
+                    timed(name, started, cpu)  # the CPU: client and server, one thread
+    await runner.cleanup()
+    out["seconds"] = samples
+    out["states_judged"] = getattr(extender, "states_judged", None)
+    return out
+
+
+def tree_at(ref: str, into: Path) -> Path:
+    """``gpuagent/`` as it is at git revision ``ref``, extracted under ``into``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "gpuagent"], check=True,
+                             capture_output=True).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def judging(args: argparse.Namespace) -> dict[str, Any]:
+    """Each tree's figures over ``--rounds`` alternating child processes; ratios baseline / now."""
+    import tempfile
+
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                           "load_average_before": os.getloadavg()},
+                               "baseline": args.baseline, "now": args.now or "the working tree",
+                               "rounds": args.rounds, "sizes": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        trees: dict[str, Path] = {}
+        if args.baseline:
+            trees["baseline"] = tree_at(args.baseline, Path(scratch) / "baseline")
+        trees["now"] = tree_at(args.now, Path(scratch) / "now") if args.now else ROOT
+        for count in (int(n) for n in args.nodes.split(",")):
+            for busy in (float(b) for b in args.busy.split(",")):
+                merged: dict[str, dict[str, list[float]]] = {label: {} for label in trees}
+                states: dict[str, Any] = {}
+                order = list(trees)
+                for r in range(args.rounds):
+                    for label in order if r % 2 == 0 else reversed(order):
+                        done = subprocess.run(
+                            [sys.executable, str(Path(__file__).resolve()), "--judging-child", "--tree",
+                             str(trees[label]), "--nodes", str(count), "--busy", str(busy), "--calls",
+                             str(args.calls)], check=True, capture_output=True, text=True)
+                        child = json.loads(done.stdout.strip().splitlines()[-1])
+                        states[label] = (child["distinct_states"], child["states_judged"])
+                        for name, values in child["seconds"].items():
+                            merged[label].setdefault(name, []).extend(values)
+                row: dict[str, Any] = {"nodes": count, "busy": busy, "distinct_states": states}
+                for label, figures in merged.items():
+                    row[label] = {name: percentiles(values) for name, values in figures.items()}
+                if "baseline" in merged:
+                    row["ratio_p50_baseline_over_now"] = {
+                        name: round(row["baseline"][name]["p50_ms"] / row["now"][name]["p50_ms"], 2)
+                        for name in row["now"]}
+                    row["ratio_p99_baseline_over_now"] = {
+                        name: round(row["baseline"][name]["p99_ms"] / row["now"][name]["p99_ms"], 2)
+                        for name in row["now"]}
+                print(json.dumps(row), flush=True)
+                results["sizes"].append(row)
+    results["machine"]["load_average_after"] = os.getloadavg()
+    return results
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", default="100,1000,5000")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--score-calls", type=int, default=300)
-    args = parser.parse_args()
-    results_dir = ROOT / "bench" / "results"
+    parser.add_argument("--judging", action="store_true", help="the judging alone, on a cluster view's fleet")
+    parser.add_argument("--busy", default="1.0", help="with --judging: fractions of busy nodes")
+    parser.add_argument("--baseline", help="with --judging: a git revision measured beside the working tree")
+    parser.add_argument("--now", help="with --judging: a git revision measured instead of the working tree")
+    parser.add_argument("--rounds", type=int, default=3, help="with --judging: child processes per tree")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
+    parser.add_argument("--judging-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tree", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+async def main(args: argparse.Namespace) -> None:
+    if args.judging_child:
+        result = await judging_child(int(args.nodes), float(args.busy), args.calls, args.bodies)
+        print(json.dumps(result))
+        return
+    results_dir = args.out
     try:  # made before measuring: a fresh clone has no results folder
         results_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SystemExit(f"bench_extender: cannot make the results folder {results_dir}: {exc}") from None
+    if args.judging:
+        out = results_dir / f"judging_{time.strftime('%Y%m%dT%H%M%S')}.json"
+        out.write_text(json.dumps(judging(args), indent=2) + "\n")
+        print(f"written to {out}")
+        return
+    bodies = args.bodies
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     results["agent"] = await bench_score(args.score_calls)
     print(json.dumps(results["agent"]), flush=True)
@@ -272,4 +438,6 @@ async def main(bodies: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(real_hints()))  # poll_once runs its own event loop: before ours
+    options = arguments()
+    options.bodies = real_hints() if not options.judging else None  # poll_once runs an event loop of its own
+    asyncio.run(main(options))

@@ -23,12 +23,12 @@ from test_judging_is_total import hostile_nodes
 
 from gpuagent.hints import fitcolumns
 from gpuagent.hints.agents import AgentEntry
-from gpuagent.hints.extender import Extender, Verdict, _outcome_verdict, _score
+from gpuagent.hints.extender import Extender, Verdict, _score
 from gpuagent.hints.fit import fit_node
-from gpuagent.hints.fitcolumns import NOT_COLUMNAR, Outcome, StateColumns
+from gpuagent.hints.fitcolumns import FAILS, FITS, NOT_COLUMNAR, PLACE, Outcome, StateColumns
 from gpuagent.hints.fitrequest import FitRequest
 from gpuagent.hints.nodeindex import node_index
-from gpuagent.hints.verdict_key import verdict_key
+from gpuagent.hints.verdict_key import kind_keys, verdict_key
 from gpuagent.snapshot import GpuHints, NodeHints, TenantHint
 
 pytestmark = pytest.mark.long  # property tests of several seconds: handed out early (conftest.py)
@@ -87,15 +87,21 @@ def outcomes(batch: list[NodeHints], request: FitRequest, columns: StateColumns 
     """Each state's outcome over one columns call; None for a state the columns leave to fit_node."""
     columns = columns if columns is not None else StateColumns()
     slots = columns.slots((verdict_key(hints), node_index(hints)) for hints in batch)
-    judged = iter(columns.judge([slot for slot in slots if slot != NOT_COLUMNAR], request))
+    judged = iter(columns.judge([slot for slot in slots if slot != NOT_COLUMNAR], request).outcomes())
     return [next(judged) if slot != NOT_COLUMNAR else None for slot in slots]
 
 
-def by_columns(batch: list[NodeHints], request: FitRequest, columns: StateColumns | None = None
-               ) -> list[Verdict | str | None]:
-    """Each state's verdict over one columns call (None: placed by fit_node; "python": not columnar)."""
-    return [_outcome_verdict(node_index(hints), request, outcome) if outcome is not None else "python"
-            for hints, outcome in zip(batch, outcomes(batch, request, columns), strict=True)]
+def entry(hints: NodeHints) -> AgentEntry:
+    return AgentEntry(node=hints.hostname, url=None, hints=hints, index=node_index(hints), answered_at=0.0,
+                      key=verdict_key(hints), keys=kind_keys(hints))
+
+
+def judged_together(batch: list[NodeHints], request: FitRequest) -> list[Verdict]:
+    """The extender's verdicts of the states of ``batch``, judged in one call (``_judge_states``)."""
+    extender = Extender(Source({}), max_age_seconds=900.0)
+    by_state: dict[bytes, Verdict] = {}
+    extender._judge_states("filter", request, {e.key: e for e in map(entry, batch)}, by_state)  # type: ignore[misc]
+    return [by_state[verdict_key(hints)] for hints in batch]
 
 
 def one_by_one(hints: NodeHints, request: FitRequest) -> Verdict:
@@ -110,14 +116,12 @@ def assert_same(batch: list[NodeHints], request: FitRequest) -> int:
             continue
         answered += 1
         fit = fit_node(node_index(hints), request)
-        assert (outcome.fits is not False, outcome.available) == (fit.fits, fit.available), (hints, request)
-        if outcome.fits:  # one GPU: the same 0-100 score, so the same choice's loads
+        assert (outcome.fits != FAILS, outcome.available) == (fit.fits, fit.available), (hints, request)
+        if outcome.fits == FITS:  # one GPU: the same 0-100 score, so the same choice's loads
             assert outcome.score == fit.score, (hints, request)
-        verdict = _outcome_verdict(node_index(hints), request, outcome)
-        if verdict is None:  # fits several GPUs: fit_node places it
+        if outcome.fits == PLACE:  # several GPUs: fit_node places it
             assert request.gpus > 1, (hints, request)
-        else:
-            assert verdict == one_by_one(hints, request), (hints, request)
+    assert judged_together(batch, request) == [one_by_one(hints, request) for hints in batch]
     return answered
 
 
@@ -159,23 +163,37 @@ def test_the_columns_answer_the_common_states_and_leave_the_rest() -> None:
     assert assert_same(common, request) == 3
     huge = node("d", gpu(0, 40, 0.5, memory_total_bytes=2**60))
     twins = node("e", gpu(0, 40, 0.5), gpu(1, 40, 0.5, uuid="GPU-0"))
-    assert by_columns([huge, twins], request) == ["python", "python"]
-    reasons = by_columns(common, request)
-    assert reasons[1].reason == ("gpuagent: needs 1 GPUs, 0 can take it; GPU 0: needs a 30% share of SM time, "  # type: ignore[union-attr]
+    assert outcomes([huge, twins], request) == [None, None]
+    assert assert_same([huge, twins, *common], request) == 3
+    reasons = judged_together(common, request)
+    assert reasons[1].reason == ("gpuagent: needs 1 GPUs, 0 can take it; GPU 0: needs a 30% share of SM time, "
                                  "20% schedulable")
-    assert reasons[2].reason == "gpuagent: no GPUs"  # type: ignore[union-attr]
+    assert reasons[2].reason == "gpuagent: no GPUs"
+
+
+def test_states_that_fail_alike_share_one_verdict_and_the_reasons_stay_their_own() -> None:
+    """The reasons are written once per what they read: two nodes short of memory on the same GPU figures
+    share a verdict; one with another figure, or whose first GPU is another, has its own."""
+    request = FitRequest(memory_bytes=50 * GIB)
+    batch = [node("a", gpu(0, 40, 1.0, uuid="GPU-a"), gpu(1, 10, 1.0, uuid="GPU-a1")),
+             node("b", gpu(0, 40, 1.0, uuid="GPU-b"), gpu(1, 10, 1.0, uuid="GPU-b1")),
+             node("c", gpu(0, 30, 1.0)), node("d", gpu(0, 40, 1.0, index=4, uuid=""))]
+    verdicts = judged_together(batch, request)
+    assert verdicts[0] is verdicts[1] and verdicts[2] is not verdicts[0]
+    assert verdicts == [one_by_one(hints, request) for hints in batch]
+    assert "GPU 4" in verdicts[3].reason and "40.0 GiB free" in verdicts[3].reason
 
 
 def test_forgotten_columns_are_written_again() -> None:
     columns = StateColumns()
     request = FitRequest(memory_bytes=20 * GIB, share=0.3)
     batch = [node(f"n{i}", gpu(0, 10 + i, 0.5)) for i in range(40)]
-    first = by_columns(batch, request, columns)
+    first = outcomes(batch, request, columns)
     columns.forget_if_over(live_states=100)
     assert len(columns) == 40  # under the bound: kept
     columns.forget_if_over(live_states=-2048)  # 40 > 2 * -2048 + 4096 = 0
     assert len(columns) == 0
-    assert by_columns(batch, request, columns) == first and len(columns) == 40
+    assert outcomes(batch, request, columns) == first and len(columns) == 40
 
 
 class Source:
@@ -184,14 +202,13 @@ class Source:
     version = 1
 
     def __init__(self, states: dict[str, NodeHints]) -> None:
-        from gpuagent.hints.verdict_key import kind_keys
-
-        self.entries = {name: AgentEntry(node=name, url=None, hints=hints, index=node_index(hints),
-                                         answered_at=0.0, key=verdict_key(hints), keys=kind_keys(hints))
-                        for name, hints in states.items()}
+        self.entries = {name: entry(hints) for name, hints in states.items()}
 
     async def lookup(self, nodes: Any) -> dict[str, AgentEntry]:
         return {n: e for n in nodes if (e := self.entries.get(n)) is not None}
+
+    def get(self, node: str) -> AgentEntry | None:
+        return self.entries.get(node)
 
     def knows(self, node: str) -> bool:
         return node in self.entries

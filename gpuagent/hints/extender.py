@@ -71,8 +71,8 @@ from gpuagent.hints.extender_protocol import (
     parse_args,
 )
 from gpuagent.hints.fit import NodeFit, fit_node
-from gpuagent.hints.fitcolumns import NOT_COLUMNAR, STATIC, Outcome, StateColumns
-from gpuagent.hints.fitreasons import node_reason, size_reason, unjudgeable
+from gpuagent.hints.fitcolumns import FITS, NOT_COLUMNAR, PLACE, STATIC, StateColumns
+from gpuagent.hints.fitreasons import MEMORY_SHORT, SHARE_SHORT, node_reason, size_reason, unjudgeable
 from gpuagent.hints.fitrequest import FitRequest, kind_name
 from gpuagent.hints.malformed import MalformedPod
 from gpuagent.hints.nodeindex import NO_INDEX, NodeIndex, node_index
@@ -315,8 +315,14 @@ class Extender:
             last = memo.answer
             if last is not None and last.version == version and now <= last.until and last.nodes == nodes:
                 return self._count(verb, last)  # nothing changed, nothing aged out: the same answer
-        entries = await self.cache.lookup(nodes)
-        verdicts = self._verdicts(verb, nodes, entries, request, memo, now)
+        if version is not None:  # the cluster view: once its first list is in, one lookup a name in it
+            await self.cache.lookup(())  # waits for that list (for at most its sync timeout)
+            get = self.cache.get
+            fresh = now <= self.cache.expiry(self.max_age_seconds)  # type: ignore[union-attr]
+        else:  # the agents' cache: fetches the names it has never seen
+            get = (await self.cache.lookup(nodes)).get
+            fresh = False
+        verdicts = self._verdicts(verb, nodes, get, request, memo, now, fresh)
         judged = _Judged(verdicts, sum([v.fits for v in verdicts]))
         if version is not None and version == self.cache.version:  # type: ignore[union-attr]
             judged.version, judged.nodes = version, nodes
@@ -324,14 +330,28 @@ class Extender:
             memo.answer = judged
         return self._count(verb, judged)
 
-    def _verdicts(self, verb: str, nodes: Sequence[str], entries: Mapping[str, AgentEntry],
-                  request: FitRequest, memo: _RequestMemo, now: float) -> list[Verdict]:
-        """Each name's verdict, in order: one dict lookup a name, and each state not judged before for this
-        request judged once (``_judge_states``)."""
+    def _verdicts(self, verb: str, nodes: Sequence[str], get: Callable[[str], AgentEntry | None],
+                  request: FitRequest, memo: _RequestMemo, now: float, fresh: bool) -> list[Verdict]:
+        """Each name's verdict, in order: one lookup a name, and each state not judged before for this
+        request judged once (``_judge_states``). ``fresh``: no state of the source has aged out."""
         max_age = self.max_age_seconds
         kind = KindKeys._fields.index(kind_name(request))
         by_node, by_state = memo.nodes, memo.states
-        get, known = entries.get, by_state.get
+        known = by_state.get
+        if fresh:  # the common call: every name a node of the view, looked up by its state's key
+            try:
+                keys = [get(node).keys[kind] for node in nodes]  # type: ignore[union-attr,index]
+            except (AttributeError, TypeError):  # a name not in the view, or a state that cannot be judged
+                pass  # one by one, below
+            else:
+                verdicts = [known(key) for key in keys]
+                new = {key: node for node, key, verdict in zip(nodes, keys, verdicts, strict=True)
+                       if verdict is None}
+                if not new:
+                    return verdicts  # type: ignore[return-value]
+                self._judge_states(verb, request, {key: get(node) for key, node in new.items()}, by_state)
+                return [verdict if verdict is not None else by_state[key]
+                        for key, verdict in zip(keys, verdicts, strict=True)]
         out: list[Verdict | bytes] = []
         add = out.append
         pending: dict[bytes, AgentEntry] = {}  # state key -> a node in that state, to judge it by
@@ -381,39 +401,39 @@ class Extender:
         self._judge_states(verb, request, pending, by_state)
         return [v if v.__class__ is Verdict else by_state[v] for v in out]  # type: ignore[index]
 
-    def _judge_states(self, verb: str, request: FitRequest, pending: dict[bytes, AgentEntry],
+    def _judge_states(self, verb: str, request: FitRequest, pending: Mapping[bytes, AgentEntry | None],
                       by_state: dict[bytes, Verdict]) -> None:
         """The verdict of each state new to ``request`` (key -> a node in it), into ``by_state``: over the
         columns (``hints.fitcolumns``) where they answer, else by ``fit_node`` state by state."""
-        left = pending
+        left: dict[bytes, AgentEntry] = pending  # type: ignore[assignment]
         if fitcolumns.handles(request):
             try:
                 self._columns.forget_if_over(len(self.cache))
-                slots = self._columns.slots(
-                    (entry.key, entry.index) for entry in pending.values())  # type: ignore[misc]
-                columnar = [(key, slot) for key, slot in zip(pending, slots, strict=True)
-                            if slot != NOT_COLUMNAR]
-                outcomes = self._columns.judge([slot for _key, slot in columnar], request)
+                keys, entries = list(pending), list(pending.values())
+                slots = self._columns.slots(zip([e.key for e in entries], [e.index for e in entries],  # type: ignore[union-attr]
+                                                strict=True))
+                columnar = [i for i, slot in enumerate(slots) if slot != NOT_COLUMNAR]
+                judged = self._columns.judge([slots[i] for i in columnar], request)
             except Exception:  # a bug of the columns: every state is judged one by one instead
                 log.warning("%s: judging %d states over columns raised; judged one by one", verb,
                             len(pending), exc_info=True)
                 self._columns.clear()
             else:
+                left = {keys[i]: entries[i] for i, slot in enumerate(slots) if slot == NOT_COLUMNAR}  # type: ignore[misc]
                 self.states_judged["columns"] += len(columnar)
-                left = {}
-                for (key, _slot), outcome in zip(columnar, outcomes, strict=True):
-                    entry = pending[key]
+                written: dict[tuple[object, ...], Verdict] = {}
+                for i, fits, score, available, first, why in zip(columnar, *judged, strict=True):
+                    if fits == FITS:
+                        by_state[keys[i]] = _BY_SCORE[score]
+                        continue
+                    entry = entries[i]
+                    if fits == PLACE:  # it fits several GPUs: which ones is fit_node's choice
+                        left[keys[i]] = entry  # type: ignore[assignment]
+                        continue
                     try:
-                        verdict = _outcome_verdict(entry.index, request, outcome)  # type: ignore[arg-type]
+                        by_state[keys[i]] = _failed(entry.index, request, available, first, why, written)  # type: ignore[union-attr,arg-type]
                     except Exception as exc:
-                        verdict = self._unjudgeable(verb, entry.node, exc)
-                    if verdict is None:  # it fits several GPUs: where is fit_node's choice
-                        left[key] = entry
-                    else:
-                        by_state[key] = verdict
-                for key, slot in zip(pending, slots, strict=True):
-                    if slot == NOT_COLUMNAR:
-                        left[key] = pending[key]
+                        by_state[keys[i]] = self._unjudgeable(verb, entry.node, exc)  # type: ignore[union-attr]
         for key, entry in left.items():
             try:
                 verdict = _score(entry, request)
@@ -495,6 +515,7 @@ def _score(entry: AgentEntry, request: FitRequest) -> Verdict:
 
 
 _FITS = [Verdict(True, score=score) for score in range(11)]  # a node that fits: one of these, shared
+_BY_SCORE = [_FITS[extender_score(score)] for score in range(101)]  # a 0-100 fit score's verdict
 _JSON = msgspec.json.Encoder()
 
 
@@ -512,23 +533,32 @@ def _reason_text(node: str | None, first: tuple[int, str, str, int] | None) -> s
     return "; ".join(parts) or "does not fit"
 
 
-def _outcome_verdict(index: NodeIndex, request: FitRequest, outcome: Outcome) -> Verdict | None:
-    """A state's verdict from its outcome over the columns, the reason worded as ``_score`` words it; None
-    when it fits several GPUs (which ones is ``fit_node``'s choice)."""
-    if outcome.fits:
-        return _FITS[extender_score(outcome.score)]
-    if outcome.fits is None:
-        return None
-    first = None
-    if outcome.first >= 0:
-        rank, key, pos = index.rank[outcome.first]
-        if outcome.why == STATIC:
-            text = getattr(index, kind_name(request)).static[pos]
+def _failed(index: NodeIndex, request: FitRequest, available: int, first: int, why: int,
+            written: dict[tuple[object, ...], Verdict]) -> Verdict:
+    """The verdict of a state the request does not fit, from its outcome over the columns, worded as
+    ``_score`` words it; ``written``: the call's verdicts by what their reasons read (the GPU counts, the
+    first GPU's label and why, and the one figure that why quotes), so states that fail alike share one."""
+    gpus = len(index.gpus)
+    read: tuple[object, ...] = (available, gpus)
+    if first >= 0:
+        rank, key, pos = index.rank[first]
+        gpu = index.gpus[pos]
+        label = rank if rank != NO_INDEX else key
+        if why == STATIC:
+            read = (available, gpus, label, why, getattr(index, kind_name(request)).static[pos])
         else:
-            text = size_reason(index.gpus[pos], outcome.why, request, None)
-        first = (rank, key, text, len(index.gpus) - outcome.available)
-    node = node_reason(request, outcome.available, len(index.rows))
-    return Verdict(False, reason=_reason(_reason_text(node, first)))
+            figure = gpu.schedulable_share_ratio if why == SHARE_SHORT else \
+                gpu.memory_free_bytes if why == MEMORY_SHORT else None
+            read = (available, gpus, label, why, figure)
+    verdict = written.get(read)
+    if verdict is None:
+        reason = None
+        if first >= 0:
+            text = read[4] if why == STATIC else size_reason(gpu, why, request, None)
+            reason = (rank, key, text, gpus - available)
+        node = node_reason(request, available, len(index.rows))
+        verdict = written[read] = Verdict(False, reason=_reason(_reason_text(node, reason)))
+    return verdict
 
 
 def _filter_reply(args: ExtenderArgs, judged: _Judged) -> dict[str, Any]:

@@ -40,18 +40,30 @@ NOT_COLUMNAR = -1  # the slot of a state the columns cannot hold exactly
 STATIC = -1  # the ``why`` of a GPU its kind cannot use (its reason is the kind's static text)
 _BIG = np.iinfo(np.int64).max
 _GROWTH = 2
-_FITS = {1: True, 0: None, -1: False}
+FITS, PLACE, FAILS = 1, 0, -1  # fits one GPU (scored here); fits several (``fit_node`` places it); does not
 
 
 class Outcome(NamedTuple):
-    """One state's outcome for a request. ``fits`` None: it fits, and where is for ``fit_node`` to choose
-    (several GPUs asked for)."""
+    """One state's outcome for a request."""
 
-    fits: bool | None
-    score: int  # 0-100 when it fits on one GPU, else 0
+    fits: int  # FITS, PLACE or FAILS
+    score: int  # 0-100 when it FITS, else 0
     available: int  # GPUs that can take the request
     first: int  # where the first GPU with a reason is in ``NodeIndex.rank``; -1 when none has one
     why: int  # that GPU's size reason (``fitreasons`` codes), or ``STATIC``
+
+
+class Judgement(NamedTuple):
+    """The outcomes of ``StateColumns.judge``, a list per field, one item per state asked about."""
+
+    fits: list[int]
+    score: list[int]
+    available: list[int]
+    first: list[int]
+    why: list[int]
+
+    def outcomes(self) -> list[Outcome]:
+        return [Outcome(*state) for state in zip(*self, strict=True)]
 
 
 def handles(request: FitRequest) -> bool:
@@ -167,11 +179,11 @@ class StateColumns:
         for name in ("_gpu", "_pos", "_share", "_free", "_total", "_shared", "_exclusive"):
             setattr(self, name, _grown(getattr(self, name), size))
 
-    def judge(self, slots: list[int], request: FitRequest) -> list[Outcome]:
-        """The outcome of ``request`` (``handles`` it) on each state of ``slots`` (distinct, columnar)."""
+    def judge(self, slots: list[int], request: FitRequest) -> Judgement:
+        """The outcome of ``request`` (``handles`` it) on each state of ``slots`` (columnar)."""
         n = len(slots)
         if not n:
-            return []
+            return Judgement([], [], [], [], [])
         states = np.array(slots, np.int64)
         count = self._count[states]
         total = int(count.sum())
@@ -235,9 +247,8 @@ class StateColumns:
             taken_memory = free[row] if request.exclusive else memory
             score[placed] = _score(gpu_load, self._node_load(states[placed], taken_share, taken_memory),
                                    request.policy)
-        verdict = np.where(placed, 1, np.where(fits, 0, -1)).tolist()
-        return [Outcome(_FITS[v], s, a, f, w) for v, s, a, f, w in zip(
-            verdict, score.tolist(), available.tolist(), first.tolist(), first_why.tolist(), strict=True)]
+        return Judgement(np.where(placed, FITS, np.where(fits, PLACE, FAILS)).tolist(), score.tolist(),
+                         available.tolist(), first.tolist(), first_why.tolist())
 
     def _node_load(self, states: np.ndarray, taken_share: float, taken_memory: np.ndarray | int
                    ) -> np.ndarray:
