@@ -23,7 +23,7 @@ from test_judging_is_total import hostile_nodes
 
 from gpuagent.hints import fitcolumns
 from gpuagent.hints.agents import AgentEntry
-from gpuagent.hints.extender import Extender, Verdict, _score
+from gpuagent.hints.extender import WRITTEN_ANSWERS, Extender, Verdict, _score
 from gpuagent.hints.fit import fit_node
 from gpuagent.hints.fitcolumns import FAILS, FITS, NOT_COLUMNAR, PLACE, Outcome, StateColumns
 from gpuagent.hints.fitrequest import FitRequest
@@ -278,3 +278,15 @@ def test_ties_go_to_the_lower_gpu_index_then_position_as_min_over_the_options() 
     assert fit.positions == (1,) and outcome is not None and outcome.score == fit.score
     other = replace(hints, gpus=(hints.gpus[0], replace(hints.gpus[1], index=4), hints.gpus[2]))
     assert fit_node(node_index(other), request).score != fit.score  # the choice shows in the score
+
+
+async def test_only_the_last_answers_keep_their_replies_written() -> None:
+    """A written reply is kept for a repeat over an unchanged view, but only the last few: at 20,000 names a
+    filter's reply is 1.6 MB, and every distinct request keeps its answer."""
+    states = fleet()
+    extender = Extender(Source(states), max_age_seconds=900.0, monotonic=lambda: 1.0)
+    for gib in range(1, 8):
+        await extender.reply("filter", args(list(states), memory=f"{gib}Gi"))
+    answers = [memo.answer for memo in extender._memo.values() if memo.answer is not None]
+    assert len(answers) == 7 and sum(1 for answer in answers if answer.replies) == WRITTEN_ANSWERS
+    assert all(answer.replies for answer in answers[-WRITTEN_ANSWERS:])

@@ -42,7 +42,7 @@ import logging
 import signal
 import ssl
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
@@ -103,6 +103,7 @@ BODIES_AT_ONCE = 2  # scheduler calls read, parsed and answered at once (kube-sc
 UNKNOWN_NODE = "unknown node: not in the API server's node list nor the agents file"
 UNKNOWN_LOG_SECONDS = 60.0
 MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
+WRITTEN_ANSWERS = 4  # answers whose replies are kept written (1.6 MB for a filter of 20,000 names)
 LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
 # The garbage collector of the extender's process (``tune_garbage_collector``): its view holds every node's
 # state for hours and each call makes a few objects per node; at CPython's thresholds the collections a
@@ -260,6 +261,7 @@ class Extender:
         # (the cluster view's ``kind_keys``, the request's kind's), so nodes in the same state (idle nodes of
         # one model, say) are judged once for a request never seen.
         self._memo: OrderedDict[FitRequest, _RequestMemo] = OrderedDict()
+        self._written: deque[_Judged] = deque()  # the answers holding written replies, oldest first
         self._columns = StateColumns()  # the states judged over columns, by verdict key
         self._unresolvable_verdicts: dict[str, Verdict] = {}
         # states judged for requests new to them: over the columns, or one by one by fit_node
@@ -284,6 +286,10 @@ class Extender:
         if written is None:
             written = _encode(_filter_reply(args, judged) if verb == "filter" else _priorities(args, judged))
             if judged.version is not None and args.nodes is None:  # the reply depends on the names alone
+                if not judged.replies:
+                    self._written.append(judged)
+                    if len(self._written) > WRITTEN_ANSWERS:
+                        self._written.popleft().replies.clear()
                 judged.replies[verb] = written
         return written
 
