@@ -63,9 +63,10 @@ def parse_args(body: Any) -> ExtenderArgs:
         if not isinstance(raw_names, list):
             raise ArgsError("NodeNames", f"expected a list of node names or null, got {json_kind(raw_names)}")
         _check_count("NodeNames", raw_names)
-        for index, name in enumerate(raw_names):
-            if not isinstance(name, str) or not name:
-                raise ArgsError(f"NodeNames[{index}]", f"expected a node name, got {json_kind(name)}")
+        if set(map(type, raw_names)) - {str} or "" in raw_names:  # at C speed; the loop names the culprit
+            for index, name in enumerate(raw_names):
+                if not isinstance(name, str) or not name:
+                    raise ArgsError(f"NodeNames[{index}]", f"expected a node name, got {json_kind(name)}")
         names = raw_names
     nodes: Mapping[str, Any] | None = None
     if raw_nodes is not None:
