@@ -4,8 +4,8 @@ This is kube-scheduler's own informer pattern: a cold start is one LIST, after w
 agent is judged on the first call; the watch then applies each change as it is written; a restart or a
 failover loses nothing that the API server holds. The LIST is read in pages of ``PAGE_SIZE`` objects
 (``reflector``: a consistent list, every page at the first page's version), each page decoded while the API
-server prepares the next, so at 100,000 nodes no answer is a gigabyte and the view never holds more than
-one page's bytes beside what it keeps. Nothing here
+server prepares the next, so at 100,000 nodes no answer is a gigabyte and a list holds two pages' bytes
+at most (the one decoded, the next arriving) beside what the view keeps. Nothing here
 talks to an agent: the extender's answers depend on the API server alone, whose load is the agents' writes
 (``hints.publisher``: on change, rate-limited, plus a heartbeat).
 
