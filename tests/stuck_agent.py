@@ -4,7 +4,9 @@ Run as a script with the arguments of ``gpuagent`` (``python tests/stuck_agent.p
 the real agent, with two more routes on its listener: ``/test/stuck-thread`` waits for a blocking call that
 never returns (on the default executor, as the agent's ``/proc`` and netlink reads run), and
 ``/test/stuck-task`` is a handler that will not be cancelled, and ``/test/block-loop`` blocks the event loop
-itself.
+itself. Each says on stderr (the agent's log) when it holds its request: ``stuck: <route>``, which
+``tests/test_shutdown.py`` waits for before it signals, since a SIGTERM that comes before the request
+reaches its handler finds nothing stuck and the agent stops cleanly.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ import gpuagent.agent
 from gpuagent.cli import main
 
 NEVER = threading.Event()
+HELD = "stuck: "  # and the route: the line each handler writes once it holds its request
+
+
+def held(route: str) -> None:
+    print(f"{HELD}{route}", file=sys.stderr, flush=True)
 
 
 def blocking_read_that_never_returns() -> None:
+    held("/test/stuck-thread")  # from the executor's thread: it exists, and will never return
     NEVER.wait()
 
 
@@ -32,6 +40,7 @@ async def stuck_thread(request: web.Request) -> web.Response:
 
 
 async def stuck_task(request: web.Request) -> web.Response:
+    held("/test/stuck-task")
     while True:
         try:
             await asyncio.sleep(3600)
@@ -40,6 +49,7 @@ async def stuck_task(request: web.Request) -> web.Response:
 
 
 async def block_the_event_loop(request: web.Request) -> web.Response:
+    held("/test/block-loop")
     time.sleep(3600)  # a blocking call on the loop: nothing else runs, the shutdown included
     return web.Response()
 

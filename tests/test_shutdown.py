@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +31,9 @@ import yaml
 from agent_runner import AgentRunner
 from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
 from prometheus_server import free_port
+from stuck_agent import HELD
 
+from gpuagent.agent import DUPLICATE_SIGNAL_SECONDS
 from gpuagent.shutdown import BACKSTOP_GRACE_SECONDS, EXIT_FORCED, Shutdown, Step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,17 +156,38 @@ def request_in_background(url: str) -> None:
     threading.Thread(target=call, daemon=True).start()
 
 
-def stop(proc: subprocess.Popen[bytes], bound: float, *signals: signal.Signals) -> int:
-    """Send ``signals`` (SIGTERM by default) and wait at most ``bound`` s for the exit code."""
-    for sig in signals or (signal.SIGTERM,):
+def stop(proc: subprocess.Popen[bytes], bound: float, *signals: signal.Signals, listen: str = "") -> int:
+    """Send ``signals`` (SIGTERM by default) and wait at most ``bound`` s for the exit code. Each signal
+    after the first goes once the agent has taken the one before (it stopped listening on ``listen``) and
+    more than ``DUPLICATE_SIGNAL_SECONDS`` later: a signal sent while the agent had not yet run its handler
+    for the one before was one with it (Python runs a handler once for a signal pending twice), and one
+    within that window of it the same request delivered twice; either way no second request, and no forced
+    exit, on a loaded machine where the fixed 0.3 s between them did not always see the first taken."""
+    for n, sig in enumerate(signals or (signal.SIGTERM,)):
+        if n:
+            wait_until_not_listening(proc, listen)
+            time.sleep(DUPLICATE_SIGNAL_SECONDS)
         proc.send_signal(sig)
-        time.sleep(0.3)
     try:
         return proc.wait(timeout=bound)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         raise AssertionError(f"still running {bound} s after SIGTERM") from None
+
+
+def wait_until_not_listening(proc: subprocess.Popen[bytes], listen: str, timeout: float = 60) -> None:
+    """Until nothing accepts on ``listen`` (HOST:PORT): the agent's shutdown has begun (its first step closes
+    the listener), or it exited."""
+    host, port = listen.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+        except OSError:
+            return
+        assert time.monotonic() < deadline, f"still listening on {listen} {timeout} s after a stop signal"
+        time.sleep(0.05)
 
 
 def stuck_agent(tmp_path: Path, route: str | None, timeout: float, bound: float,
@@ -177,9 +201,20 @@ def stuck_agent(tmp_path: Path, route: str | None, timeout: float, bound: float,
     agent.wait_ready()
     if route is not None:
         request_in_background(f"http://{listen}{route}")
-        time.sleep(0.5)
-    code = stop(agent.proc, bound, *signals)
+        wait_until_held(agent, route)
+    code = stop(agent.proc, bound, *signals, listen=listen)
     return code, agent.log_path.read_text()
+
+
+def wait_until_held(agent: AgentRunner, route: str, timeout: float = 60) -> None:
+    """Until the agent's handler for ``route`` holds the request (its ``stuck:`` line in the log). A fixed
+    half second was not always enough on a loaded machine: the SIGTERM came first, found nothing stuck,
+    and the agent exited 0 where the test waited for a forced exit (issue 30 item 7)."""
+    deadline = time.monotonic() + timeout
+    while f"{HELD}{route}\n" not in agent.log_path.read_text(errors="replace"):
+        assert agent.proc.poll() is None, f"the agent exited before {route} was held:\n{agent.log()}"
+        assert time.monotonic() < deadline, f"{route} never held within {timeout} s:\n{agent.log()}"
+        time.sleep(0.05)
 
 
 @pytest.mark.integration
