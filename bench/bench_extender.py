@@ -28,7 +28,9 @@ and over HTTP on loopback (the extender's own app: the body read, the reply writ
 REF`` the same measurement runs on ``gpuagent/`` as it is at git revision REF and on the working tree's (or
 at ``--now REF``), in
 alternating child processes (``--rounds`` each, the order flipping every round), so the machine's load
-falls on both alike; the ratios are baseline over now. Results go to ``bench/results/judging_<time>.json``.
+falls on both alike; the ratios are baseline over now. ``--per-state-too`` adds the working tree with every
+state judged by ``fit_node`` (no columns): what the columns alone buy. Results go to
+``bench/results/judging_<time>.json``.
 """
 
 from __future__ import annotations
@@ -358,10 +360,12 @@ def judging(args: argparse.Namespace) -> dict[str, Any]:
                                "baseline": args.baseline, "now": args.now or "the working tree",
                                "rounds": args.rounds, "sizes": []}
     with tempfile.TemporaryDirectory() as scratch:
-        trees: dict[str, Path] = {}
+        trees: dict[str, tuple[Path, list[str]]] = {}  # label -> the tree, the child's other arguments
         if args.baseline:
-            trees["baseline"] = tree_at(args.baseline, Path(scratch) / "baseline")
-        trees["now"] = tree_at(args.now, Path(scratch) / "now") if args.now else ROOT
+            trees["baseline"] = (tree_at(args.baseline, Path(scratch) / "baseline"), [])
+        trees["now"] = (tree_at(args.now, Path(scratch) / "now") if args.now else ROOT, [])
+        if args.per_state_too:
+            trees["now_per_state"] = (trees["now"][0], ["--per-state"])
         for count in (int(n) for n in args.nodes.split(",")):
             for busy in (float(b) for b in args.busy.split(",")):
                 merged: dict[str, dict[str, list[float]]] = {label: {} for label in trees}
@@ -371,8 +375,8 @@ def judging(args: argparse.Namespace) -> dict[str, Any]:
                     for label in order if r % 2 == 0 else reversed(order):
                         done = subprocess.run(
                             [sys.executable, str(Path(__file__).resolve()), "--judging-child", "--tree",
-                             str(trees[label]), "--nodes", str(count), "--busy", str(busy), "--calls",
-                             str(args.calls)], check=True, capture_output=True, text=True)
+                             str(trees[label][0]), "--nodes", str(count), "--busy", str(busy), "--calls",
+                             str(args.calls), *trees[label][1]], check=True, capture_output=True, text=True)
                         child = json.loads(done.stdout.strip().splitlines()[-1])
                         states[label] = (child["distinct_states"], child["states_judged"])
                         for name, values in child["seconds"].items():
@@ -380,13 +384,11 @@ def judging(args: argparse.Namespace) -> dict[str, Any]:
                 row: dict[str, Any] = {"nodes": count, "busy": busy, "distinct_states": states}
                 for label, figures in merged.items():
                     row[label] = {name: percentiles(values) for name, values in figures.items()}
-                if "baseline" in merged:
-                    row["ratio_p50_baseline_over_now"] = {
-                        name: round(row["baseline"][name]["p50_ms"] / row["now"][name]["p50_ms"], 2)
-                        for name in row["now"]}
-                    row["ratio_p99_baseline_over_now"] = {
-                        name: round(row["baseline"][name]["p99_ms"] / row["now"][name]["p99_ms"], 2)
-                        for name in row["now"]}
+                for label in merged.keys() - {"now"}:
+                    for at in ("p50", "p99"):
+                        row[f"ratio_{at}_{label}_over_now"] = {
+                            name: round(row[label][name][f"{at}_ms"] / row["now"][name][f"{at}_ms"], 2)
+                            for name in row["now"]}
                 print(json.dumps(row), flush=True)
                 results["sizes"].append(row)
     results["machine"]["load_average_after"] = os.getloadavg()
@@ -402,6 +404,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--baseline", help="with --judging: a git revision measured beside the working tree")
     parser.add_argument("--now", help="with --judging: a git revision measured instead of the working tree")
     parser.add_argument("--rounds", type=int, default=3, help="with --judging: child processes per tree")
+    parser.add_argument("--per-state-too", action="store_true",
+                        help="with --judging: the working tree also with every state judged by fit_node")
+    parser.add_argument("--per-state", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
     parser.add_argument("--judging-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
@@ -410,6 +415,10 @@ def arguments() -> argparse.Namespace:
 
 async def main(args: argparse.Namespace) -> None:
     if args.judging_child:
+        if args.per_state:  # what the columns buy: every state judged one by one, as before them
+            from gpuagent.hints import fitcolumns
+
+            fitcolumns.handles = lambda request: False
         result = await judging_child(int(args.nodes), float(args.busy), args.calls, args.bodies)
         print(json.dumps(result))
         return
