@@ -145,6 +145,36 @@ async def test_keys_sort_filter_expand_namespace_help_pause_and_quit(node: Agent
         assert app.return_code == 0 or app.return_code is None
 
 
+async def test_a_view_paused_while_its_answer_is_on_the_way_stays_as_paused(node: Agent) -> None:
+    """'p' pressed while a refresh waits for the agent (long on a loaded machine): that answer, when it
+    comes, is not drawn. It was, once: the keys test's paused view changed under it now and then."""
+    async with new_session() as session:
+        watch = AgentWatch(f"http://{node.target}", session)
+        asking, answered = asyncio.Event(), asyncio.Event()
+        refresh = watch.refresh
+
+        async def slow_refresh() -> None:
+            asking.set()
+            await asyncio.sleep(0.3)  # the agent slow to answer
+            await refresh()
+            answered.set()
+
+        watch.refresh = slow_refresh  # type: ignore[method-assign]
+        app = TopApp(lambda: NodeScreen(watch))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, "the first snapshot", lambda: "GPU 7" in body(pilot))
+            asking.clear()
+            await until(pilot, "a refresh asking", asking.is_set)
+            answered.clear()
+            await pilot.press("p")  # while it waits for its answer
+            frozen = body(pilot)
+            await until(pilot, "its answer", answered.is_set)
+            await pilot.pause(0.2)
+            assert body(pilot) == frozen
+            assert "PAUSED" in app.screen.header_text  # type: ignore[attr-defined]
+            await pilot.press("q")
+
+
 async def test_a_stale_agent_is_said_so_with_its_last_figures(small_agent: Agent) -> None:
     async with new_session() as session:
         watch = AgentWatch(f"http://{small_agent.target}", session, timeout_seconds=1)

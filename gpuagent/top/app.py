@@ -171,7 +171,8 @@ class ViewScreen(Screen[None]):
         while True:
             if not self.paused and not self._covered():
                 await self.fetch()
-                self.redraw()
+                if not self.paused:  # paused while the answer was on its way: the view stays as paused
+                    self.redraw()
             await asyncio.sleep(max(MIN_INTERVAL_SECONDS, self.next_interval()))
 
     def _covered(self) -> bool:
