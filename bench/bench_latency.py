@@ -114,14 +114,15 @@ def markdown(rows: list[dict[str, object]], designs: list[str]) -> str:
         if r["design"] != "solo":
             groups.setdefault((r["neighbours"], r["count"], r["load"]), {})[r["design"]] = r
     head = "| neighbours | load | solo | " + " | ".join(designs) + " |"
-    lines = ["Latency, p50 / p99 / p99.9 (ms):", "", head, "|" + " --- |" * (3 + len(designs))]
+    lines = ["The service's latency, p50 / p99 / p99.9 (ms):", "", head, "|" + " --- |" * (3 + len(designs))]
     for (neighbour, count, load), by in groups.items():
         cells = [_cell(by[d]["latency_ms"]) if d in by else "" for d in designs]
         alone = _cell(solo[load]["latency_ms"])
         lines.append(f"| {count} x {neighbour} | {float(str(load)):.0%} | {alone} | "
                      + " | ".join(cells) + " |")
-    lines += ["", "The service's part of the work, the neighbours' largest miss among themselves (points), "
-              "the throughput kept (min):", "", "| neighbours | load | " + " | ".join(designs) + " |",
+    caption = ("The service's part of the work (median) · with two neighbours, their largest miss of their "
+               "split\n(points, worst seed) · the throughput kept against one neighbour alone (lowest seed):")
+    lines += ["", caption, "", "| neighbours | load | " + " | ".join(designs) + " |",
               "|" + " --- |" * (2 + len(designs))]
     for (neighbour, count, load), by in groups.items():
         cells = []
