@@ -8,39 +8,25 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
   is clearly over its share and saturated: its mean use over ``window`` seconds (10 polls at least) less
   one standard error (the noise at least NVML's: 5 samples a poll, each crediting one context) over its
   share by more than ``tolerance``, and its CPU (read as for preemption) busy ``saturated`` of the last
-  10 s.
-  The burden is on being over, on a long window, so a service at 0.6-0.7 of its share is not pulled in
-  on NVML's noise (the issue's 0.18 and 0.21 of 0.30), nor one at its share (a service asking for 30 %
-  of the GPU reads about 33 %: the context switches shorten the busy time). NVML alone is not enough: a
-  service at 30 % read over 40 % for 30 s now and then on the model (its samples on the 200 ms grid
-  aliasing with its neighbours' drains), and three standard errors, which that needs, leave a saturated
-  service time-slicing to 41-45 % uncapped for a minute; its CPU tells the two apart (busy about half the
-  time, and all of it). Without CPU readings, three standard errors;
-- **capped**: one clearly over is handed to the rotation with its share plus ``tolerance``, and takes
-  turns like any batch tenant (that is what it then gets: the latency of a saturated service is its own
-  doing). It is released when the rotation drops it, or when, over 10 s, its CPU (read as for
-  preemption) moved in under 95 % of the intervals it was thawed through: a saturated service has a
-  request in hand all through its slot, one asking for less than its slot (one capped on noise) does
-  not. Measured against the slot instead, the dithered periods alone move a saturated service's figure
-  by +-10 % over 10 s;
+  10 s; without CPU readings, three standard errors. NVML alone cannot tell a service at its share read
+  high for half a minute from a saturated one time-slicing to 41-45 %; its CPU can (busy about half the
+  time, and all of it);
+- **capped**: one clearly over is handed to the rotation with its share plus ``tolerance`` and takes turns
+  like any batch tenant (the latency of a saturated service is its own doing). It is released when the
+  rotation drops it, or when over 10 s its CPU moved in under 95 % of the readings it was thawed through
+  (a saturated service has a request in hand all through its slot; one capped on noise does not);
 - **the others** rotate among themselves with their shares: an exempt tenant is not in the rotation's
   sums, so the slots fill the period (no open slot idling the GPU for a service that time-slices into
   every slot anyway), and each batch tenant loses to it in proportion to its slot;
 - **preemption** (``preempt``): every ``sense_s`` seconds the agent reads each exempt tenant's CPU time
   (cgroup ``cpu.stat``); one whose CPU moved by more than ``busy_cpu`` of the interval has a request in
   hand (a CUDA synchronisation spins), and while any has (and ``hold_s`` after), the batch tenants with a
-  share are all frozen; not while its mean use is over its share and ``tolerance`` by one standard error
-  with its CPU saturated, or by three whatever its CPU: a service over its share, not capped yet, does
-  not hold every neighbour frozen (served at once, one at 60 % is not saturated: its CPU alone would let
-  it preempt for ever), and NVML's noise does not switch it off (one standard error did: beside one
-  preempted `matmul` NVML read a service at 30 % as 40-45 % for 20 s, which doubled the p99). The freeze stops
-  their CPU, not what they queued: a neighbour with ``q`` seconds queued still time-slices with the
-  service for ``q`` of its own GPU time, so preemption bounds the latency only beside shallow queues.
-  Every thaw comes after the service's last request and the freezer's latency: the GPU idles meanwhile
-  beside synchronous neighbours, hence 1 ms readings (0.94 of the throughput kept where 5 ms keep 0.86),
-  and no hold by default (20 ms of it moved the p99 by 1-12 ms and the throughput kept to 0.69-0.86).
-  Figures, and what it cannot meet: docs/shares.md, the latency class.
+  share are all frozen; not while it is over its share and ``tolerance`` by one standard error with its
+  CPU saturated, or by three whatever its CPU (served at once by its preemption, a service at 60 % is not
+  saturated). The freeze stops their CPU, not what they queued, so preemption bounds the latency only
+  beside shallow queues.
 
+Why each rule and threshold, the figures, and what cannot be met: docs/shares.md, the latency class.
 :meth:`frozen` is what to freeze beyond the plan's windows; the plant of the tests drives it as the agent
 would (``tests/latencyplant.py``). Not wired to a setting yet: the agent's cycler and its ``cpu.stat``
 reader come with that.
