@@ -345,17 +345,18 @@ class Extender:
         by_node, by_state = memo.nodes, memo.states
         known = by_state.get
         if fresh:  # the common call: every name a node of the view, looked up by its state's key
+            entries = [get(node) for node in nodes]
             try:
-                keys = [get(node).keys[kind] for node in nodes]  # type: ignore[union-attr,index]
+                keys = [entry.keys[kind] for entry in entries]  # type: ignore[union-attr,index]
             except (AttributeError, TypeError):  # a name not in the view, or a state that cannot be judged
                 pass  # one by one, below
             else:
                 verdicts = [known(key) for key in keys]
-                new = {key: node for node, key, verdict in zip(nodes, keys, verdicts, strict=True)
+                new = {key: entry for entry, key, verdict in zip(entries, keys, verdicts, strict=True)
                        if verdict is None}
                 if not new:
                     return verdicts  # type: ignore[return-value]
-                self._judge_states(verb, request, {key: get(node) for key, node in new.items()}, by_state)
+                self._judge_states(verb, request, new, by_state)  # type: ignore[arg-type]
                 return [verdict if verdict is not None else by_state[key]
                         for key, verdict in zip(keys, verdicts, strict=True)]
         out: list[Verdict | bytes] = []
@@ -427,10 +428,15 @@ class Extender:
             else:
                 left = {keys[i]: entries[i] for i, slot in enumerate(slots) if slot == NOT_COLUMNAR}  # type: ignore[misc]
                 self.states_judged["columns"] += len(columnar)
+                if len(columnar) < len(keys):
+                    keys, entries = [keys[i] for i in columnar], [entries[i] for i in columnar]
+                placed = [fits == FITS for fits in judged.fits]  # most of them: a shared verdict by score
+                scores = [_BY_SCORE[score] for score in compress(judged.score, placed)]
+                by_state.update(zip(compress(keys, placed), scores, strict=False))  # compress: no length
                 written: dict[tuple[object, ...], Verdict] = {}
-                for i, fits, score, available, first, why in zip(columnar, *judged, strict=True):
+                for i, fits, available, first, why in zip(range(len(keys)), judged.fits, judged.available,
+                                                          judged.first, judged.why, strict=True):
                     if fits == FITS:
-                        by_state[keys[i]] = _BY_SCORE[score]
                         continue
                     entry = entries[i]
                     if fits == PLACE:  # it fits several GPUs: which ones is fit_node's choice
