@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from gpuagent.enforce.actions.outcomes import Outcomes
@@ -72,13 +72,28 @@ class Signaller:
         except OSError as exc:
             note(action, "failed", what, f"cannot open a pidfd for {what}: {exc}")
             return False
-        try:
+        def send() -> None:
             # The pidfd pins the process: if it is still alive after its cgroup was read, the PID was not
             # reused in between, so what was read is its own.
             cgroups = self.cgroups_of(pid)
             signal.pidfd_send_signal(pidfd, 0)
             self.check_cgroups(pid, cgroups)
             signal.pidfd_send_signal(pidfd, sig)
+
+        try:
+            if not self._checked(send, action, what, f"cannot signal {what}"):
+                return False
+        finally:
+            os.close(pidfd)
+        note(action, "done", what, f"sent {signal.Signals(sig).name} to {what} ({reason})")
+        return True
+
+    def _checked(self, step: Callable[[], None], action: str, what: str, failing: str) -> bool:
+        """Run ``step`` (the rules on where the process is, and the send in enforce); a refusal, a process
+        gone or an error is noted as its outcome and False."""
+        note = self._outcomes.note
+        try:
+            step()
         except ActionRefused as refused:
             note(action, "refused", what, str(refused))
             return False
@@ -86,30 +101,18 @@ class Signaller:
             note(action, "gone", what, f"{what} has exited")
             return False
         except OSError as exc:
-            note(action, "failed", what, f"cannot signal {what}: {exc}")
+            note(action, "failed", what, f"{failing}: {exc}")
             return False
-        finally:
-            os.close(pidfd)
-        note(action, "done", what, f"sent {signal.Signals(sig).name} to {what} ({reason})")
         return True
 
     def _audit(self, pid: int, sig: int, action: str, reason: str) -> bool:
         """Audit: the rules on where the process is, as enforce checks them, and the decision counted; no
         pidfd, since nothing is sent (a PID whose ``/proc`` entry is gone has exited: outcome "gone")."""
         what = f"PID {pid}"
-        note = self._outcomes.note
-        try:
-            self.check_cgroups(pid, self.cgroups_of(pid, self._workload_proc))
-        except ActionRefused as refused:
-            note(action, "refused", what, str(refused))
-            return False
-        except (ProcessLookupError, FileNotFoundError):
-            note(action, "gone", what, f"{what} has exited")
-            return False
-        except OSError as exc:
-            note(action, "failed", what, f"cannot read the cgroup of {what}: {exc}")
-            return False
-        note(action, "audit", what, f"audit: would send {signal.Signals(sig).name} to {what} ({reason})")
+        if self._checked(lambda: self.check_cgroups(pid, self.cgroups_of(pid, self._workload_proc)),
+                         action, what, f"cannot read the cgroup of {what}"):
+            self._outcomes.note(action, "audit", what,
+                                f"audit: would send {signal.Signals(sig).name} to {what} ({reason})")
         return False
 
     def check_pid(self, pid: int) -> None:
