@@ -1,10 +1,11 @@
 """A real agent process for integration tests: ``python -m gpuagent run --config FILE``, log in a file; the
-other commands as processes (:func:`run_gpuagent`); and the ``/proc`` a simulated node's processes are
-attributed from (:func:`write_proc`)."""
+other commands as processes (:func:`run_gpuagent`); the ``/proc`` a simulated node's processes are
+attributed from (:func:`write_proc`); and what an agent's journal holds (:func:`journal_entries`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,14 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def journal_entries(journal: Path) -> list:
+    """The freezes an agent's journal has on record (none while it is missing or being rewritten)."""
+    try:
+        return json.loads(journal.read_text() or "{}").get("entries", [])
+    except (OSError, ValueError):
+        return []
 
 
 def clean_env() -> dict[str, str]:

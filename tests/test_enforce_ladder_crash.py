@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
+from cgroups import (
+    CgroupSandbox,
+    burn_on_highest_cpu,
+    kubelet_container_path,
+    new_container_id,
+    new_pod_uid,
+    sandbox_for_test,
+)
 from ports import free_port
 
 from gpuagent.agent import Agent
@@ -112,8 +118,7 @@ async def test_audit_mode_signals_nobody(cgroup_sandbox: CgroupSandbox, tmp_path
 
 
 def test_a_crashed_agent_leaves_nothing_frozen_after_restart(cgroup_sandbox: CgroupSandbox, tmp_path: Path) -> None:
-    cpu = max(os.sched_getaffinity(0))
-    burn = ("python3", "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
+    burn = burn_on_highest_cpu()
     big, big_uid = pod_process(cgroup_sandbox, burn)
     small, small_uid = pod_process(cgroup_sandbox, burn)
     scenario = scenario_file(tmp_path, [

@@ -7,8 +7,6 @@ temporary directory behind). An agent started with SIGHUP ignored (``nohup``) ke
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 import time
@@ -17,8 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agent_runner import AgentRunner
-from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
+from agent_runner import AgentRunner, journal_entries
+from cgroups import (
+    CgroupSandbox,
+    burn_on_highest_cpu,
+    kubelet_container_path,
+    new_container_id,
+    new_pod_uid,
+    sandbox_for_test,
+)
 from prometheus_server import free_port
 
 SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "scenarios" / "laptop-1gpu.yaml"
@@ -30,20 +35,11 @@ def cgroup_sandbox() -> Iterator[CgroupSandbox]:
     yield from sandbox_for_test()
 
 
-def _journal_entries(journal: Path) -> list:
-    try:
-        return json.loads(journal.read_text() or "{}").get("entries", [])
-    except (OSError, ValueError):
-        return []
-
-
 def _enforcing_agent(cgroup_sandbox: CgroupSandbox, tmp_path: Path) -> tuple[AgentRunner, Path, Path]:
     """An agent holding a burning tenant to 10 % (frozen most of each period), and the tenant's freeze file."""
-    cpu = max(os.sched_getaffinity(0))
-    burn = ("python3", "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
     uid = new_pod_uid()
     tenant = cgroup_sandbox.spawn(kubelet_container_path("systemd", "burstable", uid, "containerd",
-                                                         new_container_id()), argv=burn)
+                                                         new_container_id()), argv=burn_on_highest_cpu())
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(yaml.safe_dump({
         "version": 1, "name": "hangup",
@@ -66,7 +62,7 @@ def test_sighup_thaws_empties_the_journal_and_exits_0(cgroup_sandbox: CgroupSand
     agent, journal, freeze = _enforcing_agent(cgroup_sandbox, tmp_path)
     try:
         deadline = time.monotonic() + BOUND_SECONDS
-        while not _journal_entries(journal):  # the tenant is being throttled: a freeze is on record
+        while not journal_entries(journal):  # the tenant is being throttled: a freeze is on record
             assert agent.proc.poll() is None, agent.log()
             assert time.monotonic() < deadline, f"never throttling:\n{agent.log()}"
             time.sleep(0.1)
@@ -76,7 +72,7 @@ def test_sighup_thaws_empties_the_journal_and_exits_0(cgroup_sandbox: CgroupSand
         agent.stop()
     assert code == 0, agent.log()
     assert freeze.read_text().strip() == "0"
-    assert _journal_entries(journal) == []
+    assert journal_entries(journal) == []
 
 
 @pytest.mark.integration

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -28,8 +27,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agent_runner import AgentRunner
-from cgroups import CgroupSandbox, kubelet_container_path, new_container_id, new_pod_uid, sandbox_for_test
+from agent_runner import AgentRunner, journal_entries
+from cgroups import (
+    CgroupSandbox,
+    burn_on_highest_cpu,
+    kubelet_container_path,
+    new_container_id,
+    new_pod_uid,
+    sandbox_for_test,
+)
 from prometheus_server import free_port
 from stuck_agent import HELD
 
@@ -221,11 +227,9 @@ def wait_until_held(agent: AgentRunner, route: str, timeout: float = 60) -> None
 def test_a_hung_nvml_call_while_enforcing_exits_thawed_within_the_deadline(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path
 ) -> None:
-    cpu = max(os.sched_getaffinity(0))
-    burn = ("python3", "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
     uid = new_pod_uid()
     tenant = cgroup_sandbox.spawn(kubelet_container_path("systemd", "burstable", uid, "containerd",
-                                                         new_container_id()), argv=burn)
+                                                         new_container_id()), argv=burn_on_highest_cpu())
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(yaml.safe_dump({
         "version": 1, "name": "hang-while-enforcing",
@@ -256,13 +260,6 @@ def test_a_hung_nvml_call_while_enforcing_exits_thawed_within_the_deadline(
     assert "shutdown: not finished after 3 s" in log
     assert "thread nvml-gpu1 (daemon):" in log and "in _block" in log  # the simulator's hung call
     assert f"exiting with code {EXIT_FORCED}" in log
-
-
-def journal_entries(journal: Path) -> list:
-    try:
-        return json.loads(journal.read_text() or "{}").get("entries", [])
-    except (OSError, ValueError):
-        return []
 
 
 @pytest.mark.integration
