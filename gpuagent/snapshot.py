@@ -375,6 +375,7 @@ class LimitsDecision:
     pod_annotations: str | None  # None: not a pod
     sources: Mapping[str, str] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)  # annotation -> why
+    latency_sensitive: bool = False  # the latency class (docs/isolation.md); its source under sources
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ def test_lower_only_honours_a_stricter_or_equal_annotation() -> None:
     assert limits.source == "annotation" and problems == ()
     assert dict(limits.origins) == {"share_ratio": "annotation", "memory_bytes": "annotation",
                                     "priority": "annotation", "exempt": "the node default",
+                                    "latency_sensitive": "the node default",
                                     "pod_annotations": "the config's pod_annotations"}
 
 
@@ -259,6 +260,7 @@ async def test_state_shows_each_value_its_source_and_what_was_refused(
     assert greedy["pod_annotations"] == "lower-only"
     assert greedy["sources"] == {"share_ratio": "the node default", "memory_bytes": "policies[0]",
                                  "priority": "policies[0]", "exempt": "the node default",
+                                 "latency_sensitive": "the node default",
                                  "pod_annotations": "the config's pod_annotations"}
     assert sorted(greedy["refused"]) == sorted(GREEDY)
     assert greedy["refused"][EXEMPT].startswith("ignored: exempt is the operator's")

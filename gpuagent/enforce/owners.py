@@ -51,6 +51,7 @@ def decisions(owners: Mapping[str, Owner]) -> tuple[LimitsDecision, ...]:
             memory_bytes=o.limits.memory_bytes, priority=o.limits.priority, exempt=o.limits.exempt,
             pod_annotations=o.limits.pod_annotations, sources=dict(o.limits.origins),
             refused={p.annotation: p.message for p in o.problems},
+            latency_sensitive=o.limits.latency_sensitive,
         )
         for key, o in sorted(owners.items())
     )

@@ -14,6 +14,13 @@ Per field, the operator's value is the first matching rule that sets the field, 
 
 ``gpuagent.io/exempt`` is never a pod's to set: only a rule exempts. It is still parsed, and reported.
 
+``gpuagent.io/latency-sensitive`` (rules: ``latency_sensitive``) puts a workload in the latency class
+(``gpuagent/enforce/timeslice/latency.py``): never frozen while under its share, and its requests preempt
+the batch pods of its GPU. Preempting one's neighbours raises one's own priority, so it is governed as
+priority is: under ``lower-only`` a pod may say ``false`` (leave a class a rule gave it), and ``true``
+counts only where the operator's value is already true (a rule's ``latency_sensitive: true``), else it is
+refused and reported; under ``any`` it counts; under ``ignore`` it is not read.
+
 A rule matches when every ``match_*`` selector it has matches (globs, ``fnmatch`` style, case-sensitive;
 ``*`` also crosses ``/`` in cgroup paths). Rules serve pods and non-Kubernetes workloads alike; annotations
 only pods.
@@ -34,7 +41,8 @@ Value rules (the annotation text and the YAML values alike):
   (``m`` is milli, thousandths of a byte: a classic slip for ``Mi``); a fraction of a byte above one byte
   rounds up, as Kubernetes' ``Quantity.Value()`` does (``0.1Ki`` = 103 bytes).
 - ``priority``: an integer in [-1000, 1000], or ``high`` (100), ``normal`` (0), ``low`` (-100).
-- ``exempt``: ``true``/``false``, ``yes``/``no``, ``on``/``off``, ``1``/``0``, any case.
+- ``exempt``, ``latency-sensitive``: ``true``/``false``, ``yes``/``no``, ``on``/``off``, ``1``/``0``, any
+  case.
 - ``pod_annotations`` (rules only): ``ignore``, ``lower-only`` or ``any``, any case.
 """
 
@@ -65,7 +73,9 @@ ANNOTATION_SHARE = "gpuagent.io/gpu-share"
 ANNOTATION_MEMORY = "gpuagent.io/gpu-memory"
 ANNOTATION_PRIORITY = "gpuagent.io/priority"
 ANNOTATION_EXEMPT = "gpuagent.io/exempt"
-ANNOTATIONS = (ANNOTATION_SHARE, ANNOTATION_MEMORY, ANNOTATION_PRIORITY, ANNOTATION_EXEMPT)
+ANNOTATION_LATENCY = "gpuagent.io/latency-sensitive"
+ANNOTATIONS = (ANNOTATION_SHARE, ANNOTATION_MEMORY, ANNOTATION_PRIORITY, ANNOTATION_EXEMPT,
+               ANNOTATION_LATENCY)
 
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 PRIORITY_WORDS = {"high": 100, "normal": 0, "low": -100}
@@ -101,6 +111,7 @@ class Limits:
     origins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     # what its pod's annotations may do (POD_ANNOTATION_MODES); None: not a pod
     pod_annotations: str | None = field(default=None, compare=False)
+    latency_sensitive: bool = False  # the latency class (see the module)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +156,7 @@ class PolicyRule:
     memory_bytes: int | None = None
     priority: int | None = None
     exempt: bool | None = None
+    latency_sensitive: bool | None = None
     pod_annotations: str | None = None  # one of POD_ANNOTATION_MODES: what matching pods' annotations may do
 
 
@@ -189,7 +201,7 @@ def parse_bool(value: str) -> bool:
 # --- the config's rules -------------------------------------------------------------------------------------
 
 _MATCH_KEYS = ("match_namespace", "match_pod", "match_kind", "match_name", "match_cgroup")
-_LIMIT_KEYS = ("gpu_share", "gpu_memory", "priority", "exempt", "pod_annotations")
+_LIMIT_KEYS = ("gpu_share", "gpu_memory", "priority", "exempt", "latency_sensitive", "pod_annotations")
 
 
 def _is_number(value: object) -> bool:
@@ -222,7 +234,7 @@ def _rule_priority(value: object) -> int:
     return parse_priority(repr(value))  # raises, naming what came
 
 
-def _rule_exempt(value: object) -> bool:
+def _rule_bool(value: object) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -258,7 +270,8 @@ _RULE_FIELDS: dict[str, tuple[str, Callable[[object], Any]]] = {
     "gpu_share": ("share_ratio", _rule_share),
     "gpu_memory": ("memory_bytes", _rule_memory),
     "priority": ("priority", _rule_priority),
-    "exempt": ("exempt", _rule_exempt),
+    "exempt": ("exempt", _rule_bool),
+    "latency_sensitive": ("latency_sensitive", _rule_bool),
     "pod_annotations": ("pod_annotations", _rule_annotations),
 }
 
@@ -268,8 +281,8 @@ def parse_rules(raw: object) -> tuple[PolicyRule, ...]:
 
     Each item is a mapping of ``match_*`` selectors (at least one) and the limits it sets (at least one):
     ``gpu_share`` (percent, a number or "30%"), ``gpu_memory`` (bytes or a quantity), ``priority``,
-    ``exempt``, ``pod_annotations`` (what the matching pods' annotations may do). A catch-all is spelled
-    out, e.g. ``match_kind: "*"``.
+    ``exempt``, ``latency_sensitive``, ``pod_annotations`` (what the matching pods' annotations may do). A
+    catch-all is spelled out, e.g. ``match_kind: "*"``.
     """
     if raw is None:
         return ()
@@ -329,12 +342,13 @@ def _matches(
 
 # --- resolution ---------------------------------------------------------------------------------------------
 
-_FIELDS = ("share_ratio", "memory_bytes", "priority", "exempt")
+_FIELDS = ("share_ratio", "memory_bytes", "priority", "exempt", "latency_sensitive")
 _ANNOTATION_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     ANNOTATION_SHARE: ("share_ratio", parse_share),
     ANNOTATION_MEMORY: ("memory_bytes", parse_memory),
     ANNOTATION_PRIORITY: ("priority", parse_priority),
     ANNOTATION_EXEMPT: ("exempt", parse_bool),
+    ANNOTATION_LATENCY: ("latency_sensitive", parse_bool),
 }
 _EXEMPT_IS_THE_OPERATORS = "ignored: exempt is the operator's (a policies rule's exempt: true), never a pod's"
 
@@ -352,7 +366,7 @@ def _operators(
                 chosen[name] = (value, f"policies[{index}]")
                 break
         else:
-            default = getattr(defaults, name, False)  # NodeDefaults has no exempt: False
+            default = getattr(defaults, name, False)  # NodeDefaults has no exempt nor class: False
             chosen[name] = (default, MODE_DEFAULT if name == "pod_annotations" else NODE_DEFAULT)
     return chosen
 
@@ -368,8 +382,8 @@ def _limits(values: Mapping[str, tuple[Any, str]], pod_annotations: str | None) 
 
 def _refusal(name: str, asked: Any, operators: Mapping[str, tuple[Any, str]]) -> str | None:
     """Why an annotation's parsed value does not count (exempt never does; under ``pod_annotations:
-    lower-only`` a looser limit than the operator's does not); None: it counts. ``ignore`` is decided
-    before parsing (``_ignored``)."""
+    lower-only`` a looser limit than the operator's does not: a higher priority, the latency class the
+    operator did not give); None: it counts. ``ignore`` is decided before parsing (``_ignored``)."""
     if name == "exempt":
         return _EXEMPT_IS_THE_OPERATORS
     mode, mode_origin = operators["pod_annotations"]
@@ -378,6 +392,10 @@ def _refusal(name: str, asked: Any, operators: Mapping[str, tuple[Any, str]]) ->
     limit, origin = operators[name]
     if limit is None or asked <= limit:
         return None  # stricter than the operator's (or than no limit at all)
+    if name == "latency_sensitive":
+        return (f"refused: the latency class preempts the GPU's other pods, and the operator did not give "
+                f"it ({origin}) while pod_annotations is lower-only here ({mode_origin}): an annotation may "
+                f"only leave it")
     return (f"refused: {_describe(name, asked)} is above the operator's {_describe(name, limit)} ({origin}) "
             f"and pod_annotations is lower-only here ({mode_origin}): an annotation may only lower it")
 
