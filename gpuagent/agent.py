@@ -31,6 +31,7 @@ from gpuagent.devices.loader import load_nvml
 from gpuagent.devices.poller import DevicePoller
 from gpuagent.devices.procnames import ProcessNames
 from gpuagent.enforce.actions import Actions, EvictionClient
+from gpuagent.enforce.cpustat import CpuStat
 from gpuagent.enforce.enforcer import Enforcer
 from gpuagent.enforce.journal import Journal
 from gpuagent.enforce.memory import LadderSettings, MemoryLadder
@@ -422,7 +423,11 @@ def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.mono
     plan = make_plan(config.share_scheme, config.share_period)
     cycler = Cycler(lambda target: actions.freeze(target, reason="over its GPU share"), actions.thaw,
                     plan=plan)
+    cpu = None
     if config.share_scheme == "rotation":
+        # the latency class's "has work" signal: the latency workloads' cpu.stat (enforce/cpustat.py)
+        cpu = CpuStat(config.cgroup_root, v2_mount=actions.hierarchies.get("v2")).open
+
         def controller() -> RotationController | ShareController:
             return RotationController(work_conserving=config.work_conserving)
     else:
@@ -435,7 +440,7 @@ def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.mono
                 else f"over-share pods are frozen ({config.share_scheme}), over-memory pods signalled")
     return Enforcer(
         mode=config.mode, actions=actions, ladder=ladder, defaults=defaults, rules=rules, cycler=cycler,
-        controller=controller, clock=monotonic, work_conserving=config.work_conserving,
+        controller=controller, clock=monotonic, work_conserving=config.work_conserving, cpu=cpu,
     )
 
 

@@ -11,12 +11,21 @@ cycler while the latency pod's ``cpu.stat`` moves (fake clocks and CPU readings 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_fast_paths import pod_node
+from test_timeslice import FakeTime, Recorder
 
 from gpuagent import cli
+from gpuagent.enforce.enforcer import Enforcer
+from gpuagent.enforce.journal import FreezeTarget
+from gpuagent.enforce.memory import LadderSettings, MemoryLadder
 from gpuagent.enforce.policy import (
     NodeDefaults,
     PolicyRule,
@@ -24,7 +33,15 @@ from gpuagent.enforce.policy import (
     limits_for_pod,
     parse_rules,
 )
-from gpuagent.snapshot import PodUse
+from gpuagent.enforce.timeslice import (
+    Cycler,
+    LatencyController,
+    Preemption,
+    RotationController,
+    RotationPlan,
+    Tenant,
+)
+from gpuagent.snapshot import NodeSnapshot, PodUse
 
 LATENCY = "gpuagent.io/latency-sensitive"
 SERVING = PolicyRule(match_namespace="serving", latency_sensitive=True)
@@ -130,3 +147,362 @@ def test_check_config_passes_the_key(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = tmp_path / "config.yaml"
     path.write_text("policies:\n  - {match_namespace: serving, latency_sensitive: true, gpu_share: 30}\n")
     assert cli.main(["check-config", str(path)]) == 0, capsys.readouterr().err
+
+
+# --- the cycler's hold --------------------------------------------------------------------------------------
+
+
+def rotation_cycler() -> tuple[Cycler[str], FakeTime, Recorder]:
+    clock = FakeTime()
+    recorder = Recorder(clock)  # fails on a freeze of a frozen target, a thaw of a thawed one
+    return Cycler(recorder.freeze, recorder.thaw, plan=RotationPlan(1.0, seed=0), clock=clock,
+                  sleep=clock.sleep), clock, recorder
+
+
+def test_a_hold_freezes_a_tenant_the_plan_does_not_throttle_and_its_end_thaws_and_drops_it() -> None:
+    cycler, _, rec = rotation_cycler()
+    cycler.hold("gpu0", {"b": ["b1", "b2"]})
+    assert rec.frozen == {"b1", "b2"} and cycler.frozen_keys == {"b"}
+    cycler.hold("gpu0", {"b": ["b1", "b2"]})  # the same hold again writes nothing
+    cycler.hold("gpu0", {})
+    assert rec.frozen == set() and cycler.frozen_keys == frozenset()
+    cycler.hold("gpu0", {"b": ["b1"]})
+    cycler.stop_all()
+    assert rec.frozen == set()
+
+
+def test_a_held_tenant_stays_frozen_when_the_poll_takes_its_fraction_and_thaws_when_it_leaves() -> None:
+    cycler, _, rec = rotation_cycler()
+    cycler.set("b", ["b1"], 0.5, group="gpu0")
+    cycler.hold("gpu0", {"b": ["b1"]})
+    cycler.set("b", ["b1"], 0.0, group="gpu0")  # out of the rotation, still held
+    assert rec.frozen == {"b1"}
+    cycler.set("b", (), 0.0)  # released by the enforcer: thawed whatever holds it
+    assert rec.frozen == set() and cycler.frozen_keys == frozenset()
+
+
+async def test_the_plan_never_thaws_a_held_tenant_and_its_turns_resume_after_the_hold() -> None:
+    cycler, clock, rec = rotation_cycler()
+    cycler.set("a", ["a1"], 0.5, group="gpu0")
+    cycler.set("b", ["b1"], 0.5, group="gpu0")
+    thawed_while_held: list[float] = []
+    b_thawed_after: list[float] = []
+
+    def check(now: float, seconds: float) -> None:
+        if 3.0 <= now < 8.0 and "b1" not in rec.frozen:
+            thawed_while_held.append(now)
+        if now >= 8.0 and "b1" not in rec.frozen:
+            b_thawed_after.append(seconds)
+
+    clock.on_sleep = check
+    task = asyncio.create_task(cycler.run())
+    while clock.t < 3.0:
+        await asyncio.sleep(0)
+    cycler.hold("gpu0", {"b": ["b1"]})
+    while clock.t < 8.0:
+        await asyncio.sleep(0)
+    cycler.hold("gpu0", {})
+    while clock.t < 20.0:
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert thawed_while_held == []
+    assert sum(b_thawed_after) == pytest.approx(6.0, rel=0.25)  # its half of the 12 s after the hold
+    assert rec.frozen == set()
+
+
+# --- the preemption, with fake CPU counters -----------------------------------------------------------------
+
+
+class FakeCounter:
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.closed = False
+
+    def seconds(self) -> float | None:
+        return None if self.closed else self.value
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def busy_service_gpu() -> LatencyController:
+    """A GPU's controller after one poll: ``svc`` (30 %, latency) well under its share, two trainers."""
+    controller = LatencyController({"svc"}, sense_s=0.005)
+    controller.update(0.0, [Tenant("svc", 0.1, 0.3), Tenant("t0", 0.45, 0.35), Tenant("t1", 0.45, 0.35)])
+    return controller
+
+
+def test_the_preemption_holds_the_batch_tenants_while_the_service_cpu_moves() -> None:
+    cycler, _, rec = rotation_cycler()
+    counters: dict[tuple[str, ...], FakeCounter] = {}
+
+    def open_counters(targets):
+        return [counters.setdefault(tuple(targets), FakeCounter())]
+
+    preemption = Preemption(cycler, open_counters, period_s=0.005)
+    controller = busy_service_gpu()
+    preemption.watch("gpu0", controller, {"svc": ["svc1"]}, {"t0": ["t01", "t02"], "t1": ["t11"]})
+    svc = counters[("svc1",)]
+    assert preemption.sense(1.000) == []  # the first reading: nothing to compare with
+    svc.value += 0.004  # 4 ms of CPU in 5 ms: a request in hand
+    for group in preemption.sense(1.005):
+        preemption.apply(group)
+    assert rec.frozen == {"t01", "t02", "t11"} and cycler.frozen_keys == {"t0", "t1"}
+    svc.value += 0.004
+    assert preemption.sense(1.010) == []  # still busy: nothing changes
+    for group in preemption.sense(1.015):  # idle: let go
+        preemption.apply(group)
+    assert rec.frozen == set()
+    svc.value += 0.005
+    for group in preemption.sense(1.020):
+        preemption.apply(group)
+    assert rec.frozen == {"t01", "t02", "t11"}
+    preemption.unwatch("gpu0")
+    assert rec.frozen == set() and svc.closed
+
+
+def test_a_watch_keeps_its_counters_while_the_targets_are_the_same_and_stop_lets_go() -> None:
+    cycler, _, rec = rotation_cycler()
+    opened: list[FakeCounter] = []
+
+    def open_counters(targets):
+        opened.append(FakeCounter())
+        return [opened[-1]]
+
+    preemption = Preemption(cycler, open_counters)
+    controller = busy_service_gpu()
+    preemption.watch("gpu0", controller, {"svc": ["svc1"]}, {"t0": ["t01"]})
+    preemption.watch("gpu0", controller, {"svc": ["svc1"]}, {"t0": ["t01"]})
+    assert len(opened) == 1
+    preemption.watch("gpu0", controller, {"svc": ["svc2"]}, {"t0": ["t01"]})  # a restarted container
+    assert len(opened) == 2 and opened[0].closed and not opened[1].closed
+    preemption.watch("gpu0", controller, {"svc": ["svc2"]}, {})  # nothing to preempt: not watched
+    assert preemption.watched == frozenset() and opened[1].closed
+    preemption.watch("gpu0", controller, {"svc": ["svc2"]}, {"t0": ["t01"]})
+    opened[-1].value = 0.0
+    preemption.sense(0.0)
+    opened[-1].value = 0.005
+    for group in preemption.sense(0.005):
+        preemption.apply(group)
+    assert rec.frozen == {"t01"}
+    preemption.stop()
+    assert rec.frozen == set() and opened[-1].closed
+    preemption.apply("gpu0")  # a late call from the thread after the stop holds nothing
+    assert rec.frozen == set()
+
+
+async def test_the_sensing_thread_reads_on_its_period_and_the_loop_applies_the_hold() -> None:
+    cycler, _, rec = rotation_cycler()
+
+    class Spinning(FakeCounter):
+        """A service's CPU: one second a second while it has a request in hand, still otherwise."""
+
+        busy = True
+
+        def seconds(self) -> float | None:
+            if self.busy and not self.closed:
+                self.value = time.monotonic()
+            return super().seconds()
+
+    counter = Spinning()
+    preemption = Preemption(cycler, lambda targets: [counter], period_s=0.002)
+    preemption.watch("gpu0", busy_service_gpu(), {"svc": ["svc1"]}, {"t0": ["t01"]})
+    task = asyncio.create_task(preemption.run())
+
+    async def until(condition) -> None:
+        for _ in range(5000):  # up to ~50 s on a starved machine
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the preemption never changed the hold")
+
+    await until(lambda: rec.frozen == {"t01"})
+    counter.busy = False
+    await until(lambda: rec.frozen == set())
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert rec.frozen == set() and counter.closed
+
+
+# --- the enforcer's wiring ----------------------------------------------------------------------------------
+
+SVC, T0, T1 = "ns/svc", "ns/t0", "ns/t1"
+RULES = [PolicyRule(match_pod="svc", latency_sensitive=True, share_ratio=0.3),
+         PolicyRule(match_pod="t*", share_ratio=0.35)]
+
+
+def target(name: str) -> FreezeTarget:
+    return FreezeTarget("v2", f"/kubepods/{name}")
+
+
+class FakeActions:
+    """What the enforcer asks of ``Actions`` (the cycler's freezes go to a ``Recorder``)."""
+
+    mode = "enforce"
+    frozen: frozenset[FreezeTarget] = frozenset()
+
+    def __init__(self) -> None:
+        self.released: list[FreezeTarget] = []
+
+    def target_for(self, cgroup_v2: str | None, cgroup_freezer: str | None) -> FreezeTarget | None:
+        return FreezeTarget("v2", cgroup_v2) if cgroup_v2 else None
+
+    def release(self, target: FreezeTarget) -> bool:
+        self.released.append(target)
+        return True
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        return {}
+
+    def thaw_all(self) -> int:
+        return 0
+
+
+def node(t: float, uses: dict[str, float], annotations: dict[str, dict[str, str]] | None = None) -> NodeSnapshot:
+    """One GPU with a pod ``ns/<name>`` per use (SM use 0-1), each in cgroup ``/kubepods/<name>``."""
+    snapshot = pod_node(t, {name: (annotations or {}).get(name, {}) for name in uses})
+    gpu = snapshot.gpus[0]
+    processes = tuple(
+        replace(p, sm_util_percent=uses[p.workload.name] * 100.0,
+                workload=replace(p.workload, cgroup_v2=f"/kubepods/{p.workload.name}"))
+        for p in gpu.processes if p.workload is not None)
+    return replace(snapshot, gpus=(replace(gpu, processes=processes),))
+
+
+def wired(rules=RULES, controller=RotationController, defaults: NodeDefaults | None = None):
+    clock = FakeTime()
+    rec = Recorder(clock)
+    counters: dict[str, FakeCounter] = {}
+    actions = FakeActions()
+    cycler = Cycler(rec.freeze, rec.thaw, plan=RotationPlan(1.0, seed=0), clock=clock, sleep=clock.sleep)
+    enforcer = Enforcer(mode="enforce", actions=actions, ladder=MemoryLadder(LadderSettings()),  # type: ignore[arg-type]
+                        defaults=defaults, rules=rules, cycler=cycler, controller=controller, clock=clock,
+                        cpu=lambda targets: [counters.setdefault(t.path, FakeCounter()) for t in targets])
+    return enforcer, clock, rec, counters, actions
+
+
+def request(enforcer: Enforcer, counter: FakeCounter, now: float, busy: bool) -> None:
+    """One reading of the service's CPU ``busy`` (or not) since the last, applied as the loop would."""
+    counter.value += 0.005 if busy else 0.0
+    assert enforcer.preemption is not None
+    for group in enforcer.preemption.sense(now):
+        enforcer.preemption.apply(group)
+
+
+BUSY = {"svc": 0.1, "t0": 0.45, "t1": 0.45}
+
+
+def test_a_gpu_with_a_latency_pod_gets_the_class_and_its_requests_preempt_the_batch_pods() -> None:
+    enforcer, _, rec, counters, _ = wired()
+    state = enforcer.update(node(0.0, BUSY))
+    uuid = state.shares[0].gpu_uuid
+    decided = {d.owner: d for d in state.limits}
+    assert decided[SVC].latency_sensitive and decided[SVC].sources["latency_sensitive"] == "policies[0]"
+    assert not decided[T0].latency_sensitive
+    shares = {s.pod: s for s in state.shares}
+    assert shares["svc"].frozen_ratio == 0.0 and shares["svc"].achieved_ratio == pytest.approx(0.1)
+    assert enforcer.preemption is not None and enforcer.preemption.watched == {uuid}
+    svc = counters["/kubepods/svc"]
+    request(enforcer, svc, 0.100, busy=False)
+    assert rec.frozen == set()
+    request(enforcer, svc, 0.105, busy=True)
+    assert rec.frozen == {target("t0"), target("t1")}
+    request(enforcer, svc, 0.110, busy=False)
+    assert rec.frozen == set()
+
+
+def test_the_class_leaves_with_the_rule_and_the_held_pods_are_thawed() -> None:
+    enforcer, clock, rec, counters, _ = wired()
+    enforcer.update(node(0.0, BUSY))
+    request(enforcer, counters["/kubepods/svc"], 0.100, busy=False)
+    request(enforcer, counters["/kubepods/svc"], 0.105, busy=True)
+    assert rec.frozen == {target("t0"), target("t1")}
+    enforcer.set_rules([PolicyRule(match_pod="*", share_ratio=0.3)])  # no latency class any more
+    clock.t = 1.0
+    enforcer.update(node(1.0, BUSY))
+    assert enforcer.preemption is not None and enforcer.preemption.watched == frozenset()
+    assert rec.frozen == set()  # the hold let go (the plan's turns start with the cycler's next period)
+    assert counters["/kubepods/svc"].closed
+
+
+def test_a_lone_batch_pod_out_of_the_rotation_is_still_preempted_and_released_when_it_leaves() -> None:
+    enforcer, clock, rec, counters, actions = wired()
+    state = enforcer.update(node(0.0, {"svc": 0.1, "t0": 0.9}))
+    assert {s.pod: s.frozen_ratio for s in state.shares} == {"svc": 0.0, "t0": 0.0}  # no turns to take
+    request(enforcer, counters["/kubepods/svc"], 0.100, busy=False)
+    request(enforcer, counters["/kubepods/svc"], 0.105, busy=True)
+    assert rec.frozen == {target("t0")}
+    clock.t = 1.0
+    enforcer.update(node(1.0, {"svc": 0.1}))  # t0 left the GPU
+    assert rec.frozen == set() and actions.released == [target("t0")]
+
+
+def test_a_pause_thaws_the_held_pods_and_watches_nothing_until_it_ends() -> None:
+    enforcer, clock, rec, counters, actions = wired()
+    enforcer.update(node(0.0, BUSY))
+    request(enforcer, counters["/kubepods/svc"], 0.100, busy=False)
+    request(enforcer, counters["/kubepods/svc"], 0.105, busy=True)
+    enforcer.pause(10.0)
+    assert rec.frozen == set() and enforcer.preemption is not None and enforcer.preemption.watched == set()
+    assert {target("t0"), target("t1")} <= set(actions.released)  # off the journal
+    clock.t = 1.0
+    enforcer.update(node(1.0, BUSY))
+    assert enforcer.preemption.watched == set()
+    clock.t = 11.0
+    enforcer.update(node(11.0, BUSY))
+    assert len(enforcer.preemption.watched) == 1
+
+
+def test_an_annotation_counts_under_any_and_not_under_lower_only() -> None:
+    asked = {"svc": {LATENCY: "true"}}
+    rules = [PolicyRule(match_pod="*", share_ratio=0.3)]
+    enforcer, *_ = wired(rules=rules)
+    state = enforcer.update(node(0.0, BUSY, asked))
+    assert enforcer.preemption is not None and enforcer.preemption.watched == set()
+    assert [p.annotation for p in state.problems] == [LATENCY]
+    enforcer, *_ = wired(rules=rules, defaults=NodeDefaults(pod_annotations="any"))
+    state = enforcer.update(node(0.0, BUSY, asked))
+    assert enforcer.preemption is not None and len(enforcer.preemption.watched) == 1
+    assert {d.owner: d for d in state.limits}[SVC].sources["latency_sensitive"] == "annotation"
+
+
+def test_under_the_duty_scheme_the_class_is_not_applied_and_the_log_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gpuagent.enforce.timeslice import ShareController
+
+    enforcer, *_ = wired(controller=ShareController)
+    enforcer.update(node(0.0, BUSY))
+    enforcer.update(node(1.0, BUSY))
+    assert enforcer.preemption is not None and enforcer.preemption.watched == set()
+    said = [r.getMessage() for r in caplog.records if "latency-sensitive" in r.getMessage()]
+    assert said == ["latency-sensitive workloads (ns/svc) are not a class under share_scheme: duty: they are "
+                    "throttled as any other (the latency class needs the rotation)"]
+
+
+# --- the cpu.stat reader ------------------------------------------------------------------------------------
+
+
+def test_the_reader_reads_v2_cpu_stat_and_v1_cpuacct_usage_and_rereads_the_open_file(tmp_path: Path) -> None:
+    from gpuagent.enforce.cpustat import CpuStat
+
+    v2 = tmp_path / "unified" / "kubepods" / "svc"
+    v1 = tmp_path / "cpu,cpuacct" / "kubepods" / "svc"
+    v2.mkdir(parents=True)
+    v1.mkdir(parents=True)
+    (tmp_path / "cpu,cpuacct" / "cpuacct.usage").write_text("0\n")
+    (v2 / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    reader = CpuStat(str(tmp_path), v2_mount=str(tmp_path / "unified"))
+    [new, old] = reader.open([FreezeTarget("v2", "/kubepods/svc"), FreezeTarget("v1", "/kubepods/svc")])
+    assert (new.seconds(), old.seconds()) == (2.5, 1.5)
+    with open(v2 / "cpu.stat", "r+") as f:  # the same file, rewritten in place: read again at offset 0
+        f.write("usage_usec 3000000\n")
+    assert new.seconds() == 3.0
+    new.close()
+    assert new.seconds() is None
+    assert reader.open([FreezeTarget("v2", "/kubepods/gone"), FreezeTarget("v2", "/kubepods/../x"),
+                        FreezeTarget("v2", "kubepods/svc")]) == []
+    assert CpuStat(str(tmp_path)).open([FreezeTarget("v2", "/kubepods/svc")]) == []  # no v2 mounted

@@ -8,6 +8,14 @@ fractions (:class:`RotationController` under ``share_scheme: rotation``, :class:
 decides warn → SIGTERM → SIGKILL (or eviction). ``Actions`` carries out, or in audit mode only counts, every
 step. MIG instances are hard isolation already: no shares there.
 
+The latency class (``policies[i].latency_sensitive``, ``gpuagent.io/latency-sensitive``): under the
+rotation, a GPU where a workload with a share is latency-sensitive has its :class:`RotationController`
+wrapped in a :class:`LatencyController` (unwrapped, its state kept, once none is), and with a CPU reader
+(``cpu``) the :class:`Preemption` watches it: the latency workloads' ``cpu.stat`` read every few
+milliseconds, the GPU's batch workloads held frozen through the cycler while one has a request in hand.
+Under ``share_scheme: duty`` the class is not applied (said once in the log). A batch workload held by a
+preemption is journaled like a throttled one and released when it is neither.
+
 The cycler runs in audit mode too, so that audit counts what enforce would do, decision for decision: one
 ``freeze`` (outcome "audit") each time a throttled workload's cgroup would go from thawed to frozen (once per
 period while its frozen fraction is under 1; once for as long as it is held at 1) and one ``thaw`` each time
@@ -39,7 +47,15 @@ from gpuagent.enforce.actions import Actions, FreezeTarget
 from gpuagent.enforce.memory import MemoryLadder
 from gpuagent.enforce.owners import Owner, Owners, decisions
 from gpuagent.enforce.policy import NodeDefaults, PolicyRule
-from gpuagent.enforce.timeslice import Cycler, RotationController, ShareController, Tenant
+from gpuagent.enforce.timeslice import (
+    Cycler,
+    LatencyController,
+    Preemption,
+    RotationController,
+    ShareController,
+    Tenant,
+)
+from gpuagent.enforce.timeslice.preempt import PERIOD_S, Counter
 from gpuagent.snapshot import (
     EnforcementState,
     NodeSnapshot,
@@ -48,6 +64,8 @@ from gpuagent.snapshot import (
 )
 
 log = logging.getLogger(__name__)
+
+_Controller = ShareController | RotationController | LatencyController  # one GPU's
 
 
 class Enforcer:
@@ -63,6 +81,8 @@ class Enforcer:
         controller: Callable[[], ShareController | RotationController] = ShareController,
         clock: Callable[[], float] = time.monotonic,
         work_conserving: bool = True,
+        cpu: Callable[[Sequence[FreezeTarget]], Sequence[Counter]] | None = None,
+        sense_s: float = PERIOD_S,
     ) -> None:
         self.mode = mode
         self._work_conserving = work_conserving
@@ -71,7 +91,13 @@ class Enforcer:
         self._owners = Owners(actions, defaults, rules)
         self._cycler = cycler
         self._new_controller = controller
-        self._controllers: dict[str, ShareController | RotationController] = {}
+        self._controllers: dict[str, _Controller] = {}
+        # the latency class's preemption: with a cycler to hold and a CPU reader to sense with
+        self._preemption = (Preemption(cycler, cpu, period_s=sense_s, clock=clock)
+                            if cycler is not None and cpu is not None else None)
+        self._sense_s = sense_s
+        self._preemptible: set[str] = set()  # batch workloads a preemption may hold: their targets kept
+        self._said_no_class = False
         self._clock = clock
         self._throttling: set[str] = set()
         self._targets: dict[str, set[FreezeTarget]] = {}  # what the cycler holds per workload
@@ -90,17 +116,31 @@ class Enforcer:
         return self._contended
 
     @property
+    def preemption(self) -> Preemption | None:
+        """The latency class's preemption (None without a cycler or a CPU reader)."""
+        return self._preemption
+
+    @property
     def cycling(self) -> bool:
         """Whether there is a cycler to run (audit counts its freezes, enforce makes them)."""
         return self._cycler is not None
 
     async def run(self) -> None:
-        """The cycler (rotation or duty cycle), between polls; returns at once without one."""
-        if self._cycler is not None:
+        """The cycler (rotation or duty cycle), between polls, and the latency class's preemption beside it;
+        returns at once without a cycler."""
+        if self._cycler is None:
+            return
+        if self._preemption is None:
             await self._cycler.run()
+            return
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._cycler.run())
+            group.create_task(self._preemption.run())
 
     def shutdown(self) -> int:
         """Thaw everything now: on SIGTERM/SIGINT and before any other cleanup."""
+        if self._preemption is not None:
+            self._preemption.stop()
         if self._cycler is not None:
             self._cycler.stop_all()
         for task in self._pending:
@@ -112,8 +152,11 @@ class Enforcer:
         memory ladder keeps running); how many cgroups were frozen. Throttling resumes by itself."""
         frozen = len(self.actions.frozen)
         self._paused_until = self._clock() + seconds
-        for key in list(self._throttling):
+        if self._preemption is not None:
+            self._preemption.unwatch_all()
+        for key in list(self._throttling | self._preemptible):
             self._release(key)
+        self._preemptible.clear()
         if self._cycler is not None:
             self._cycler.stop_all()
         self.actions.thaw_all()
@@ -167,7 +210,8 @@ class Enforcer:
         fractions: dict[str, float] = defaultdict(float)
         groups: dict[str, str] = {}  # the GPU each throttled workload takes turns on: where it is held most
         paused = now < self._paused_until  # an operator's manual thaw (``pause``)
-        decided: list[tuple[str, str, int, float, ShareController | RotationController]] = []
+        decided: list[tuple[str, str, int, float, _Controller]] = []
+        classed: dict[str, LatencyController] = {}  # GPUs with a latency class, their controllers
         tenants_by_gpu: dict[str, list[Tenant]] = {}  # in the owners' order, as the controllers saw them
         for key, o in owners.items():
             limits = o.limits
@@ -191,7 +235,16 @@ class Enforcer:
                 continue
             if controller is None:
                 controller = self._controllers[uuid] = self._new_controller()
-            result = controller.update(now, tenants)
+            controller = self._classed(uuid, controller, tenants, owners)
+            if isinstance(controller, LatencyController):
+                classed[uuid] = controller
+                if self._preemption is not None:
+                    with self._preemption.lock:  # its sensing thread steps the same controller
+                        result = controller.update(now, tenants)
+                else:
+                    result = controller.update(now, tenants)
+            else:
+                result = controller.update(now, tenants)
             index = gpu.info.index
             for tenant in tenants:
                 key = tenant.key
@@ -201,8 +254,17 @@ class Enforcer:
                     groups[key] = uuid
                 decided.append((key, uuid, index, fraction, controller))
         if self._cycler is not None:
-            for key in self._throttling - {k for k, f in fractions.items() if f > 0}:
+            throttled = {k for k, f in fractions.items() if f > 0}
+            preemptible = self._preemptible_now(classed, owners, paused)
+            for key in (self._throttling | self._preemptible) - throttled - preemptible:
                 self._release(key)
+            for key in preemptible - throttled:  # out of the plan, still held while its service has work
+                targets = sorted(owners[key].targets, key=str)
+                for gone in self._targets.get(key, set()) - set(targets):
+                    self.actions.release(gone)
+                self._cycler.set(key, targets, 0.0)
+                self._targets[key] = set(targets)
+            self._preemptible = preemptible
             for key, fraction in fractions.items():
                 if fraction > 0:
                     targets = sorted(owners[key].targets, key=str)
@@ -216,6 +278,7 @@ class Enforcer:
             self._throttling = throttling
             for key in self._seen - owners.keys():  # workloads that left: drop their counters too
                 self._cycler.forget(key)
+            self._watch(classed, owners, paused)
         self._seen = set(owners)
         cycled = self._cycler is not None and self.mode == "enforce"  # audit: no time frozen to report
         throttled = self._cycler.throttled_seconds if cycled and self._cycler is not None else None
@@ -227,9 +290,66 @@ class Enforcer:
             states.append(ShareState(
                 owner.name, owner.namespace, uuid, index, limits.share_ratio, controller.achieved(key),
                 fraction, throttled(key) if throttled is not None else 0.0, limits.priority,
-                controller.correction(key) if isinstance(controller, RotationController) else None,
+                None if isinstance(controller, ShareController) else controller.correction(key),
             ))
         return tuple(states)
+
+    def _classed(self, uuid: str, controller: _Controller, tenants: Sequence[Tenant],
+                 owners: dict[str, Owner]) -> _Controller:
+        """The GPU's controller for its latency class: its rotation wrapped while a workload with a share
+        there is latency-sensitive, unwrapped (its state kept) once none is."""
+        latency = {t.key for t in tenants
+                   if t.share_ratio is not None and owners[t.key].limits.latency_sensitive}
+        if isinstance(controller, LatencyController):
+            if not latency:
+                self._controllers[uuid] = controller.rotation
+                return controller.rotation
+            if latency != controller.latency:
+                if self._preemption is not None:
+                    with self._preemption.lock:
+                        controller.set_latency(latency)
+                else:
+                    controller.set_latency(latency)
+            return controller
+        if not latency:
+            return controller
+        if isinstance(controller, RotationController):
+            wrapped = LatencyController(latency, rotation=controller, preempt=self._preemption is not None,
+                                        sense_s=self._sense_s)
+            self._controllers[uuid] = wrapped
+            return wrapped
+        if not self._said_no_class:
+            self._said_no_class = True
+            log.warning("latency-sensitive workloads (%s) are not a class under share_scheme: duty: they "
+                        "are throttled as any other (the latency class needs the rotation)",
+                        ", ".join(sorted(latency)))
+        return controller
+
+    def _preemptible_now(self, classed: dict[str, LatencyController], owners: dict[str, Owner],
+                         paused: bool) -> set[str]:
+        """The batch workloads a preemption may hold now: those of the GPUs with a latency class, with a
+        cgroup to freeze (none while paused, or without a CPU reader)."""
+        if self._preemption is None or paused:
+            return set()
+        return {key for controller in classed.values() for key in controller.batch()
+                if key in owners and owners[key].targets}
+
+    def _watch(self, classed: dict[str, LatencyController], owners: dict[str, Owner], paused: bool) -> None:
+        """Hand each GPU with a latency class to the preemption (its latency and batch workloads' targets);
+        stop watching the others."""
+        preemption = self._preemption
+        if preemption is None:
+            return
+        for uuid in preemption.watched - (set() if paused else classed.keys()):
+            preemption.unwatch(uuid)
+        if paused:
+            return
+        for uuid, controller in classed.items():
+            latency = {key: sorted(owners[key].targets, key=str)
+                       for key in controller.latency if key in owners}
+            batch = {key: sorted(owners[key].targets, key=str) for key in controller.batch()
+                     if key in self._preemptible}
+            preemption.watch(uuid, controller, latency, batch)
 
     def _say_throttled(self, key: str, fraction: float, share: float | None) -> None:
         """A throttling episode begins: at info the first time for a workload (its freezes are logged at
@@ -247,12 +367,15 @@ class Enforcer:
         log.log(logging.INFO if first else logging.DEBUG, "%s", what)
 
     def _release(self, key: str) -> None:
-        """Stop throttling a workload: thaw its cgroups now and take them off the journal."""
+        """Stop throttling (or holding) a workload: thaw its cgroups now and take them off the journal."""
+        if self._preemption is not None:
+            self._preemption.forget(key)
         if self._cycler is not None:
             self._cycler.set(key, (), 0.0)
         for target in self._targets.pop(key, set()):
             self.actions.release(target)
         self._throttling.discard(key)
+        self._preemptible.discard(key)
 
     # -- memory limits -----------------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ time within each period, and the cycler applies it by freezing cgroups.
 - ``plans.py``: :class:`RotationPlan` (exclusive slots) and :class:`DutyPlan` (overlapping thawed ends),
   both with a dithered period;
 - ``cycler.py``: :class:`Cycler`, the event-loop task that applies a plan (:class:`DutyCycler` for duty);
-- ``latency.py``: :class:`LatencyController`, a latency class beside the rotation (issue 29; on the model
-  only, not wired to a setting yet).
+- ``latency.py``: :class:`LatencyController`, a latency class beside the rotation (issue 29): a GPU's
+  rotation is wrapped in one while a workload there is latency-sensitive (``enforce/policy.py``);
+- ``preempt.py``: :class:`Preemption`, the latency class's preemption in the agent: a thread reading the
+  latency workloads' ``cpu.stat``, the batch ones held frozen through the cycler.
 
 Why the rotation, and the derivation of both controllers: docs/shares.md.
 """
@@ -17,6 +19,7 @@ from gpuagent.enforce.timeslice.controller import ShareController, Tenant
 from gpuagent.enforce.timeslice.cycler import Cycler, DutyCycler
 from gpuagent.enforce.timeslice.latency import LatencyController
 from gpuagent.enforce.timeslice.plans import DutyPlan, Period, RotationPlan, desired, make_plan
+from gpuagent.enforce.timeslice.preempt import Preemption
 from gpuagent.enforce.timeslice.rotation import RotationController
 
 __all__ = [
@@ -25,6 +28,7 @@ __all__ = [
     "DutyPlan",
     "LatencyController",
     "Period",
+    "Preemption",
     "RotationController",
     "RotationPlan",
     "ShareController",

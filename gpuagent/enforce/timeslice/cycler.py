@@ -7,6 +7,12 @@ A late wake (a starved event loop) lengthens the slot it ends and shortens the n
 its planned instant: windows are placed from the period's planned start, so lateness does not accumulate.
 It thaws everything when it is cancelled or exits, and a target whose freeze or thaw raises is logged once
 and its tenant dropped (the loop goes on). :class:`DutyCycler` is the cycler of the duty plan.
+
+:meth:`Cycler.hold` is the latency class's preemption (``latency.py``, ``preempt.py``): it freezes a GPU's
+batch tenants now, beyond the plan's windows (a tenant not throttled too), and lets each go back to the
+plan's state at that instant when the hold ends: a held key is never thawed by the plan, and one with no
+fraction is thawed and dropped. :attr:`Cycler.frozen_keys` is what is frozen, safe to read from another
+thread (a frozenset replaced, never changed in place); everything else is the event loop's.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -34,6 +40,7 @@ class _Throttle(Generic[T]):
     group: Hashable = None  # the keys that take turns together (a GPU)
     frozen: set[T] = field(default_factory=set)
     frozen_since: float | None = None
+    held: bool = False  # frozen beyond the plan by a preemption (``hold``)
 
 
 class Cycler(Generic[T]):
@@ -64,6 +71,10 @@ class Cycler(Generic[T]):
         self._warned: OrderedDict[T, None] = OrderedDict()  # targets whose failure was logged
         self._max_warned = max_warned
         self._running = False
+        self._holds: dict[Hashable, frozenset[str]] = {}  # group -> the keys its preemption holds frozen
+        self._period: Period[str] | None = None  # the period in force and its start, while running
+        self._start = 0.0
+        self.frozen_keys: frozenset[str] = frozenset()  # keys with a target frozen (see the module)
 
     # -- what to throttle -----------------------------------------------------------------------------
 
@@ -73,6 +84,11 @@ class Cycler(Generic[T]):
         fraction = min(max(float(fraction), 0.0), 1.0)
         targets = tuple(dict.fromkeys(targets))
         throttle = self._throttles.get(key)
+        if throttle is not None and throttle.held and targets and fraction <= 0.0:
+            gone = [t for t in throttle.frozen if t not in targets]
+            if not gone or self._thaw_targets(key, throttle, gone):
+                throttle.targets, throttle.fraction = targets, 0.0  # held on, out of the plan
+            return
         if fraction <= 0.0 or not targets:
             if throttle is not None:
                 self._thaw_key(key, throttle)
@@ -106,10 +122,52 @@ class Cycler(Generic[T]):
         self._seconds.pop(key, None)
 
     def stop_all(self) -> None:
-        """Thaw everything now and stop throttling (``set`` again to resume)."""
+        """Thaw everything now and stop throttling and holding (``set`` and ``hold`` again to resume)."""
+        self._holds.clear()
         for key, throttle in list(self._throttles.items()):
             self._thaw_key(key, throttle)
         self._throttles.clear()
+
+    def hold(self, group: Hashable, held: Mapping[str, Sequence[T]]) -> None:
+        """``group``'s preemption: freeze ``held`` (key -> its targets) now, beyond the plan, until the next
+        call for the group; the keys it held before and not now go back to the plan's state at this instant
+        (thawed, unless their window says frozen; dropped if they have no fraction)."""
+        before = self._holds.get(group, frozenset())
+        if held:
+            self._holds[group] = frozenset(held)
+        else:
+            self._holds.pop(group, None)
+        still = frozenset().union(*self._holds.values())
+        for key in before - still:
+            throttle = self._throttles.get(key)
+            if throttle is None or not throttle.held:
+                continue
+            throttle.held = False
+            if throttle.fraction <= 0.0:
+                self._thaw_key(key, throttle)
+                if self._throttles.get(key) is throttle:
+                    del self._throttles[key]
+            elif not self._due_frozen(key):
+                self._thaw_key(key, throttle)
+        now = self._clock()
+        for key, targets in held.items():
+            throttle = self._throttles.get(key)
+            if throttle is None:
+                targets = tuple(dict.fromkeys(targets))
+                if not targets:
+                    continue
+                throttle = self._throttles[key] = _Throttle(targets, 0.0, group)
+            throttle.held = True
+            if len(throttle.frozen) < len(throttle.targets):
+                self._freeze_key(key, throttle, now)
+
+    def _due_frozen(self, key: str) -> bool:
+        """The plan in force freezes ``key`` at this instant."""
+        period = self._period
+        if period is None or key not in period.windows:
+            return False
+        frozen, _ = desired(period, self._clock() - self._start + _EPSILON)
+        return key in frozen
 
     @property
     def frozen(self) -> set[T]:
@@ -135,6 +193,7 @@ class Cycler(Generic[T]):
                     {k: t.fraction for k, t in self._throttles.items() if t.fraction > 0.0},
                     {k: t.group for k, t in self._throttles.items()})
                 end = start + period.length
+                self._period, self._start = period, start
                 while True:
                     now = self._clock()
                     if now + _EPSILON >= end:
@@ -145,6 +204,7 @@ class Cycler(Generic[T]):
                 start = end if now - end < period.length else now  # fell a whole period behind: resync
         finally:
             self._running = False
+            self._period = None
             self.stop_all()
 
     def _apply(self, period: Period[str], start: float, now: float) -> float:
@@ -158,7 +218,7 @@ class Cycler(Generic[T]):
             if key in frozen:
                 if len(throttle.frozen) < len(throttle.targets):
                     self._freeze_key(key, throttle, now)
-            elif throttle.frozen:
+            elif throttle.frozen and not throttle.held:
                 thaw.append((key, throttle))
         for key, throttle in thaw:
             if self._throttles.get(key) is throttle:
@@ -177,6 +237,7 @@ class Cycler(Generic[T]):
                 return
             if not throttle.frozen:
                 throttle.frozen_since = now
+                self.frozen_keys = self.frozen_keys | {key}
             throttle.frozen.add(target)
 
     def _thaw_key(self, key: str, throttle: _Throttle[T]) -> bool:
@@ -197,6 +258,7 @@ class Cycler(Generic[T]):
         if not throttle.frozen and throttle.frozen_since is not None:
             self._seconds[key] = self._seconds.get(key, 0.0) + max(0.0, self._clock() - throttle.frozen_since)
             throttle.frozen_since = None
+            self.frozen_keys = self.frozen_keys - {key}
         if not ok:
             self._drop(key, throttle)
         return ok
@@ -214,6 +276,7 @@ class Cycler(Generic[T]):
         if throttle.frozen_since is not None:
             self._seconds[key] = self._seconds.get(key, 0.0) + max(0.0, self._clock() - throttle.frozen_since)
             throttle.frozen_since = None
+            self.frozen_keys = self.frozen_keys - {key}
 
     def _failed(self, key: str, target: T, what: str, exc: Exception) -> None:
         if target in self._warned:

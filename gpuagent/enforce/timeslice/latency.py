@@ -28,8 +28,10 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
 
 Why each rule and threshold, the figures, and what cannot be met: docs/shares.md, the latency class.
 :meth:`frozen` is what to freeze beyond the plan's windows; the plant of the tests drives it as the agent
-would (``tests/latencyplant.py``). Not wired to a setting yet: the agent's cycler and its ``cpu.stat``
-reader come with that.
+does (``tests/latencyplant.py``). In the agent the enforcer wraps a GPU's rotation in one as soon as a
+workload there is latency-sensitive (``policies[i].latency_sensitive``, ``gpuagent.io/latency-sensitive``:
+``enforce/policy.py``), and ``preempt.py`` reads ``cpu.stat`` and applies :meth:`frozen` through the
+cycler.
 """
 
 from __future__ import annotations
@@ -96,12 +98,37 @@ class LatencyController:
         latency tenant is busy."""
         return self._batch if self.preempt and self._busy else frozenset()
 
+    def batch(self) -> frozenset[str]:
+        """The tenants a preemption freezes (with a share, outside the class or capped), at the last poll."""
+        return self._batch
+
+    def set_latency(self, keys: Iterable[str]) -> None:
+        """The class changed (an annotation, a rule): a key that left it is forgotten, and rotates from the
+        next poll on as a batch tenant."""
+        keys = frozenset(keys)
+        for key in self.latency - keys:
+            self.forget(key)
+        self.latency = keys
+
+    def achieved(self, key: str) -> float:
+        """The tenant's mean use over the rotation's window (a latency tenant's own readings while exempt)."""
+        uses = self._uses.get(key)
+        if uses and key not in self._capped:
+            recent = [u for t, u in uses if t > uses[-1][0] - self.rotation.window]
+            return math.fsum(recent) / len(recent)
+        return self.rotation.achieved(key)
+
+    def correction(self, key: str) -> float | None:
+        """The rotation's correction of the member's slot (None for a tenant not in the rotation)."""
+        return self.rotation.correction(key)
+
     def forget(self, key: str) -> None:
         self._uses.pop(key, None)
         self._cpu.pop(key, None)
         self._capped.pop(key, None)
         self._counts.pop(key, None)
         self._cpu_polls.pop(key, None)
+        self._last_busy.pop(key, None)
         self._preempting.discard(key)
         self.rotation.forget(key)
 
