@@ -207,8 +207,8 @@ class Source:
     async def lookup(self, nodes: Any) -> dict[str, AgentEntry]:
         return {n: e for n in nodes if (e := self.entries.get(n)) is not None}
 
-    def get(self, node: str) -> AgentEntry | None:
-        return self.entries.get(node)
+    def by_node(self) -> dict[str, AgentEntry]:
+        return self.entries
 
     def knows(self, node: str) -> bool:
         return node in self.entries

@@ -334,7 +334,7 @@ class Extender:
                 return self._count(verb, last)  # nothing changed, nothing aged out: the same answer
         if version is not None:  # the cluster view: once its first list is in, one lookup a name in it
             await self.cache.lookup(())  # waits for that list (for at most its sync timeout)
-            get = self.cache.get
+            get = self.cache.by_node().get  # type: ignore[union-attr]
             fresh = now <= self.cache.expiry(self.max_age_seconds)  # type: ignore[union-attr]
         else:  # the agents' cache: fetches the names it has never seen
             get = (await self.cache.lookup(nodes)).get
@@ -445,16 +445,16 @@ class Extender:
                 scores = [_BY_SCORE[score] for score in compress(judged.score, placed)]
                 by_state.update(zip(compress(keys, placed), scores, strict=False))  # compress: no length
                 written: dict[tuple[object, ...], Verdict] = {}
-                for i, fits, available, first, why in zip(range(len(keys)), judged.fits, judged.available,
-                                                          judged.first, judged.why, strict=True):
-                    if fits == FITS:
-                        continue
+                kind = kind_name(request)
+                outcome, available, first, why = judged.fits, judged.available, judged.first, judged.why
+                for i in [i for i, fits in enumerate(outcome) if fits != FITS]:
                     entry = entries[i]
-                    if fits == PLACE:  # it fits several GPUs: which ones is fit_node's choice
+                    if outcome[i] == PLACE:  # it fits several GPUs: which ones is fit_node's choice
                         left[keys[i]] = entry  # type: ignore[assignment]
                         continue
                     try:
-                        by_state[keys[i]] = _failed(entry.index, request, available, first, why, written)  # type: ignore[union-attr,arg-type]
+                        by_state[keys[i]] = _failed(entry.index, request, kind,  # type: ignore[union-attr,arg-type]
+                                                    available[i], first[i], why[i], written)
                     except Exception as exc:
                         by_state[keys[i]] = self._unjudgeable(verb, entry.node, exc)  # type: ignore[union-attr]
         for key, entry in left.items():
@@ -556,11 +556,12 @@ def _reason_text(node: str | None, first: tuple[int, str, str, int] | None) -> s
     return "; ".join(parts) or "does not fit"
 
 
-def _failed(index: NodeIndex, request: FitRequest, available: int, first: int, why: int,
+def _failed(index: NodeIndex, request: FitRequest, kind: str, available: int, first: int, why: int,
             written: dict[tuple[object, ...], Verdict]) -> Verdict:
     """The verdict of a state the request does not fit, from its outcome over the columns, worded as
-    ``_score`` words it; ``written``: the call's verdicts by what their reasons read (the GPU counts, the
-    first GPU's label and why, and the one figure that why quotes), so states that fail alike share one."""
+    ``_score`` words it (``kind``: the request's, ``kind_name``); ``written``: the call's verdicts by what
+    their reasons read (the GPU counts, the first GPU's label and why, and the one figure that why quotes),
+    so states that fail alike share one."""
     gpus = len(index.gpus)
     read: tuple[object, ...] = (available, gpus)
     if first >= 0:
@@ -568,7 +569,7 @@ def _failed(index: NodeIndex, request: FitRequest, available: int, first: int, w
         gpu = index.gpus[pos]
         label = rank if rank != NO_INDEX else key
         if why == STATIC:
-            read = (available, gpus, label, why, getattr(index, kind_name(request)).static[pos])
+            read = (available, gpus, label, why, getattr(index, kind).static[pos])
         else:
             figure = gpu.schedulable_share_ratio if why == SHARE_SHORT else \
                 gpu.memory_free_bytes if why == MEMORY_SHORT else None
