@@ -155,6 +155,33 @@ async def test_a_continue_that_expires_mid_list_lists_again_from_the_first_page(
         assert [p.items for p in api.list_pages] == [3, 3, 3, 1]  # the 410 made no answer
 
 
+async def test_a_page_that_fails_during_a_relist_keeps_the_view_until_a_list_completes(
+        api: FakeApiServer) -> None:
+    """A list is applied whole: a re-list (after the watch's 410) whose second page fails drops no node, and
+    the next list starts again from the first page."""
+    for i in range(7):
+        api.put_state(state(f"n{i}"))
+    async with paged_view(api, page_size=3) as view:
+        await eventually(lambda: view.synced and api.watches, 10.0)
+        forgotten: list[str] = []
+        forget = view._forget
+        view._forget = lambda node: (forgotten.append(node), forget(node))  # type: ignore[method-assign]
+        failed: list[ServedList] = []
+
+        def fail_the_next_page(served: ServedList) -> None:
+            if not failed:
+                failed.append(served)
+                api.fail_next(500)
+
+        api.after_page = fail_the_next_page
+        listed = len(api.lists)
+        api.expire_watch()  # the watch gets 410: list again
+        await eventually(lambda: len(api.list_pages) >= 4 + 3 and view.status == (True, ""), 10.0)
+        again = [r.query for r in api.lists[listed:]]
+        assert ["continue" in q for q in again[:3]] == [False, True, False]  # the 500, then from the start
+        assert forgotten == [] and len(view) == 7
+
+
 async def test_an_unreadable_object_in_a_page_is_its_nodes_problem_alone(api: FakeApiServer) -> None:
     for i in range(6):
         api.put_state(state(f"n{i}"))
