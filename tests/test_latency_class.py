@@ -506,3 +506,18 @@ def test_the_reader_reads_v2_cpu_stat_and_v1_cpuacct_usage_and_rereads_the_open_
     assert reader.open([FreezeTarget("v2", "/kubepods/gone"), FreezeTarget("v2", "/kubepods/../x"),
                         FreezeTarget("v2", "kubepods/svc")]) == []
     assert CpuStat(str(tmp_path)).open([FreezeTarget("v2", "/kubepods/svc")]) == []  # no v2 mounted
+
+
+def test_the_sensing_bench_prints_its_cost_per_period() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "bench/bench_preemption.py", "--periods", "0.005,0.01", "--seconds",
+                           "0.3"], cwd=root, capture_output=True, text=True, timeout=60)
+    if done.returncode == 2:
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["period 5 ms", "period 10 ms"]
+    assert all(" % of a core, " in line and line.endswith(" us of CPU a reading") for line in lines)

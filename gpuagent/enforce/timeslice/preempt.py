@@ -11,10 +11,11 @@ freezes nothing), and everything held is thawed when the cycler stops. The threa
 watched.
 
 Why a thread and 5 ms: the cost of a sensing loop is its wake-ups, not its reads (1-2 us a ``pread``).
-Measured on the 2-core VM of the tests (reading one ``cpu.stat``, CPU time of the sensing thread over
-thousands of wake-ups, under the other engineers' load): a thread 33 us a wake-up at 1 ms (3.3 % of a
-core), 45 us at 2 ms (2.2 %), 71 us at 5 ms (1.4 %); an asyncio task on the event loop 64 us at 1 ms
-(5.6 %), 167 us at 5 ms (3.2 %). The agent's budget is 2 % of a core at 1 s polling, so 1 ms is out of it;
+Measured on the 2-core VM of the tests (a bare loop reading one ``cpu.stat``, the CPU time of its thread
+over thousands of wake-ups): a thread 33 us a wake-up at 1 ms (3.3 % of a core), 71 us at 5 ms (1.4 %); an
+asyncio task on the event loop 64 us at 1 ms (5.6 %), 167 us at 5 ms (3.2 %). This class whole
+(``bench/bench_preemption.py``: the process's CPU time while one workload is watched): 6.4-7.7 % at 1 ms,
+1.4-1.9 % at 5 ms. The agent's budget is 2 % of a core at 1 s polling, so 1 ms is out of it;
 5 ms costs the neighbours throughput on the model (0.86 of one neighbour alone beside ``matmul`` at 30 %
 load, 0.94 at 1 ms: the thaw after each request waits for the next reading) and the service 1 ms of p99
 (docs/shares.md). The lock is held for the reads and the controller's step (microseconds); the enforcer
