@@ -521,3 +521,61 @@ def test_the_sensing_bench_prints_its_cost_per_period() -> None:
     lines = done.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["period 5 ms", "period 10 ms"]
     assert all(" % of a core, " in line and line.endswith(" us of CPU a reading") for line in lines)
+
+
+# --- through the real freezer -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cgroup_sandbox():
+    from cgroups import sandbox_for_test
+
+    yield from sandbox_for_test()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["audit", "enforce"])
+def test_a_preemption_goes_through_the_freezer_journaled_and_audit_only_counts(
+        cgroup_sandbox, tmp_path: Path, mode: str) -> None:
+    from cgroups import kubelet_container_path, new_pod_uid
+    from fake_apiserver import container_id
+
+    from gpuagent.enforce.actions import Actions
+    from gpuagent.enforce.journal import Journal
+
+    uid = new_pod_uid()
+    proc = cgroup_sandbox.spawn(kubelet_container_path("systemd", "burstable", uid, "containerd",
+                                                       container_id(uid, "main")))  # a sleep: no CPU judged
+    journal = Journal(tmp_path / "journal.json")
+    actions = Actions(mode=mode, journal=journal)
+    batch = actions.target_for(proc.cgroup_paths.get("unified"), proc.cgroup_paths.get("freezer"))
+    assert batch is not None
+    cycler: Cycler[FreezeTarget] = Cycler(lambda t: actions.freeze(t, reason="preempted"), actions.thaw,
+                                          plan=RotationPlan(1.0))
+    counter = FakeCounter()
+    preemption = Preemption(cycler, lambda targets: [counter])
+    preemption.watch("gpu0", busy_service_gpu(), {"svc": ["svc1"]}, {"t0": [batch]})
+    preemption.sense(0.0)
+    counter.value = 0.005
+    for group in preemption.sense(0.005):
+        preemption.apply(group)
+    if mode == "audit":
+        assert actions.counts()[("freeze", "audit")] == 1
+        assert not actions.is_frozen(batch) and journal.targets() == frozenset()
+    else:
+        assert actions.counts()[("freeze", "done")] == 1 and journal.targets() == {batch}
+        for _ in range(500):  # the kernel freezes within milliseconds
+            if actions.is_frozen(batch):
+                break
+            time.sleep(0.01)
+        assert actions.is_frozen(batch)
+    for group in preemption.sense(0.010):  # idle: let go
+        preemption.apply(group)
+    assert actions.counts()[("thaw", mode if mode == "audit" else "done")] == 1
+    for _ in range(500):
+        if not actions.is_frozen(batch):
+            break
+        time.sleep(0.01)
+    assert not actions.is_frozen(batch) and batch not in actions.frozen
+    actions.release(batch)
+    assert journal.targets() == frozenset()
