@@ -617,13 +617,16 @@ class Config:
         (), _globs, "cgroup path globs outside kubepods the enforcer may act on (off Kubernetes)", "GLOBS"
     )
     policies: tuple[Mapping[str, Any], ...] = _key(
-        (), _rules, "limits for workloads matched by namespace, pod, kind, name or cgroup (config file only)",
+        (), _rules,
+        "limits (and the latency class) for workloads matched by namespace, pod, kind, name or cgroup "
+        "(config file only)",
         "RULES",
     )
     pod_annotations: str = _key(
         "lower-only", _choice(*POD_ANNOTATION_MODES),
-        "what pods' gpuagent.io/gpu-share, gpu-memory and priority annotations may do where no policies rule "
-        "says: ignore, lower-only (only make the operator's limit stricter) or any; exempt is never a pod's",
+        "what pods' gpuagent.io/gpu-share, gpu-memory, priority and latency-sensitive annotations may do "
+        "where no policies rule says: ignore, lower-only (only make the operator's limit stricter) or any; "
+        "exempt is never a pod's",
         "{" + ",".join(POD_ANNOTATION_MODES) + "}",
     )
     accounting_retention: float = _key(
