@@ -348,6 +348,8 @@ def test_the_admission_policy_admits(operation, annotations, before, labels) -> 
                  id="priority-label-not-allowed"),
     pytest.param("UPDATE", {SHARE: "100"}, {SHARE: "10"}, None, "team-a", id="update-raises-a-share"),
     pytest.param("UPDATE", {SHARE: "10", MEMORY: "1Gi"}, {SHARE: "10"}, None, "team-a", id="update-adds-one"),
+    pytest.param("CREATE", {"gpuagent.io/latency-sensitive": "true"}, None, None, "latency-sensitive are not allowed",
+                 id="latency-class"),
     pytest.param("CREATE", {EXEMPT: "true"}, None, ALLOWED, "gpuagent.io/exempt is the operator's",
                  id="exempt-even-where-allowed"),
     pytest.param("UPDATE", {EXEMPT: "true"}, {}, None, "exempt is the operator's", id="exempt-added"),
