@@ -164,7 +164,7 @@ def test_an_item_passes_only_when_every_judged_check_does() -> None:
 def test_the_tenant_programs_compile() -> None:
     from gpucheck import tenants
 
-    for name in ("MATMUL", "DEEP", "HOG", "CPU"):
+    for name in ("MATMUL", "DEEP", "HOG", "CPU", "SERVE", "CPU_SERVE", "TRAINER"):
         compile(getattr(tenants, name), name, "exec")
 
 
@@ -669,3 +669,103 @@ def test_an_unknown_item_is_named_and_nothing_runs(tmp_path: Path) -> None:
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and "no item named 'plnt'" in done.stderr and "plant" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+# -- the latency item: a request-driven service beside a trainer ----------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_service_and_the_trainer_run_on_a_stand_in_torch(tmp_path: Path) -> None:
+    """SERVE and TRAINER as on a GPU, over the stand-in (2 ms a product): the service answers its seeded
+    Poisson requests in order, each timed from the arrival the harness draws too, never faster than its
+    products; the trainer queues an iteration's products at once and dates each iteration."""
+    import time
+
+    from gpucheck.tenants import argv, read_count, read_serve, read_times, requests
+
+    (tmp_path / "torch.py").write_text(STAND_IN_TORCH)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    service, trainer = tmp_path / "service.count", tmp_path / "trainer.count"
+    processes = [subprocess.Popen(argv("serve", service, size=16, seed=7, load=0.3, low=2, high=6), env=env),
+                 subprocess.Popen(argv("trainer", trainer, size=16, iteration_ms=20, host_ms=1), env=env)]
+    try:
+        began = time.monotonic()
+        while (read_count(service) < 40 or read_count(trainer) < 20) and time.monotonic() - began < 60 \
+                and all(p.poll() is None for p in processes):
+            time.sleep(0.1)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    logs = [c.with_name(c.name + ".log") for c in (service, trainer)]
+    said = "\n".join(log.read_text() for log in logs if log.exists())
+    assert read_count(service) >= 40 and read_count(trainer) >= 20, said
+    schedule = read_serve(service)
+    assert schedule is not None and schedule["seed"] == 7 and (schedule["low"], schedule["high"]) == (2, 6)
+    assert 0.0019 <= schedule["kernel_s"] <= 0.004  # one product timed alone
+    assert schedule["rate"] == pytest.approx(0.3 / (schedule["kernel_s"] * 4))  # 30 % of the device at 4 a request
+    arrived, answered = list(read_times(service, ".enqueued")), list(read_times(service, ".times"))
+    drawn = list(itertools.islice(requests(7, schedule["rate"], 2, 6), len(arrived)))
+    assert arrived == [schedule["t0"] + offset for offset, _ in drawn]  # the harness draws the same requests
+    assert answered == sorted(answered)  # one after the other, in arrival order
+    for (_, kernels), start, done in zip(drawn, arrived, answered, strict=True):
+        assert done - start >= kernels * 0.002 - 1e-4  # never faster than its products
+    assert "requests a second of 2-6 products (30% of the device alone)" in said
+    iterations = list(read_times(trainer, ".times"))
+    assert "10 an iteration" in said and len(iterations) >= 15
+    assert min(b - a for a, b in itertools.pairwise(iterations)) >= 0.0199  # 10 products of 2 ms queued at once
+
+
+def test_the_latency_figures_count_every_request_that_arrived_in_the_window() -> None:
+    """Latency from arrival to answer of the requests that arrived in the window (the i-th answer is the
+    i-th arrival), one still unanswered counted with what it waited; the work of each against alone."""
+    from gpucheck.items.latency import measure, percentile
+
+    schedule = {"kernel_s": 0.01}
+    arrivals = [(9.5, 2), (10.0, 3), (11.0, 4), (12.0, 5), (19.0, 2), (19.9, 6), (20.5, 1)]
+    answered = [9.6, 10.05, 11.1, 12.2, 19.1]  # (19.9, 6) and (20.5, 1) not answered when the run ended
+    trainer = [10.0 + i / 10 for i in range(1, 101)]  # 10 iterations a second from 10 to 20 s
+    run = {"name": "class", "window": (10.0, 20.0), "ended": 22.9, "freezes": 4.0}
+    row = measure(run, schedule, arrivals, answered, trainer, trainer_solo=20.0)
+    assert row["requests"] == 5 and row["unanswered"] == 1  # 10.0, 11.0, 12.0, 19.0 answered; 19.9 waiting
+    assert row["p50_ms"] == 100.0 and row["p99_ms"] == 200.0 and row["p999_ms"] == 200.0
+    lat = sorted([0.05, 0.1, 0.2, 0.1, 3.0])
+    assert percentile(lat, 1.0) == 3.0 and percentile([], 0.5) is None
+    assert row["service_asked"] == pytest.approx(0.02) and row["service_work"] == pytest.approx(0.014)
+    assert row["trainer_work"] == pytest.approx(0.5)  # 100 iterations in 10 s against 20 a second alone
+    assert row["throughput_kept"] == pytest.approx(0.514)
+    assert row["shares"] == [round(0.014 / 0.514, 3), round(0.5 / 0.514, 3)] and row["freezes"] == 4.0
+
+
+def test_the_latency_item_is_a_second_call_on_a_gpu_that_fits_one(tmp_path: Path) -> None:
+    """Not part of ``all`` (its 8 minutes are full): ``--only latency``, within one call's 10 minutes."""
+    from gpucheck.context import Context
+
+    item = ITEMS.get("latency")
+    assert item.on_request and "sim" in item.needs
+    gpu = Context(backend="nvml", quick=False, workdir=tmp_path, facts={})
+    sim = Context(backend="sim", quick=True, workdir=tmp_path, facts={})
+    assert 240 <= item.budget_s(gpu) <= 470 - 40  # 40 s: detecting the machine, packing
+    assert item.budget_s(sim) <= 75
+
+
+@pytest.mark.integration
+@pytest.mark.serial
+@pytest.mark.timeout(200)
+def test_the_latency_item_on_cpu_tenants_orders_the_runs_as_the_issue_asks(tmp_path: Path) -> None:
+    """``--only latency`` without a GPU: a CPU service and a burner in real cgroups on one CPU, the agent
+    enforcing with the simulated NVML and the real cpu.stat: the class's p99 at most 1.5 times the one
+    unenforced, the shares of the work within 5 points, the trainer frozen by the preemption alone."""
+    out = tmp_path / "report"
+    document, done = run_check(out, "--only", "latency", "--budget-scale", "2", timeout=150)
+    assert [i["name"] for i in document["items"]] == ["latency"], done.stdout[-2000:]
+    item = document["items"][0]
+    assert item["status"] == "pass", f"{item['reason']}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert document["cleanup"] == "" and done.returncode == 0
+    rows = {r["run"]: r for r in item["figures"]["rows"]}
+    assert list(rows) == ["alone", "unenforced", "latency class"]  # quick: no rotation
+    assert all(r["requests"] >= 50 for r in rows.values())
+    assert rows["alone"]["trainer_work"] == 0.0 and rows["unenforced"]["trainer_work"] > 0.3
+    cls = rows["latency class"]
+    assert cls["in_class"] is True and cls["freezes"] >= 10 and cls["service_frozen_s"] == 0.0
+    assert "| run | requests (unanswered) | p50 / p99 / p99.9 ms |" in (out / "report.md").read_text()

@@ -1,10 +1,11 @@
 """The items of ``real_gpu.py all``, registered in the order they run: cheap and independent first, the
-long shares runs last but one, accounting from the first shares run; the plant experiment only when
-``--only`` names it. What each needs per backend: an item without a ``sim`` entry needs a GPU."""
+long shares runs last but one, accounting from the first shares run; the plant experiment and the latency
+item only when ``--only`` names them (``all``'s 8 minutes on a GPU are full). What each needs per backend: an
+item without a ``sim`` entry needs a GPU."""
 
 from __future__ import annotations
 
-from gpucheck.items import accounting, cost, crash, ladder, plant, probe, shares, truth
+from gpucheck.items import accounting, cost, crash, ladder, latency, plant, probe, shares, truth
 from gpucheck.registry import ITEMS, Item, fixed
 
 SIM = ("cgroups", "two CPUs", "simulator")  # CPU tenants on one CPU, the agent on another
@@ -28,3 +29,6 @@ ITEMS.add(Item("plant", "Plant: the GPU under the freezer, open loop (solo, toge
                         "drain)", plant.run,
                needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=fixed(420, sim=150, quick=75),
                on_request=True))
+ITEMS.add(Item("latency", "Latency: a request-driven service beside a trainer, alone, unenforced, in the "
+                          "latency class (and the rotation)", latency.run,
+               needs={"nvml": ("torch", "cgroups"), "sim": SIM}, budget_s=latency.budget, on_request=True))
