@@ -42,7 +42,7 @@ from gpucheck.agents import get_json, parse_metrics, value
 from gpucheck.context import Context
 from gpucheck.plantstats import done_between
 from gpucheck.registry import ItemResult
-from gpucheck.tenants import Tenant, rates, read_serve, requests
+from gpucheck.tenants import Tenant, read_serve, requests, wait_counting
 
 SERVICE_SHARE, TRAINER_SHARE = 30, 70
 LOAD = 0.2  # of the device alone: the service well under its share, as the class is meant for
@@ -66,8 +66,9 @@ def lengths(ctx: Context) -> Lengths:
     return Lengths(3.0, 10.0, 0.0, 2.0, 3.0) if ctx.quick else Lengths(5.0, 60.0, 30.0, 4.0, 5.0)
 
 
-START_S = {True: 10.0, False: 60.0}  # tenants' start (a GPU: CUDA, timing a product) and the idle check
-AGENT_S = 10.0  # an agent's start, its first decisions and its stop
+START_S = {True: 20.0, False: 60.0}  # tenants' start (a GPU: CUDA, timing a product) and the idle check
+AGENT_S = 15.0  # an agent's start, its first decisions and its stop (slower on a loaded machine)
+DECIDE_S = 30.0  # at most this long for an agent to decide for both pods (it reads NVML's processes first)
 
 
 def budget(ctx: Context) -> float:
@@ -135,6 +136,16 @@ def wait_answered(service: Tenant, until: float, deadline: float) -> None:
         time.sleep(0.1)
 
 
+def solo_rate(tenant: Tenant, seconds: float) -> float:
+    """Iterations a second ``tenant`` completed over the next ``seconds``, by its own completion times (on a
+    GPU when the GPU finished each: the windows of the runs count them the same way)."""
+    w0 = time.monotonic()
+    time.sleep(seconds)
+    w1 = time.monotonic()
+    time.sleep(0.3)  # the tenants flush their traces every 0.1 s
+    return done_between(sorted(tenant.times()), w0, w1) / (w1 - w0)
+
+
 def wait_deciding(runner: Any, uids: set[str], timeout: float) -> None:
     """Until the agent's enforcement names both pods (it has read them and decided)."""
     deadline = time.monotonic() + timeout
@@ -162,7 +173,7 @@ def one_run(ctx: Context, name: str, service: Tenant, trainer: Tenant, n: Length
         runner = ctx.start_agent(f"latency-{name}", [service, trainer], **settings)
     try:
         if runner is not None:
-            wait_deciding(runner, {service.uid, trainer.uid}, AGENT_S)
+            wait_deciding(runner, {service.uid, trainer.uid}, DECIDE_S)
             before = parse_metrics(runner.metrics())
         time.sleep(n.settle)
         w0 = time.monotonic()
@@ -214,14 +225,12 @@ def run(ctx: Context) -> ItemResult:
     n = lengths(ctx)
     service = ctx.start_tenant("cpu-serve" if ctx.sim else "serve", "service", seed=SEED, load=LOAD)
     trainer = ctx.start_tenant("cpu" if ctx.sim else "trainer", "trainer")
-    from gpucheck.tenants import wait_counting
-
     wait_counting([service, trainer], timeout=max(10.0, min(120.0, ctx.left())))
     idle = ctx.quiet([service, trainer])
     service.freeze(True)  # the trainer's rate alone: the unit of its work
     try:
         time.sleep(0.3 if ctx.sim else 1.0)  # the service's queue drains
-        trainer_solo = rates([trainer], n.solo)[trainer.name]
+        trainer_solo = solo_rate(trainer, n.solo)
     finally:
         service.freeze(False)
     plan = [("alone", {"trainer_on": False}, n.measured), ("unenforced", {}, n.measured),
