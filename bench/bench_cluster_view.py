@@ -63,11 +63,16 @@ from decode_costs import decode_costs, distinct_states, side_by_side  # noqa: E4
 
 from gpuagent.hints.cluster_view import ClusterView  # noqa: E402
 from gpuagent.hints.codec import hints_from_jsonable  # noqa: E402
-from gpuagent.hints.extender import Extender, tune_garbage_collector  # noqa: E402
+from gpuagent.hints.extender import Extender  # noqa: E402
 from gpuagent.hints.published import Generation, project, state_object  # noqa: E402
 from gpuagent.hints.publisher import PublishPolicy  # noqa: E402
 from gpuagent.kubeapi import ApiConnection  # noqa: E402
 from gpuagent.snapshot import NodeHints  # noqa: E402
+
+try:  # since hints/extender.py was split; a bench_extender --baseline tree from before has it there
+    from gpuagent.hints.extender_serve import tune_garbage_collector
+except ImportError:
+    from gpuagent.hints.extender import tune_garbage_collector  # type: ignore[attr-defined,no-redef]
 
 GiB = 2**30
 CHURN_FRACTION = 0.02  # of the nodes changed every second during the restart check

@@ -59,7 +59,12 @@ sys.path.insert(0, TREE)
 from aiohttp import ClientSession, TCPConnector, web  # noqa: E402
 
 from gpuagent.hints.agents import AgentCache, AgentDirectory  # noqa: E402
-from gpuagent.hints.extender import Extender, build_app, build_registry  # noqa: E402
+from gpuagent.hints.extender import Extender  # noqa: E402
+
+try:  # the extender's app, split out of hints/extender.py; a --baseline tree from before has it there
+    from gpuagent.hints.extender_app import build_app, build_registry
+except ImportError:
+    from gpuagent.hints.extender import build_app, build_registry  # type: ignore[attr-defined,no-redef]
 
 SCENARIOS = ("h100-8x-64proc.yaml", "a100-mig.yaml", "laptop-1gpu.yaml")
 
@@ -291,7 +296,10 @@ async def judging_child(count: int, busy: float, calls: int, bodies: list[dict[s
     """One tree's judging figures (see the module docstring), as lists of seconds per call."""
     import gc
 
-    from gpuagent.hints.extender import tune_garbage_collector
+    try:  # where a --baseline tree from before the split has it: hints/extender.py
+        from gpuagent.hints.extender_serve import tune_garbage_collector
+    except ImportError:
+        from gpuagent.hints.extender import tune_garbage_collector  # type: ignore[attr-defined,no-redef]
 
     view = fleet_view(count, busy, bodies)
     nodes = [f"node-{i:05d}" for i in range(count)]

@@ -301,6 +301,6 @@ def _extender(args: argparse.Namespace) -> int:
         from gpuagent.api.tls import load_web_config, server_ssl_context
 
         ssl_context = server_ssl_context(load_web_config(options.web_config))
-    extender = importlib.import_module("gpuagent.hints.extender")
+    extender = importlib.import_module("gpuagent.hints.extender_serve")
     log.info("starting the extender: %s", ", ".join(f"{k}={v}" for k, v in options.as_dict().items()))
     return extender.run(options, ssl_context=ssl_context)  # type: ignore[no-any-return]

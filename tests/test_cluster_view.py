@@ -27,8 +27,9 @@ from test_hostile_objects import nullable_to_jsonschema
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.cluster_view import UNKNOWN_REASON, ClusterView
 from gpuagent.hints.codec import hints_from_jsonable
-from gpuagent.hints.extender import Extender, from_options
+from gpuagent.hints.extender import Extender
 from gpuagent.hints.extender_config import load_options
+from gpuagent.hints.extender_serve import from_options
 from gpuagent.hints.published import (
     Generation,
     decode_state,
@@ -496,7 +497,7 @@ async def test_a_repeated_answer_is_reused_until_a_state_changes_or_ages_out(api
 async def test_the_extender_is_ready_once_the_first_list_has_answered(api: FakeApiServer) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gpuagent.hints.extender import build_app, build_registry
+    from gpuagent.hints.extender_app import build_app, build_registry
 
     publish(api, "n1", all_free("n1"))
     made = ClusterView(connection=ApiConnection(config=api.kubeconfig()), sync_timeout=5.0)

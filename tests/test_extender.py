@@ -28,8 +28,10 @@ from test_tls import issue
 from gpuagent.api.tls import load_web_config, server_ssl_context
 from gpuagent.hints.agents import AgentCache, AgentDirectory, AgentTLS
 from gpuagent.hints.codec import hints_to_jsonable
-from gpuagent.hints.extender import Extender, build_app, build_registry, serve
+from gpuagent.hints.extender import Extender
+from gpuagent.hints.extender_app import build_app, build_registry
 from gpuagent.hints.extender_protocol import ArgsError, extender_score, parse_args
+from gpuagent.hints.extender_serve import serve
 from gpuagent.snapshot import GpuHints, NodeHints, TenantHint
 
 GiB = 2**30

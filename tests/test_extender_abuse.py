@@ -21,9 +21,10 @@ from test_extender import NODES, agents, all_free, fixture_nodes, harness  # noq
 
 from gpuagent.hints import nodes as node_list
 from gpuagent.hints.agents import AgentCache, AgentDirectory
-from gpuagent.hints.extender import MAX_BODY_BYTES, NoNodeSource, from_options
+from gpuagent.hints.extender_app import MAX_BODY_BYTES
 from gpuagent.hints.extender_config import load_options
 from gpuagent.hints.extender_protocol import MAX_CANDIDATES
+from gpuagent.hints.extender_serve import NoNodeSource, from_options
 from gpuagent.hints.nodes import KnownNodes, NodeLister
 from gpuagent.httpbody import MAX_JSON_DEPTH, BodyError, BodyLimits, json_depth, parse_json
 from gpuagent.kubeapi import ApiConnection

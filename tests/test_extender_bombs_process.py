@@ -22,7 +22,7 @@ import yaml
 from test_extender_abuse import gzip_bomb
 from test_extender_agents import free_port
 
-from gpuagent.hints.extender import MAX_BODY_BYTES
+from gpuagent.hints.extender_app import MAX_BODY_BYTES
 from gpuagent.quantities import parse_memory
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,8 +20,10 @@ from test_extender import KNOWN, NODES, VirtualAgents, agents, all_free  # noqa:
 from gpuagent.hints.agents import AgentCache, AgentDirectory
 from gpuagent.hints.claim_reader import ClaimReader
 from gpuagent.hints.claims import ClaimGpus, ClaimRef, Unjudged, claim_refs, object_gpus, spec_gpus
-from gpuagent.hints.extender import Extender, build_app, build_registry, claim_reader
+from gpuagent.hints.extender import Extender
+from gpuagent.hints.extender_app import build_app, build_registry
 from gpuagent.hints.extender_config import load_options
+from gpuagent.hints.extender_serve import claim_reader
 from gpuagent.hints.malformed import MalformedPod
 from gpuagent.hints.podrequest import PodRequestError, pod_fit_request
 from gpuagent.hints.score import FitRequest

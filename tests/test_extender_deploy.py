@@ -17,7 +17,8 @@ import yaml
 
 from gpuagent.cli import build_parser
 from gpuagent.hints.agents import AgentCache, AgentDirectory
-from gpuagent.hints.extender import Extender, build_app, build_registry
+from gpuagent.hints.extender import Extender
+from gpuagent.hints.extender_app import build_app, build_registry
 from gpuagent.hints.extender_config import OPTION_KEYS, load_options
 
 ROOT = Path(__file__).resolve().parents[1]

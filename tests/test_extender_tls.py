@@ -25,7 +25,8 @@ from test_tls import issue
 
 from gpuagent.api.tls import load_web_config, server_ssl_context
 from gpuagent.hints.agents import AgentCache, AgentDirectory
-from gpuagent.hints.extender import Extender, serve
+from gpuagent.hints.extender import Extender
+from gpuagent.hints.extender_serve import serve
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "scheduling.md"
 TLS_CONFIG_FIELDS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"}

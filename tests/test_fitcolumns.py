@@ -1,7 +1,7 @@
 """The fit over columns (``hints.fitcolumns``) answers exactly what ``fit_node`` answers, state by state.
 
 The extender judges the states new to a request over columns, many at once; the verdicts must be the ones
-``extender._score`` (``fit_node`` and its reason) gives each state alone: fits, the 0-10 score and the
+``extender_verdict.entry_verdict`` (``fit_node`` and its reason) gives each state alone: fits, the 0-10 score and the
 one-line reason, equal, not close. Checked on batches of random states drawn to tie (equal shares, equal
 free memory, repeated GPU indexes: the choice's tie-breaks), of hostile ones (``test_judging_is_total``'s
 strategies: huge and negative figures), and through the extender: a failure of the columns costs the call
@@ -23,7 +23,8 @@ from test_judging_is_total import hostile_nodes
 
 from gpuagent.hints import fitcolumns
 from gpuagent.hints.agents import AgentEntry
-from gpuagent.hints.extender import WRITTEN_ANSWERS, Extender, Verdict, _score
+from gpuagent.hints.extender import WRITTEN_ANSWERS, Extender
+from gpuagent.hints.extender_verdict import Verdict, entry_verdict
 from gpuagent.hints.fit import fit_node
 from gpuagent.hints.fitcolumns import FAILS, FITS, NOT_COLUMNAR, PLACE, Outcome, StateColumns
 from gpuagent.hints.fitrequest import FitRequest
@@ -105,7 +106,7 @@ def judged_together(batch: list[NodeHints], request: FitRequest) -> list[Verdict
 
 
 def one_by_one(hints: NodeHints, request: FitRequest) -> Verdict:
-    return _score(AgentEntry(node="node", url=None, hints=hints, index=node_index(hints)), request)
+    return entry_verdict(AgentEntry(node="node", url=None, hints=hints, index=node_index(hints)), request)
 
 
 def assert_same(batch: list[NodeHints], request: FitRequest) -> int:

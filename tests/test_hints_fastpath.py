@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from gpuagent.hints.agents import AgentEntry
 from gpuagent.hints.codec import hints_from_jsonable, hints_to_jsonable
-from gpuagent.hints.extender import Verdict, _reason, _score
 from gpuagent.hints.extender_protocol import extender_score
+from gpuagent.hints.extender_verdict import Verdict, entry_verdict, shown_reason
 from gpuagent.hints.score import NO_INDEX, FitRequest, FitResult, fit_node, node_index, score_node
 from gpuagent.snapshot import GpuHints, MigProfileHint, NodeHints, TenantHint
 
@@ -115,7 +115,7 @@ def summary(hints: NodeHints, result: FitResult) -> str:
         gpu, uuid, why = per_gpu[0]
         more = f" (+{len(per_gpu) - 1} more GPUs)" if len(per_gpu) > 1 else ""
         parts.append(f"GPU {gpu if gpu != NO_INDEX else uuid}: {why}{more}")
-    return _reason("; ".join(parts) or "does not fit")
+    return shown_reason("; ".join(parts) or "does not fit")
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -130,7 +130,7 @@ def test_fast_path_answers_as_score_node(hints: NodeHints, request: FitRequest) 
         expected = Verdict(True, score=extender_score(full.score))
     else:
         expected = Verdict(False, reason=summary(hints, full))
-    verdict = _score(AgentEntry(node="node", url=None, hints=hints, index=node_index(hints)), request)
+    verdict = entry_verdict(AgentEntry(node="node", url=None, hints=hints, index=node_index(hints)), request)
     assert verdict == expected
     # The index is built from the hints alone: a decoded copy (what the extender holds) answers alike.
     copy = hints_from_jsonable(hints_to_jsonable(hints))
@@ -147,5 +147,5 @@ def test_extender_entry_without_index_is_indexed_on_demand() -> None:
     other = node_index(replace(hints, hostname="other"))  # an index of other hints is not used
     request = FitRequest(gpus=2, exclusive=True)
     for index in (None, other):
-        verdict = _score(AgentEntry(node="n", url=None, hints=hints, index=index), request)
+        verdict = entry_verdict(AgentEntry(node="n", url=None, hints=hints, index=index), request)
         assert verdict == Verdict(False, reason="gpuagent: needs 2 GPUs, 1 can take it")

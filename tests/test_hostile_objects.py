@@ -26,7 +26,8 @@ from gpuagent import boundedjson
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints import agents
 from gpuagent.hints.cluster_view import UNKNOWN_REASON, ClusterView
-from gpuagent.hints.extender import Extender, build_registry
+from gpuagent.hints.extender import Extender
+from gpuagent.hints.extender_app import build_registry
 from gpuagent.hints.published import (
     MAX_GENERATION,
     Generation,

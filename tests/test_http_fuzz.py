@@ -22,8 +22,8 @@ from gpuagent.api.app import MAX_REQUEST_BYTES, build_app
 from gpuagent.export import build_registry
 from gpuagent.hints.agents import AgentCache, AgentDirectory
 from gpuagent.hints.extender import Extender
-from gpuagent.hints.extender import build_app as build_extender_app
-from gpuagent.hints.extender import build_registry as build_extender_registry
+from gpuagent.hints.extender_app import build_app as build_extender_app
+from gpuagent.hints.extender_app import build_registry as build_extender_registry
 from gpuagent.hints.extender_protocol import ArgsError, parse_args
 from gpuagent.hints.score import RequestError, parse_fit_request
 from gpuagent.httpbody import MAX_JSON_DEPTH, BodyError, BodyLimits, json_depth, json_items, parse_json

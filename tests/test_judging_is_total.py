@@ -30,15 +30,11 @@ from hypothesis import strategies as st
 from test_extender import NODES, FakeClock, Harness, all_free, gpu, node_hints
 
 from gpuagent.hints import extender as extender_module
+from gpuagent.hints import extender_verdict
 from gpuagent.hints.agents import AgentEntry
-from gpuagent.hints.extender import (
-    MAX_REASON_CHARS,
-    REASON_PREFIX,
-    Extender,
-    _score,
-    build_app,
-    build_registry,
-)
+from gpuagent.hints.extender import Extender
+from gpuagent.hints.extender_app import build_app, build_registry
+from gpuagent.hints.extender_verdict import MAX_REASON_CHARS, REASON_PREFIX, entry_verdict
 from gpuagent.hints.malformed import MalformedPod
 from gpuagent.hints.podrequest import PodRequestError, pod_fit_request
 from gpuagent.hints.score import (
@@ -145,7 +141,7 @@ def test_score_and_the_fast_path_answer_every_hostile_node(hints: NodeHints, req
     json.dumps(result.to_jsonable(), allow_nan=False)  # what /v1/hints/score answers
     fit = fit_node(node_index(hints), request)
     assert 0 <= fit.score <= 100 and fit.fits == (fit.score > 0)
-    verdict = _score(AgentEntry(node="node", url=None, hints=hints, index=node_index(hints)), request)
+    verdict = entry_verdict(AgentEntry(node="node", url=None, hints=hints, index=node_index(hints)), request)
     assert 0 <= verdict.score <= 10
     assert all(isinstance(key, bytes) for key in kind_keys(hints))  # the cluster view keys every state
     if not verdict.fits:
@@ -304,14 +300,14 @@ async def test_an_exception_judging_one_node_fails_that_node_alone(
     serve_nodes: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     h = await serve_nodes({node: all_free(node) for node in NODES[:2]})
-    real = extender_module.fit_node
+    real = extender_verdict.fit_node
 
     def breaks_on_node_1(index: Any, request: FitRequest) -> Any:
         if index.hints.hostname == NODES[0]:
             raise ZeroDivisionError("\x1b[2Jsomething no node should cause")
         return real(index, request)
 
-    monkeypatch.setattr(extender_module, "fit_node", breaks_on_node_1)
+    monkeypatch.setattr(extender_verdict, "fit_node", breaks_on_node_1)
     body = filter_request()
     body["NodeNames"] = list(NODES[:2])
     with caplog.at_level(logging.WARNING, logger=extender_module.__name__):
@@ -368,5 +364,5 @@ def test_a_bad_pod_value_is_escaped_in_the_reason_every_node_gets() -> None:
     with pytest.raises(PodRequestError) as caught:
         pod_fit_request(pod)
     assert has_unsafe(f"{caught.value.field}: {caught.value.message}")  # the pod's own name, raw
-    reason = extender_module._reason(f"{caught.value.field}: {caught.value.message}")
+    reason = extender_verdict.shown_reason(f"{caught.value.field}: {caught.value.message}")
     assert not has_unsafe(reason) and "\\x1b[2J" in reason

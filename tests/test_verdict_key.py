@@ -1,6 +1,6 @@
 """The verdict key (``hints.verdict_key``) against the extender's own verdicts, over random hints and requests.
 
-Both directions: two states with the same key get the same verdict (``extender._score``: fit, score and the
+Both directions: two states with the same key get the same verdict (``extender_verdict.entry_verdict``: fit, score and the
 one-line reason) for any request, however they differ in what the key leaves out; and two states that
 differ in anything the fit, score or reason reads get different keys. The fields the key reads and those
 it leaves out are listed here, and a test holds the lists to the dataclasses, so a new field of the hints
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_hints_fastpath import RATIOS, node_hints, requests
 
 from gpuagent.hints.agents import AgentEntry
-from gpuagent.hints.extender import Verdict, _score
+from gpuagent.hints.extender_verdict import Verdict, entry_verdict
 from gpuagent.hints.fitreasons import not_whole_gpu
 from gpuagent.hints.score import FitRequest, kind_name, node_index
 from gpuagent.hints.verdict_key import KindKeys, kind_keys, verdict_key
@@ -56,7 +56,7 @@ TENANT_READ = {"name"}  # on a GPU a whole-GPU request could use, the first thre
 
 def verdicts(hints: NodeHints, asked: list[FitRequest]) -> list[Verdict]:
     entry = AgentEntry(node="node", url=None, hints=hints, index=node_index(hints))
-    return [_score(entry, request) for request in asked]
+    return [entry_verdict(entry, request) for request in asked]
 
 
 def regular(hints: NodeHints) -> bool:
