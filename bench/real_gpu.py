@@ -4,6 +4,7 @@ Usage (a GPU, PyTorch, root for cgroups; this repository as the working director
 
     python3 bench/real_gpu.py all [--out DIR]   # every item, report.md + report.json, under 8 minutes
     python3 bench/real_gpu.py all --only plant  # the plant experiment (open loop, no agent), ~5.5 minutes
+    python3 bench/real_gpu.py all --only latency  # a service beside a trainer, with the latency class, ~6 min
     make gpu-check                              # the same as all (ONLY=plant: the plant)
     python3 bench/real_gpu.py all --backend sim --quick   # no GPU: the simulator items, CI-sized
     python3 bench/real_gpu.py monitor --seconds 60   # agent cost and NVML time next to two PyTorch tenants
@@ -12,12 +13,12 @@ Usage (a GPU, PyTorch, root for cgroups; this repository as the working director
     python3 bench/real_gpu.py mps --seconds 20       # an MPS daemon, two clients at 70 % / 30 % of the SMs
 
 ``all`` runs the items of ``gpucheck.items`` (probe, truth, cost, ladder, crash, shares, accounting; what each
-proves and its bars: ``docs/real-gpu.md``) and ``mps`` when time is left (the ``plant`` experiment only when
-``--only`` names it), each under its time budget and an
-overall ``--deadline``; without a GPU it runs on the simulator what it can there (CPU-burning tenants in real
-cgroups) and marks the rest "needs GPU". Everything it starts is stopped and every cgroup thawed and removed
-on every way out. ``--only``, ``--runs``, ``--share-configs`` and ``--share-kinds`` plan longer share matrices
-across several commands.
+proves and its bars: ``docs/real-gpu.md``) and ``mps`` when time is left (the ``plant`` experiment and the
+``latency`` item only when ``--only`` names them: ``all``'s 8 minutes are full), each under its time budget
+and an overall ``--deadline``; without a GPU it runs on the simulator what it can there (CPU-burning tenants
+in real cgroups) and marks the rest "needs GPU". Everything it starts is stopped and every cgroup thawed and
+removed on every way out. ``--only``, ``--runs``, ``--share-configs`` and ``--share-kinds`` plan longer share
+matrices across several commands.
 
 ``mps`` (``bench/real_gpu_mps.py``) starts an MPS control daemon of its own, runs two PyTorch clients with
 different ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and records what NVML lists and what the agent exports.
