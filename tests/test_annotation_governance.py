@@ -197,24 +197,6 @@ def test_node_defaults_refuse_an_unknown_mode() -> None:
         NodeDefaults(pod_annotations="all")
 
 
-@pytest.mark.parametrize(("text", "fragment"), [
-    ("pod_annotations: all\n", "pod_annotations: expected one of ignore, lower-only, any"),
-    ("pod_annotations: [any]\n", "pod_annotations: expected one of ignore, lower-only, any"),
-    ("policies:\n  - {match_namespace: a, pod_annotations: lower}\n",
-     "policies[0].pod_annotations: expected one of ignore, lower-only, any, got 'lower'; did you mean lower-only?"),
-    ("policies:\n  - {match_namespace: a, pod_anotations: any}\n",
-     "policies[0].pod_anotations: unknown key; did you mean pod_annotations?"),
-])
-def test_check_config_refuses_a_bad_mode_naming_the_key_path(
-    tmp_path: Path, capsys: pytest.CaptureFixture, text: str, fragment: str
-) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    assert cli.main(["check-config", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"{path}: ") and fragment in err and len(err.splitlines()) == 1
-
-
 def test_check_config_passes_the_modes_and_the_env_is_checked_too(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

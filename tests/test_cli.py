@@ -117,6 +117,18 @@ BAD_FILES = [
     pytest.param("poll_interval: [1\n", "invalid YAML at line 2", id="yaml-syntax"),
     pytest.param("- a\n- b\n", "expected a mapping", id="not-a-mapping"),
     pytest.param("listen: 'a:1'\nlisten: 'b:2'\n", "duplicate key 'listen'", id="duplicate-key"),
+    # pod_annotations (docs/isolation.md: what pods' annotations may do)
+    ("pod_annotations: all\n", "pod_annotations: expected one of ignore, lower-only, any"),
+    ("pod_annotations: [any]\n", "pod_annotations: expected one of ignore, lower-only, any"),
+    ("policies:\n  - {match_namespace: a, pod_annotations: lower}\n",
+     "policies[0].pod_annotations: expected one of ignore, lower-only, any, got 'lower'; did you mean lower-only?"),
+    ("policies:\n  - {match_namespace: a, pod_anotations: any}\n",
+     "policies[0].pod_anotations: unknown key; did you mean pod_annotations?"),
+    # the latency class (docs/isolation.md)
+    ("policies:\n  - {match_namespace: a, latency_sensitive: often}\n",
+     "policies[0].latency_sensitive: expected true or false (also yes/no, 1/0), got 'often'"),
+    ("policies:\n  - {match_namespace: a, latency_sensitve: true}\n",
+     "policies[0].latency_sensitve: unknown key; did you mean latency_sensitive?"),
 ]
 
 
