@@ -5,6 +5,7 @@ that measure CPU shares never run on an xdist worker, beside other tests, where 
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -81,6 +82,18 @@ def agent_off_the_burn_cpu() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the test: the CLI's ``main`` sets them up."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -40,15 +40,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODE_NAME", "test-node")
 
 
-@pytest.fixture(autouse=True)
-def restore_logging() -> object:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    for handler in root.handlers[:]:
-        if handler not in handlers:
-            root.removeHandler(handler)
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # the CLI sets up the root logger
 
 
 @pytest.fixture

@@ -6,10 +6,8 @@ missing or failed, and which endpoint of the running agent has the pods; with a 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import types
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,16 +16,7 @@ from gpuagent.config import load_config
 from gpuagent.devices.sim import kubernetes_demo_path
 from gpuagent.snapshot import NodeSnapshot, SourceStatus
 
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    for handler in root.handlers[:]:
-        if handler not in handlers:
-            root.removeHandler(handler)
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # the CLI sets up the root logger
 
 
 def test_no_pod_source_configured_names_both_and_the_agents_endpoint() -> None:
