@@ -1,13 +1,21 @@
-"""What the latency class's sensing costs the agent: its process's CPU time while a :class:`Preemption`
-watches one latency workload, its ``cpu.stat`` reread every period, the event loop otherwise idle.
+"""What the latency class's sensing costs the agent, and what it reads: its process's CPU time while a
+:class:`Preemption` watches one latency workload whose ``cpu.stat`` it rereads, the event loop otherwise
+idle.
 
-Usage: .venv/bin/python bench/bench_preemption.py [--periods 0.001,0.002,0.005,0.01] [--seconds 10]
-       [--cgroup /]
+Usage: .venv/bin/python bench/bench_preemption.py [--designs shipped,5ms,1ms] [--loads busy,0.1,0.3,0.6]
+       [--seconds 10] [--rounds 2]
 
-The workload is the v2 cgroup ``--cgroup`` (the unified hierarchy's root by default, whose CPU always
-moves: a service with a request always in hand, so the readings never change what is held and the figure
-is the sensing alone); its batch neighbour's freezes go nowhere. One line per period: the percent of a core
-and the CPU per reading. The agent's budget is 2 % of a core (docs/isolation.md, the latency class).
+The workload is a service in a v2 cgroup of its own, made here (root): a process that spins through
+requests (as CUDA's synchronisation spins while a request's kernels run) arriving as a Poisson process, each
+2-12 x 1.6 ms long (the model's ``Serve``), sleeping between them, at a ``--loads`` part of its time;
+``busy``: it spins all the time (a service with a request always in hand: the fastest reading throughout,
+the sensing's worst case). Its batch neighbour's freezes go nowhere. Designs: ``shipped`` (the
+controller's defaults: fast while a hold is on, slow otherwise), ``5ms`` and ``1ms`` (a fixed period, as
+measured before). The designs alternate, ``--rounds`` times each, the median shown. One line per design
+and load: the percent of a core, the readings a second, the CPU per reading, the part of the time the
+batch neighbour was held, the hand-off from the reading that changed a hold to the loop's applying it
+(median and 99th percentile), and the machine's load average. The agent's budget is 2 % of a core in all
+(docs/isolation.md, the latency class).
 """
 
 from __future__ import annotations
@@ -15,8 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
+import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,37 +38,150 @@ from gpuagent.enforce.cpustat import CpuStat
 from gpuagent.enforce.journal import FreezeTarget
 from gpuagent.enforce.timeslice import Cycler, LatencyController, Preemption, RotationPlan, Tenant
 
+DESIGNS: dict[str, Callable[[], LatencyController]] = {
+    "shipped": lambda: LatencyController({"svc"}),
+    "5ms": lambda: LatencyController({"svc"}, sense_s=0.005, idle_sense_s=0.005, ended=0.0),
+    "1ms": lambda: LatencyController({"svc"}, sense_s=0.001, idle_sense_s=0.001, ended=0.0),
+}
 
-async def cost(period: float, seconds: float, cgroup: str, v2_mount: str) -> tuple[float, float]:
-    """(percent of a core, microseconds of CPU per reading) over ``seconds``."""
-    cycler: Cycler[FreezeTarget] = Cycler(lambda target: None, lambda target: None, plan=RotationPlan(1.0))
-    controller = LatencyController({"svc"}, sense_s=period)
+# argv: the cgroup.procs to join, the load (0 < load < 1, or 1 to spin always), a seed
+_SERVICE = """
+import os, random, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+load, rng = float(sys.argv[2]), random.Random(int(sys.argv[3]))
+at = time.monotonic()
+while True:
+    if load >= 1.0:
+        continue
+    at += rng.expovariate(load / (7 * 0.0016))
+    time.sleep(max(0.0, at - time.monotonic()))
+    end = time.monotonic() + rng.randint(2, 12) * 0.0016
+    while time.monotonic() < end:
+        pass
+"""
+
+
+class _Timed(Preemption[FreezeTarget]):
+    """A preemption that stamps each reading that changed a hold, and each application of one."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.changed_at: dict[Hashable, float] = {}
+        self.handoffs: list[float] = []
+
+    def sense(self, now: float) -> list[Hashable]:
+        changed = super().sense(now)
+        for group in changed:
+            self.changed_at.setdefault(group, time.monotonic())
+        return changed
+
+    def apply(self, group: Hashable) -> None:
+        super().apply(group)
+        at = self.changed_at.pop(group, None)
+        if at is not None:
+            self.handoffs.append(time.monotonic() - at)
+
+
+class _Held:
+    """How long the batch neighbour was held (its freezes go nowhere; the cycler's calls are timed)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.since: float | None = None
+
+    def freeze(self, target: FreezeTarget) -> None:
+        self.since = time.monotonic()
+
+    def thaw(self, target: FreezeTarget) -> None:
+        if self.since is not None:
+            self.seconds += time.monotonic() - self.since
+            self.since = None
+
+
+async def cost(design: Callable[[], LatencyController], seconds: float, cgroup: str, v2_mount: str
+               ) -> dict[str, float]:
+    """The figures of one run of ``seconds`` watching ``cgroup``."""
+    held = _Held()
+    cycler: Cycler[FreezeTarget] = Cycler(held.freeze, held.thaw, plan=RotationPlan(1.0))
+    controller = design()
     controller.update(0.0, [Tenant("svc", 0.1, 0.3), Tenant("batch", 0.5, 0.7)])
-    preemption = Preemption(cycler, CpuStat(v2_mount=v2_mount).open, period_s=period)
+    preemption = _Timed(cycler, CpuStat(v2_mount=v2_mount).open)
     preemption.watch("gpu0", controller, {"svc": [FreezeTarget("v2", cgroup)]},
                      {"batch": [FreezeTarget("v2", "/nowhere")]})
     task = asyncio.create_task(preemption.run())
     await asyncio.sleep(0.5)
-    cpu, wall = time.process_time(), time.monotonic()
+    held.thaw(FreezeTarget("v2", "/nowhere"))
+    cpu, wall, readings, held.seconds = time.process_time(), time.monotonic(), preemption.readings, 0.0
+    if held.since is not None or controller.frozen():
+        held.since = wall
+    preemption.handoffs.clear()
     await asyncio.sleep(seconds)
+    held.thaw(FreezeTarget("v2", "/nowhere"))
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    readings = preemption.readings - readings
     task.cancel()
-    return cpu / wall * 100.0, cpu / (wall / period) * 1e6
+    handoffs = sorted(preemption.handoffs) or [float("nan")]
+    return {"percent": cpu / wall * 100.0, "per_s": readings / wall, "us": cpu / max(readings, 1) * 1e6,
+            "held": held.seconds / wall, "handoff_p50_ms": 1e3 * handoffs[len(handoffs) // 2],
+            "handoff_p99_ms": 1e3 * handoffs[min(len(handoffs) - 1, int(0.99 * len(handoffs)))]}
+
+
+def service(v2_mount: str, load: float, seed: int) -> tuple[subprocess.Popen[bytes], str]:
+    """A spinning service at ``load`` in a new v2 cgroup: the process and the cgroup's path."""
+    cgroup = f"/gpuagent-bench-{os.getpid()}"
+    directory = os.path.join(v2_mount, cgroup.lstrip("/"))
+    os.makedirs(directory, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", _SERVICE, os.path.join(directory, "cgroup.procs"),
+                             str(load), str(seed)])
+    procs = Path(directory, "cgroup.procs")
+    for _ in range(200):  # until it has joined
+        if procs.read_text().strip():
+            break
+        time.sleep(0.01)
+    return proc, cgroup
+
+
+def stop(proc: subprocess.Popen[bytes], v2_mount: str, cgroup: str) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for _ in range(100):
+        try:
+            os.rmdir(os.path.join(v2_mount, cgroup.lstrip("/")))
+            return
+        except OSError:
+            time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--periods", default="0.001,0.002,0.005,0.01")
+    parser.add_argument("--designs", default="shipped,5ms,1ms")
+    parser.add_argument("--loads", default="busy,0.1,0.3,0.6")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--cgroup", default="/")
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
     v2_mount = Hierarchies("/sys/fs/cgroup").mountpoints.get("v2")
-    if v2_mount is None or not os.path.exists(os.path.join(v2_mount, args.cgroup.lstrip("/"), "cpu.stat")):
-        print("no cgroup v2 cpu.stat to read here", file=sys.stderr)
+    if v2_mount is None or not os.access(v2_mount, os.W_OK):
+        print("no writable cgroup v2 hierarchy here (root, a v2 mount)", file=sys.stderr)
         return 2
-    for period in (float(p) for p in args.periods.split(",")):
-        percent, per_reading = asyncio.run(cost(period, args.seconds, args.cgroup, v2_mount))
-        print(f"period {period * 1e3:g} ms: {percent:.2f} % of a core, {per_reading:.0f} us of CPU a reading")
+    designs = args.designs.split(",")
+    for load_text in args.loads.split(","):
+        load = 1.0 if load_text == "busy" else float(load_text)
+        runs: dict[str, list[dict[str, float]]] = {d: [] for d in designs}
+        proc, cgroup = service(v2_mount, load, seed=29)
+        try:
+            for _ in range(args.rounds):
+                for design in designs:
+                    runs[design].append(asyncio.run(cost(DESIGNS[design], args.seconds, cgroup, v2_mount)))
+        finally:
+            stop(proc, v2_mount, cgroup)
+        for design in designs:
+            f = {k: statistics.median(r[k] for r in runs[design]) for k in runs[design][0]}
+            print(f"{design} at {load_text}: {f['percent']:.2f} % of a core, "
+                  f"{f['per_s']:.0f} readings a second, {f['us']:.0f} us of CPU a reading, "
+                  f"held {f['held']:.0%}, hand-off "
+                  f"{f['handoff_p50_ms']:.2f} / {f['handoff_p99_ms']:.2f} ms, load average "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
     return 0
 
 

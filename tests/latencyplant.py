@@ -52,13 +52,22 @@ class LatencyEnforced(Enforced):
                  shares: Mapping[str, float | None]) -> None:
         super().__init__(controller, plan, shares)
         self.latency = controller
-        self.sense_s = controller.sense_s
+
+    @property
+    def sense_s(self) -> float:
+        """Seconds to the next reading: the controller's (fast while a hold is on, as the agent reads)."""
+        return self.latency.period()
 
     def sense(self, t: float, cpu: Mapping[str, float]) -> bool:
         return self.latency.sense(t, cpu, thawed=set(self.shares) - self.frozen_at(t))
 
     def frozen_at(self, t: float) -> set[str]:
         return super().frozen_at(t) | self.latency.frozen()
+
+
+def _fixed(period: float, *, hold_s: float = 0.0) -> LatencyController:
+    """The class read every ``period`` whatever it holds, an end read only once the CPU stood still."""
+    return LatencyController({SERVICE}, sense_s=period, idle_sense_s=period, ended=0.0, hold_s=hold_s)
 
 
 Build = Callable[[dict[str, float | None], int], object]  # (shares, seed) -> a plant scheme
@@ -70,12 +79,17 @@ DESIGNS: dict[str, tuple[str, Build]] = {
         RotationController(), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
     "exempt": ("latency class (no preemption)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}, preempt=False), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    "latency": ("latency class (preempt, 1 ms)", lambda shares, seed: LatencyEnforced(
+    # the agent's sensing, as shipped (LatencyController's defaults: read every 2 ms while a hold is on,
+    # 20 ms otherwise, an end read from a part-moved interval)
+    "latency": ("latency class (preempt, as shipped)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    "latency-5ms": ("latency class (preempt, 5 ms)", lambda shares, seed: LatencyEnforced(
-        LatencyController({SERVICE}, sense_s=0.005), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    "latency-hold": ("latency class (preempt, 1 ms, held 20 ms)", lambda shares, seed: LatencyEnforced(
-        LatencyController({SERVICE}, hold_s=0.02), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
+    # the fixed periods measured before (an end read only from an interval that did not move)
+    "latency-1ms": ("latency class (preempt, every 1 ms)", lambda shares, seed: LatencyEnforced(
+        _fixed(0.001), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
+    "latency-5ms": ("latency class (preempt, every 5 ms)", lambda shares, seed: LatencyEnforced(
+        _fixed(0.005), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
+    "latency-hold": ("latency class (preempt, every 1 ms, held 20 ms)", lambda shares, seed: LatencyEnforced(
+        _fixed(0.001, hold_s=0.02), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
 }
 
 

@@ -55,7 +55,7 @@ from gpuagent.enforce.timeslice import (
     ShareController,
     Tenant,
 )
-from gpuagent.enforce.timeslice.preempt import PERIOD_S, Counter
+from gpuagent.enforce.timeslice.preempt import Counter
 from gpuagent.snapshot import (
     EnforcementState,
     NodeSnapshot,
@@ -82,7 +82,6 @@ class Enforcer:
         clock: Callable[[], float] = time.monotonic,
         work_conserving: bool = True,
         cpu: Callable[[Sequence[FreezeTarget]], Sequence[Counter]] | None = None,
-        sense_s: float = PERIOD_S,
     ) -> None:
         self.mode = mode
         self._work_conserving = work_conserving
@@ -93,9 +92,8 @@ class Enforcer:
         self._new_controller = controller
         self._controllers: dict[str, _Controller] = {}
         # the latency class's preemption: with a cycler to hold and a CPU reader to sense with
-        self._preemption = (Preemption(cycler, cpu, period_s=sense_s, clock=clock)
+        self._preemption = (Preemption(cycler, cpu, clock=clock)
                             if cycler is not None and cpu is not None else None)
-        self._sense_s = sense_s
         self._preemptible: set[str] = set()  # batch workloads a preemption may hold: their targets kept
         self._said_no_class = False
         self._clock = clock
@@ -314,8 +312,7 @@ class Enforcer:
         if not latency:
             return controller
         if isinstance(controller, RotationController):
-            wrapped = LatencyController(latency, rotation=controller, preempt=self._preemption is not None,
-                                        sense_s=self._sense_s)
+            wrapped = LatencyController(latency, rotation=controller, preempt=self._preemption is not None)
             self._controllers[uuid] = wrapped
             return wrapped
         if not self._said_no_class:

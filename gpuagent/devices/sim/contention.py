@@ -27,9 +27,10 @@ physics, deterministically from a seed, in well under a second of CPU per simula
 A scheme is any object with ``frozen_at(t) -> set of tenant names``, ``next_change(t) -> float`` (the next
 instant its frozen set may change; ``inf`` for never) and ``poll(t, readings)`` (the agent's poll, with
 each tenant's reading 0-1); :func:`run` drives it. A scheme with a ``sense_s`` attribute also gets
-``sense(t, cpu) -> bool`` every ``sense_s`` seconds, ``cpu`` each tenant's CPU seconds so far (a cgroup's
-``cpu.stat``: a tenant uses CPU unless frozen, a ``serve`` one only while it has a request in hand); it
-returns whether its frozen set changed, which is then decided again (and lands after the freezer's latency).
+``sense(t, cpu) -> bool`` every ``sense_s`` seconds (read again after each call: a scheme may change it),
+``cpu`` each tenant's CPU seconds so far (a cgroup's ``cpu.stat``: a tenant uses CPU unless frozen, a
+``serve`` one only while it has a request in hand); it returns whether its frozen set changed, which is
+then decided again (and lands after the freezer's latency).
 
 The grid's ``phase`` (where within the share period the samples fall) is drawn from the seed unless
 given: with a 100 ms duty cycle and a 200 ms grid every sample lands at the same phase of the cycle, which is
@@ -165,7 +166,7 @@ class Plant:
             tenant.touch(0.0)
         sense_s = getattr(scheme, "sense_s", None)
         if sense_s:
-            self._push(sense_s, _SENSE, sense_s)
+            self._push(sense_s, _SENSE, None)
         self._push(0.0, _SCHEDULE, 0)
         self._push(self.phase * s.sample_period_s, _SAMPLE, 0)
         poll_offset = self.rng.random() * s.poll_s
@@ -190,7 +191,7 @@ class Plant:
                 if scheme.sense(now, self._cpu(now)):  # type: ignore[attr-defined]
                     self._schedule_generation += 1
                     self._push(now, _SCHEDULE, self._schedule_generation)
-                self._push(now + what, _SENSE, what)  # type: ignore[operator]
+                self._push(now + scheme.sense_s, _SENSE, None)  # type: ignore[attr-defined]
             elif kind == _SAMPLE:
                 result.samples.append((now, self._sample(now)))
                 k = int(what) + 1  # type: ignore[call-overload]

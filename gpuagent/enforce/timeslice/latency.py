@@ -50,24 +50,32 @@ _MIN_THAWED_S = 0.5  # seconds thawed, at least, a capped tenant's saturation is
 _RELEASE_S = 10.0  # seconds: how long a capped tenant's CPU is judged over
 _MIN_POLLS = 10  # a latency tenant is capped only on this many readings at least
 _SAMPLES_PER_POLL = 5  # NVML's per-process samples in a 1 s poll (a 200 ms grid): the noise's floor
+# The sensing the agent ships (docs/shares.md, the latency class, has the figures that chose it):
+SENSE_S = 0.002  # seconds between two readings while a hold is on, and once after it ends
+IDLE_SENSE_S = 0.02  # seconds between two readings otherwise
+ENDED = 0.5  # a request ended within an interval its CPU moved under this part of its usual rate
+_RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
 
 
 class LatencyController:
     """One GPU: latency tenants exempt while under their shares, the rest in a rotation (see the module)."""
 
     def __init__(self, latency: Iterable[str], *, rotation: RotationController | None = None,
-                 preempt: bool = True, window: float = 30.0, sense_s: float = 0.001,
+                 preempt: bool = True, window: float = 30.0, sense_s: float = SENSE_S,
+                 idle_sense_s: float = IDLE_SENSE_S, ended: float = ENDED,
                  busy_cpu: float = 0.1, tolerance: float = 0.05, saturated: float = 0.9,
                  hold_s: float = 0.0) -> None:
-        if window <= 0 or sense_s <= 0:
-            raise ValueError("window and sense_s must be positive")
-        if not 0.0 <= busy_cpu < 1.0:
-            raise ValueError("busy_cpu must be in [0, 1)")
+        if window <= 0 or sense_s <= 0 or idle_sense_s < sense_s:
+            raise ValueError("window and sense_s must be positive, idle_sense_s at least sense_s")
+        if not 0.0 <= busy_cpu < 1.0 or not 0.0 <= ended < 1.0:
+            raise ValueError("busy_cpu and ended must be in [0, 1)")
         self.latency = frozenset(latency)
         self.rotation = rotation or RotationController()
         self.preempt = preempt
         self.window = window
         self.sense_s = sense_s
+        self.idle_sense_s = idle_sense_s
+        self.ended = ended
         self.busy_cpu = busy_cpu
         self.tolerance = tolerance
         self.saturated = saturated
@@ -75,8 +83,11 @@ class LatencyController:
         self._last_busy: dict[str, float] = {}
         self._cpu_polls: dict[str, deque[tuple[float, float]]] = {}  # key -> (poll, CPU seconds then)
         self._uses: dict[str, deque[tuple[float, float]]] = {}
-        self._capped: dict[str, deque[tuple[float, int, int]]] = {}  # key -> (poll, thawed, busy) since
-        self._counts: dict[str, tuple[int, int]] = {}  # key -> sense intervals thawed through, busy in those
+        self._capped: dict[str, deque[tuple[float, float, float]]] = {}  # key -> (poll, thawed, busy) since
+        self._counts: dict[str, tuple[float, float]] = {}  # key -> seconds read thawed through, busy of them
+        self._in_hand: set[str] = set()  # preempting keys with a request in hand at the last reading
+        self._rate: dict[str, float] = {}  # key -> its CPU's rate (cores) through a request, smoothed
+        self._let_go = False  # a hold ended at the last reading: the next one comes soon (see period)
         self._thawed: frozenset[str] = frozenset()  # the keys thawed at the last reading
         self._preempting: set[str] = set()  # exempt latency keys within their shares: they may preempt
         self._batch: frozenset[str] = frozenset()  # keys with a share, outside the latency class
@@ -127,6 +138,8 @@ class LatencyController:
         self._cpu.pop(key, None)
         self._capped.pop(key, None)
         self._counts.pop(key, None)
+        self._rate.pop(key, None)
+        self._in_hand.discard(key)
         self._cpu_polls.pop(key, None)
         self._last_busy.pop(key, None)
         self._preempting.discard(key)
@@ -168,14 +181,14 @@ class LatencyController:
         self._busy = self._busy & self._preempting
         return fractions
 
-    def _unsaturated(self, key: str, counts: deque[tuple[float, int, int]], now: float) -> bool:
-        """Over the last ``_RELEASE_S``, it was busy in under ``_SATURATED`` of the intervals it was
+    def _unsaturated(self, key: str, counts: deque[tuple[float, float, float]], now: float) -> bool:
+        """Over the last ``_RELEASE_S``, it was busy in under ``_SATURATED`` of the time it was sensed
         thawed through (once it was thawed ``_MIN_THAWED_S`` at least)."""
-        counts.append((now, *self._counts.get(key, (0, 0))))
+        counts.append((now, *self._counts.get(key, (0.0, 0.0))))
         while len(counts) > 1 and counts[1][0] <= now - _RELEASE_S:
             counts.popleft()
         (first, thawed_then, busy_then), (last, thawed, busy) = counts[0], counts[-1]
-        if last - first < _RELEASE_S * 0.9 or (thawed - thawed_then) * self.sense_s < _MIN_THAWED_S:
+        if last - first < _RELEASE_S * 0.9 or thawed - thawed_then < _MIN_THAWED_S:
             return False
         return busy - busy_then < _SATURATED * (thawed - thawed_then)
 
@@ -211,6 +224,12 @@ class LatencyController:
 
     # -- every few milliseconds -----------------------------------------------------------------------
 
+    def period(self) -> float:
+        """Seconds to the next reading: ``sense_s`` while a hold is on (its end, read late, idles the GPU)
+        and for one reading after one ends, ``idle_sense_s`` otherwise (a start read late costs the service
+        a few milliseconds of a shared GPU; docs/shares.md, the latency class)."""
+        return self.sense_s if self._let_go or self.frozen() else self.idle_sense_s
+
     def sense(self, now: float, cpu: Mapping[str, float], thawed: Collection[str] | None = None) -> bool:
         """Each latency tenant's CPU seconds so far (``cpu.stat``), and the keys the plan has thawed now
         (None: unknown; a capped tenant is then released only by the rotation); True when :meth:`frozen`
@@ -225,17 +244,39 @@ class LatencyController:
             self._cpu[key] = (now, used)
             if last is None or now <= last[0]:
                 continue
-            moved = used - last[1] > self.busy_cpu * (now - last[0])
+            interval = now - last[0]
+            rate = (used - last[1]) / interval
+            moved = rate > self.busy_cpu
             if key in self._capped:
                 if key in thawed_now and key in self._thawed:  # thawed through the interval
-                    through, busy_in = self._counts.get(key, (0, 0))
-                    self._counts[key] = (through + 1, busy_in + moved)
+                    through, busy_in = self._counts.get(key, (0.0, 0.0))
+                    self._counts[key] = (through + interval, busy_in + interval * moved)
             elif key in self._preempting:
-                if moved:
+                if self._in_hand_through(key, rate, moved):
                     self._last_busy[key] = now
                 if now - self._last_busy.get(key, -math.inf) <= self.hold_s:
                     busy.add(key)
         self._thawed = thawed_now
         before = self.frozen()
         self._busy = frozenset(busy)
-        return self.frozen() != before
+        after = self.frozen()
+        self._let_go = bool(before) and not after
+        return after != before
+
+    def _in_hand_through(self, key: str, rate: float, moved: bool) -> bool:
+        """Whether ``key`` still has a request in hand at the end of this interval: its CPU moved, and,
+        through a request begun before it (a hold's second reading on), at ``ended`` of its usual rate
+        at least: one that stopped spinning within the interval reads a part of it, so its end is read
+        now, not a reading later."""
+        if not moved:
+            self._in_hand.discard(key)
+            return False
+        if key not in self._in_hand:  # a request began within the interval: a part of it moved
+            self._in_hand.add(key)
+            return True
+        usual = self._rate.get(key)
+        self._rate[key] = rate if usual is None else usual + _RATE_WEIGHT * (rate - usual)
+        if usual is not None and rate < self.ended * usual:
+            self._in_hand.discard(key)
+            return False
+        return True

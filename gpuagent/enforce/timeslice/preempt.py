@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -38,7 +39,6 @@ from gpuagent.enforce.timeslice.latency import LatencyController
 log = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=Hashable)
-PERIOD_S = 0.005  # seconds between two readings of the latency workloads' CPU (see the module)
 
 
 class Counter(Protocol):
@@ -60,10 +60,8 @@ class Preemption(Generic[T]):
     frozen through ``cycler`` while :meth:`LatencyController.frozen` says (see the module)."""
 
     def __init__(self, cycler: Cycler[T], open_counters: Callable[[Sequence[T]], Sequence[Counter]], *,
-                 period_s: float = PERIOD_S, clock: Callable[[], float] = time.monotonic) -> None:
-        if not period_s > 0:
-            raise ValueError("period_s must be positive")
-        self.period_s = period_s
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.readings = 0  # how many times the thread has read the counters (bench/bench_preemption.py)
         self.lock = threading.Lock()  # the controllers' state and the counters: the thread and the loop
         self._cycler = cycler
         self._open = open_counters
@@ -134,9 +132,14 @@ class Preemption(Generic[T]):
 
     # -- the sensing ------------------------------------------------------------------------------------
 
+    def period(self) -> float:
+        """Seconds to the next reading: the shortest of the watched controllers' (fast while one holds)."""
+        return min((w.controller.period() for w in self._watches.values()), default=math.inf)
+
     def sense(self, now: float) -> list[Hashable]:
         """One reading of every watched counter fed to its controller; the groups whose hold changed."""
         changed = []
+        self.readings += 1
         with self.lock:
             frozen = self._cycler.frozen_keys
             for group, watch in self._watches.items():
@@ -175,13 +178,13 @@ class Preemption(Generic[T]):
             thread.join(timeout=1.0)
 
     def _thread(self, loop: asyncio.AbstractEventLoop) -> None:
-        next_at = self._clock()
+        last = self._clock()
         while not self._stop.is_set():
             if not self._watches:
                 self._wake.clear()
                 if not self._watches:
                     self._wake.wait()
-                next_at = self._clock()
+                last = self._clock()
                 continue
             try:
                 changed = self.sense(self._clock())
@@ -194,11 +197,12 @@ class Preemption(Generic[T]):
                     loop.call_soon_threadsafe(self.apply, group)
             except RuntimeError:  # the loop is closed: the agent is gone
                 return
-            next_at += self.period_s
-            delay = next_at - self._clock()
-            if delay < 0:
-                next_at, delay = self._clock(), 0.0  # fell behind (a starved process): no burst of readings
-            time.sleep(delay)
+            period = self.period()
+            if math.isinf(period):  # nothing watched any more: wait at the top
+                continue
+            # counted from the last reading's start; fell behind (a starved process): no burst of readings
+            last = max(last + period, self._clock())
+            time.sleep(max(0.0, last - self._clock()))
 
     @staticmethod
     def _close(watch: _Watch[T], *, keep: Mapping[str, tuple[Counter, ...]]) -> None:
