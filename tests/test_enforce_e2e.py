@@ -189,30 +189,24 @@ async def held_shares(
 
 
 @pytest.mark.serial
-async def test_shares_70_30_are_held_within_5_points(
+async def test_shares_50_30_20_with_three_tenants_are_held_by_the_rotation(
     cgroup_sandbox: CgroupSandbox, tmp_path: Path, agent_off_the_burn_cpu: None
 ) -> None:
-    _, agent, states = await held_shares(  # fails unless both are within 5 points of their shares
-        cgroup_sandbox, tmp_path, [("big", "70", True), ("small", "30", True)], {"big": 0.70, "small": 0.30},
-        warmup=5, measure=20, settle=True)
-    # The rotation (the default scheme): both take turns, each frozen outside its slot of every period.
-    small = next(s for s in states if s.pod == "small")
-    big = next(s for s in states if s.pod == "big")
-    assert small.limit_ratio == 0.30 and small.throttled_seconds_total > 3
-    assert 0.5 < small.frozen_ratio < 0.9 and 0.1 < big.frozen_ratio < 0.5, (small, big)
+    """Three tenants within 5 points of 50/30/20. Two tenants at 70/30 are the GPU check's CI-size shares
+    run on the simulator (``tests/test_gpu_check.py``'s ``all``, judged at the same bar), so that split is
+    not measured twice: the suite's serial pass is the longest part of its five minutes."""
+    _, agent, states = await held_shares(  # fails unless every tenant is within 5 points of its share
+        cgroup_sandbox, tmp_path, [("a", "50", True), ("b", "30", True), ("c", "20", True)],
+        {"a": 0.50, "b": 0.30, "c": 0.20}, warmup=5, measure=20, settle=True)
+    # The rotation (the default scheme): each takes turns, frozen outside its slot of every period.
+    by_pod = {s.pod: s for s in states}
+    assert by_pod["c"].limit_ratio == 0.20 and by_pod["c"].throttled_seconds_total > 3
+    assert 0.6 < by_pod["c"].frozen_ratio < 0.95 and 0.3 < by_pod["a"].frozen_ratio < 0.7, brief(states)
+    assert by_pod["a"].frozen_ratio < by_pod["b"].frozen_ratio < by_pod["c"].frozen_ratio, brief(states)
     assert agent.latest.enforcement.share_scheme == "rotation"
     assert agent.latest.enforcement.share_period_seconds == 1.0
     counts = agent.latest.enforcement.actions_total
     assert counts.get(("freeze", "done"), 0) > 0 and not counts.get(("freeze", "failed"))
-
-
-@pytest.mark.serial
-async def test_shares_50_30_20_with_three_tenants(
-    cgroup_sandbox: CgroupSandbox, tmp_path: Path, agent_off_the_burn_cpu: None
-) -> None:
-    await held_shares(  # fails unless every tenant is within 5 points of its share
-        cgroup_sandbox, tmp_path, [("a", "50", True), ("b", "30", True), ("c", "20", True)],
-        {"a": 0.50, "b": 0.30, "c": 0.20}, warmup=5, measure=20, settle=True)
 
 
 @pytest.mark.serial

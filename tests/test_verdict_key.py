@@ -119,7 +119,7 @@ def alike(draw: st.DrawFn, hints: NodeHints, reads: str = "exclusive") -> NodeHi
     return replace(hints, gpus=tuple(gpus), **others)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), hints=node_hints(), asked=st.lists(requests(), min_size=1, max_size=6))
 def test_states_with_the_same_key_get_the_same_verdicts(data: st.DataObject, hints: NodeHints,
                                                         asked: list[FitRequest]) -> None:
@@ -129,7 +129,7 @@ def test_states_with_the_same_key_get_the_same_verdicts(data: st.DataObject, hin
     assert kind_keys(other) == kind_keys(hints)  # the state's key decides every kind's
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), hints=node_hints(), asked=st.lists(requests(), min_size=1, max_size=9))
 def test_states_with_the_same_key_for_a_kind_get_the_same_verdicts_for_that_kind(
         data: st.DataObject, hints: NodeHints, asked: list[FitRequest]) -> None:
