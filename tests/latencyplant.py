@@ -67,7 +67,8 @@ class LatencyEnforced(Enforced):
 
 def _fixed(period: float, *, hold_s: float = 0.0) -> LatencyController:
     """The class read every ``period`` whatever it holds, an end read only once the CPU stood still."""
-    return LatencyController({SERVICE}, sense_s=period, idle_sense_s=period, ended=0.0, hold_s=hold_s)
+    return LatencyController({SERVICE}, sense_s=period, idle_sense_s=period, ended=0.0, still_s=0.0,
+                             hold_s=hold_s)
 
 
 Build = Callable[[dict[str, float | None], int], object]  # (shares, seed) -> a plant scheme
@@ -80,10 +81,14 @@ DESIGNS: dict[str, tuple[str, Build]] = {
     "exempt": ("latency class (no preemption)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}, preempt=False), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
     # the agent's sensing, as shipped (LatencyController's defaults: read every 2 ms while a hold is on,
-    # 20 ms otherwise, an end read from a part-moved interval)
+    # 20 ms otherwise; a request ended once its CPU stood still 5 ms, a scheduler tick and some)
     "latency": ("latency class (preempt, as shipped)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    # the fixed periods measured before (an end read only from an interval that did not move)
+    # and an end read from an interval that moved under 0.9 of the usual rate (measured, left off)
+    "latency-ended": ("latency class (as shipped, ends from part-moved intervals)", lambda shares, seed:
+                      LatencyEnforced(LatencyController({SERVICE}, ended=0.9), RotationPlan(1.0, dither=0.3,
+                                                                                            seed=seed), shares)),
+    # the fixed periods measured before (an end read from the first interval that did not move)
     "latency-1ms": ("latency class (preempt, every 1 ms)", lambda shares, seed: LatencyEnforced(
         _fixed(0.001), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
     "latency-5ms": ("latency class (preempt, every 5 ms)", lambda shares, seed: LatencyEnforced(

@@ -3,9 +3,10 @@ reads a request's end.
 
 A request's start read late costs the service a few milliseconds of a shared GPU; its end read late idles
 the GPU (its neighbours are held frozen for nothing). So :meth:`LatencyController.period` is short while a
-hold is on (and for one reading after it ends) and long otherwise, and a reading whose interval moved only
-a part of the service's usual rate ends the hold at once instead of a reading later. The figures that chose
-the periods: docs/shares.md, the latency class. Deterministic: readings at given instants, fake counters.
+hold is on (and for one reading after it ends) and long otherwise; a hold ends once the counter stood still
+longer than a scheduler tick (the kernel charges a running task only at its ticks); ``ended`` (measured,
+off by default) would end it at a reading that moved under a part of the usual rate. The figures that
+chose them: docs/shares.md, the latency class. Deterministic: readings at given instants, fake counters.
 """
 
 from __future__ import annotations
@@ -54,15 +55,29 @@ def test_it_reads_slowly_while_idle_fast_while_it_holds_and_once_after() -> None
     assert controller.frozen() == {"t0"} and controller.period() == FAST
     for _ in range(5):
         assert read.next(1.0) == FAST and controller.frozen() == {"t0"}
-    read.next(0.0)  # it ended
+    read.next(0.0)
+    read.next(0.0)  # still 4 ms: a tick's length, not yet an end
+    assert controller.frozen() == {"t0"}
+    read.next(0.0)  # still 6 ms: it ended
     assert controller.frozen() == frozenset()
     assert controller.period() == FAST  # one more fast reading: it may have stopped between two requests
     read.next(0.0)
     assert controller.period() == IDLE
 
 
-def test_a_request_ending_within_an_interval_ends_the_hold_at_that_reading() -> None:
-    controller = service(ended=0.5)
+def test_a_counter_that_moves_only_at_the_scheduler_tick_keeps_the_hold() -> None:
+    """The kernel charges a running task at each tick (4 ms at HZ=250): read every 2 ms, a spinning
+    service's counter stands still every other reading, and jumps 4 ms at the next."""
+    controller = service()
+    read = Readings(controller)
+    read.next(0.3)
+    for step in range(20):
+        read.next(2.0 if step % 2 else 0.0)
+        assert controller.frozen() == {"t0"}, step
+
+
+def test_with_ended_a_request_ending_within_an_interval_ends_the_hold_at_that_reading() -> None:
+    controller = service(ended=0.5, still_s=0.0)
     read = Readings(controller)
     read.next(0.5)  # began
     read.next(1.0)  # through a whole interval: its usual rate, one core
@@ -73,8 +88,8 @@ def test_a_request_ending_within_an_interval_ends_the_hold_at_that_reading() -> 
     assert controller.frozen() == {"t0"}
 
 
-def test_without_ended_the_end_is_read_only_from_an_interval_that_did_not_move() -> None:
-    controller = service(ended=0.0)
+def test_without_ended_the_end_is_read_only_once_the_counter_stood_still() -> None:
+    controller = service(ended=0.0, still_s=0.0)
     read = Readings(controller)
     read.next(0.5)
     read.next(1.0)
@@ -84,10 +99,10 @@ def test_without_ended_the_end_is_read_only_from_an_interval_that_did_not_move()
     assert controller.frozen() == frozenset()
 
 
-def test_an_interval_at_its_usual_rate_keeps_the_hold_and_a_starved_service_learns_its_rate() -> None:
+def test_with_ended_a_starved_service_learns_its_rate() -> None:
     """A service that gets 0.4 of a core (a loaded node) is let go at its first readings, then keeps its
     holds once its usual rate is learned: its requests are not cut into freezes and thaws."""
-    controller = service(ended=0.5)
+    controller = service(ended=0.5, still_s=0.0)
     read = Readings(controller)
     read.next(0.2)
     read.next(1.0)  # usual: one core
@@ -109,31 +124,32 @@ def test_a_service_over_its_share_preempts_no_one_and_is_read_slowly() -> None:
 
 def test_a_capped_service_is_judged_on_the_seconds_it_was_thawed_whatever_the_periods() -> None:
     """Saturation is counted in seconds, not readings: a saturated service read at uneven intervals (its
-    CPU still only in the short ones) stays capped, though half its readings did not move."""
+    CPU still through the short ones, longer than a tick) stays capped, though half its readings did not
+    move."""
     controller = LatencyController({"svc"}, sense_s=FAST, idle_sense_s=IDLE)
     now, cpu = 0.0, 0.0
 
-    def second(short: float) -> None:
-        """One second: readings after 20 ms its CPU moved through, each followed by one after ``short``
-        that did not move; then a poll reading it over its share."""
+    def second(short: float, use: float = 0.5) -> None:
+        """About one second: readings after 200 ms its CPU moved through, each followed by one after
+        ``short`` that did not move; then a poll reading it at ``use`` (over its share by default)."""
         nonlocal now, cpu
         end = now + 1.0
         while now < end:
-            now += IDLE
-            cpu += IDLE
+            now += 0.2
+            cpu += 0.2
             controller.sense(now, {"svc": cpu}, {"svc", "t0"})
             now += short
             controller.sense(now, {"svc": cpu}, {"svc", "t0"})
-        controller.update(now, [Tenant("svc", 0.5, 0.3), Tenant("t0", 0.5, 0.7)])
+        controller.update(now, [Tenant("svc", use, 0.3), Tenant("t0", 1.0 - use, 0.7)])
 
     for _ in range(10):
-        second(0.0005)
+        second(0.006)
     assert controller.capped("svc")
-    for _ in range(11):  # busy 97.6 % of its seconds in 50 % of its readings: saturated
-        second(0.0005)
+    for _ in range(11):  # busy 97 % of its seconds in 50 % of its readings: saturated
+        second(0.006)
     assert controller.capped("svc")
-    for _ in range(11):  # busy 50 % of its seconds: not
-        second(IDLE)
+    for _ in range(11):  # busy 50 % of its seconds: not (and NVML reads it under its share)
+        second(0.2, use=0.2)
     assert not controller.capped("svc")
 
 

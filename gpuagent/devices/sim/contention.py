@@ -28,9 +28,10 @@ A scheme is any object with ``frozen_at(t) -> set of tenant names``, ``next_chan
 instant its frozen set may change; ``inf`` for never) and ``poll(t, readings)`` (the agent's poll, with
 each tenant's reading 0-1); :func:`run` drives it. A scheme with a ``sense_s`` attribute also gets
 ``sense(t, cpu) -> bool`` every ``sense_s`` seconds (read again after each call: a scheme may change it),
-``cpu`` each tenant's CPU seconds so far (a cgroup's ``cpu.stat``: a tenant uses CPU unless frozen, a
-``serve`` one only while it has a request in hand); it returns whether its frozen set changed, which is
-then decided again (and lands after the freezer's latency).
+``cpu`` each tenant's CPU seconds so far as its cgroup's ``cpu.stat`` shows them (a tenant uses CPU unless
+frozen, a ``serve`` one only while it has a request in hand; the kernel charges a running task at each
+scheduler tick, ``cpu_tick_s``, and when it stops, so the counter moves in steps); it returns whether
+its frozen set changed, which is then decided again (and lands after the freezer's latency).
 
 The grid's ``phase`` (where within the share period the samples fall) is drawn from the seed unless
 given: with a 100 ms duty cycle and a 200 ms grid every sample lands at the same phase of the cycle, which is
@@ -65,6 +66,7 @@ class PlantSettings:
     timeslice_s: float = 0.002  # the driver's time slice between contexts that both have work
     switch_s: float = 0.0002  # GPU time lost at each change of context
     freeze_latency_s: float = 0.004  # a freeze or thaw lands up to this long after it was due (event loop)
+    cpu_tick_s: float = 0.004  # a running task's cpu.stat moves at each scheduler tick (HZ=250; 0: exact)
     sample_period_s: float = 0.2
     sample_jitter_s: float = 0.0005
     sample_window_s: float = 0.0003
@@ -146,6 +148,8 @@ class Plant:
         self._samples = 0
         self._schedule_generation = 0
         self._freezer_order = 0  # the last freezer change applied: an older one arriving late is dropped
+        ticks = random.Random(seed * 7919 + 29)  # each tenant's tick phase (its own stream: the rest unmoved)
+        self._ticks = [ticks.random() * self.s.cpu_tick_s for _ in self.tenants]
 
     # -- the event queue -----------------------------------------------------------------------------
 
@@ -223,7 +227,8 @@ class Plant:
     def _cpu(self, now: float) -> dict[str, float]:
         for tenant in self.tenants:
             tenant.touch(now)
-        return {t.name: t.cpu_s for t in self.tenants}
+        tick, phases = self.s.cpu_tick_s, self._ticks
+        return {t.name: t.counter(now, tick, phase) for t, phase in zip(self.tenants, phases, strict=True)}
 
     def _work_at(self, now: float) -> dict[str, float]:
         work = {t.name: t.done for t in self.tenants}

@@ -98,6 +98,7 @@ class Tenant:
     frozen_s: float = 0.0  # seconds frozen up to ``mark``
     mark: float = 0.0
     cpu_on: bool = False
+    on_since: float = 0.0  # when its CPU last went on
 
     @classmethod
     def of(cls, name: str, kind: TenantKind) -> Tenant:
@@ -169,7 +170,19 @@ class Tenant:
         if self.frozen:
             self.frozen_s += now - self.mark
         self.mark = now
-        self.cpu_on = not self.frozen and not (self.kind == "serve" and self.idle)
+        on = not self.frozen and not (self.kind == "serve" and self.idle)
+        if on and not self.cpu_on:
+            self.on_since = now
+        self.cpu_on = on
+
+    def counter(self, now: float, tick_s: float, phase: float) -> float:
+        """Its CPU seconds as its cgroup's ``cpu.stat`` shows them at ``now`` (after :meth:`touch`): the
+        kernel charges a running task at each scheduler tick (every ``tick_s``, from ``phase``) and when it
+        stops, so while its CPU is on the counter stands at the last tick (or where it went on)."""
+        if not self.cpu_on or tick_s <= 0:
+            return self.cpu_s
+        tick = phase + math.floor((now - phase) / tick_s) * tick_s
+        return self.cpu_s - (now - max(self.on_since, min(tick, now)))
 
     def answered(self, end: float) -> list[tuple[float, float]]:
         """Its replies, and the requests unanswered at ``end`` with the time they have waited."""

@@ -53,7 +53,8 @@ _SAMPLES_PER_POLL = 5  # NVML's per-process samples in a 1 s poll (a 200 ms grid
 # The sensing the agent ships (docs/shares.md, the latency class, has the figures that chose it):
 SENSE_S = 0.002  # seconds between two readings while a hold is on, and once after it ends
 IDLE_SENSE_S = 0.02  # seconds between two readings otherwise
-ENDED = 0.5  # a request ended within an interval its CPU moved under this part of its usual rate
+ENDED = 0.0  # (off) a request ended within an interval its CPU moved under this part of its usual rate
+STILL_S = 0.005  # a request ended once its CPU stood still this long: a tick (4 ms at HZ=250) and some
 _RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
 
 
@@ -62,7 +63,7 @@ class LatencyController:
 
     def __init__(self, latency: Iterable[str], *, rotation: RotationController | None = None,
                  preempt: bool = True, window: float = 30.0, sense_s: float = SENSE_S,
-                 idle_sense_s: float = IDLE_SENSE_S, ended: float = ENDED,
+                 idle_sense_s: float = IDLE_SENSE_S, ended: float = ENDED, still_s: float = STILL_S,
                  busy_cpu: float = 0.1, tolerance: float = 0.05, saturated: float = 0.9,
                  hold_s: float = 0.0) -> None:
         if window <= 0 or sense_s <= 0 or idle_sense_s < sense_s:
@@ -76,6 +77,7 @@ class LatencyController:
         self.sense_s = sense_s
         self.idle_sense_s = idle_sense_s
         self.ended = ended
+        self.still_s = still_s
         self.busy_cpu = busy_cpu
         self.tolerance = tolerance
         self.saturated = saturated
@@ -87,6 +89,7 @@ class LatencyController:
         self._counts: dict[str, tuple[float, float]] = {}  # key -> seconds read thawed through, busy of them
         self._in_hand: set[str] = set()  # preempting keys with a request in hand at the last reading
         self._rate: dict[str, float] = {}  # key -> its CPU's rate (cores) through a request, smoothed
+        self._moved_at: dict[str, float] = {}  # key -> the last reading its CPU moved at
         self._let_go = False  # a hold ended at the last reading: the next one comes soon (see period)
         self._thawed: frozenset[str] = frozenset()  # the keys thawed at the last reading
         self._preempting: set[str] = set()  # exempt latency keys within their shares: they may preempt
@@ -139,6 +142,7 @@ class LatencyController:
         self._capped.pop(key, None)
         self._counts.pop(key, None)
         self._rate.pop(key, None)
+        self._moved_at.pop(key, None)
         self._in_hand.discard(key)
         self._cpu_polls.pop(key, None)
         self._last_busy.pop(key, None)
@@ -247,12 +251,15 @@ class LatencyController:
             interval = now - last[0]
             rate = (used - last[1]) / interval
             moved = rate > self.busy_cpu
+            if moved:
+                self._moved_at[key] = now
+            active = now - self._moved_at.get(key, -math.inf) <= self.still_s  # (a tick: see the module)
             if key in self._capped:
                 if key in thawed_now and key in self._thawed:  # thawed through the interval
                     through, busy_in = self._counts.get(key, (0.0, 0.0))
-                    self._counts[key] = (through + interval, busy_in + interval * moved)
+                    self._counts[key] = (through + interval, busy_in + interval * active)
             elif key in self._preempting:
-                if self._in_hand_through(key, rate, moved):
+                if self._in_hand_through(key, rate, moved, active):
                     self._last_busy[key] = now
                 if now - self._last_busy.get(key, -math.inf) <= self.hold_s:
                     busy.add(key)
@@ -263,20 +270,23 @@ class LatencyController:
         self._let_go = bool(before) and not after
         return after != before
 
-    def _in_hand_through(self, key: str, rate: float, moved: bool) -> bool:
-        """Whether ``key`` still has a request in hand at the end of this interval: its CPU moved, and,
-        through a request begun before it (a hold's second reading on), at ``ended`` of its usual rate
-        at least: one that stopped spinning within the interval reads a part of it, so its end is read
-        now, not a reading later."""
-        if not moved:
+    def _in_hand_through(self, key: str, rate: float, moved: bool, active: bool) -> bool:
+        """Whether ``key`` still has a request in hand at this reading: one began when its CPU moved, and
+        lasts while it moved within ``still_s``; and, through a request begun before (a hold's second
+        reading on), a reading that moved under ``ended`` of its usual rate ends it: the CPU stopped within
+        the interval (the kernel charges a task that stops at once), so its end is read now, not
+        ``still_s`` later."""
+        if not active:
             self._in_hand.discard(key)
             return False
-        if key not in self._in_hand:  # a request began within the interval: a part of it moved
-            self._in_hand.add(key)
-            return True
-        usual = self._rate.get(key)
-        self._rate[key] = rate if usual is None else usual + _RATE_WEIGHT * (rate - usual)
-        if usual is not None and rate < self.ended * usual:
-            self._in_hand.discard(key)
-            return False
+        if key not in self._in_hand:
+            if moved:  # a request began
+                self._in_hand.add(key)
+            return moved
+        if moved:
+            usual = self._rate.get(key)
+            self._rate[key] = rate if usual is None else usual + _RATE_WEIGHT * (rate - usual)
+            if usual is not None and rate < self.ended * usual:
+                self._in_hand.discard(key)
+                return False
         return True
