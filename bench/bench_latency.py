@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/bench_latency.py [--seeds 8] [--designs none,duty,rotation,exempt,latency]
        [--neighbours matmul,deep,trainer] [--counts 1,2] [--loads 0.1,0.3,0.6] [--arrivals poisson|bursts]
-       [--seconds 120] [--markdown]
+       [--seconds 120] [--freeze-latency-ms 4] [--markdown]
 
 Issue 29's measurement (``tests/latencyplant.py``): a request-driven service (``serve``: Poisson arrivals,
 each request 2-12 H200 matmul kernels, 3.2-19.2 ms of GPU work) with a 30 % share at a load of 10, 30 and
@@ -10,7 +10,9 @@ each request 2-12 H200 matmul kernels, 3.2-19.2 ms of GPU work) with a 30 % shar
 ``trainer`` PyTorch-style 100 ms iterations) sharing the other 70 % equally; each design of
 ``latencyplant.DESIGNS`` enforces those shares (``none``: nothing is frozen). Runs of ``--seconds``
 virtual seconds, judged after the first 15; one seed a run (it draws the arrivals, the same for every
-design, NVML's phase and the plan's dither).
+design, NVML's phase and the plan's dither). ``--freeze-latency-ms``: the most a freeze or thaw lands after
+it was due (the plant's 4 by default; the preemption's hand-off measured by ``bench_preemption.py`` is far
+shorter, so a smaller value is a sensitivity, not the calibration).
 
 Per design, neighbours and load, over the seeds:
 
@@ -46,6 +48,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
 
     seconds = args.seconds
     after = 15.0
+    settings = contention.PlantSettings(freeze_latency_s=args.freeze_latency_ms / 1000.0)
     rows: list[dict[str, object]] = []
     loads = [float(x) for x in args.loads.split(",")]
     for load in loads:
@@ -53,7 +56,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
         p99s = []
         for seed in range(args.seeds):
             result = contention.run([(SERVICE, Serve(load, args.arrivals))], _Nothing(), seconds=seconds,
-                                    seed=seed)
+                                    seed=seed, settings=settings)
             lat = [x for a, x in result.requests[SERVICE] if a > after]
             pooled += lat
             p99s.append(summary(lat)["p99"])
@@ -67,7 +70,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
                     pooled, p99s, svc, errors, kept = [], [], [], [], []
                     for seed in range(args.seeds):
                         run = run_beside(design, neighbour, count, load, seed=seed, arrivals=args.arrivals,
-                                         seconds=seconds, measured=seconds - after)
+                                         seconds=seconds, measured=seconds - after, settings=settings)
                         pooled += [x for a, x in run.result.requests[SERVICE] if a > after]
                         p99s.append(run.latency["p99"])
                         svc.append(run.got[SERVICE])
@@ -170,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", default="0.1,0.3,0.6")
     parser.add_argument("--arrivals", default="poisson", choices=("poisson", "bursts"))
     parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--freeze-latency-ms", type=float, default=4.0)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--goals", default=None, help="issue 29's goals table of this design (with none)")
     args = parser.parse_args(argv)

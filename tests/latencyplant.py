@@ -119,7 +119,8 @@ class Beside:
 
 
 def run_beside(design: str | Build, neighbour: str, count: int, load: float | None, *, seed: int = 0,
-               arrivals: str = "poisson", seconds: float = 120.0, measured: float = 105.0) -> Beside:
+               arrivals: str = "poisson", seconds: float = 120.0, measured: float = 105.0,
+               settings: contention.PlantSettings | None = None) -> Beside:
     """The service at ``load`` (None: no service) beside ``count`` neighbours of kind ``neighbour``."""
     build = DESIGNS[design][1] if isinstance(design, str) else design
     names = [f"t{i}" for i in range(count)]
@@ -129,7 +130,8 @@ def run_beside(design: str | Build, neighbour: str, count: int, load: float | No
         shares[SERVICE] = SERVICE_SHARE
         tenants.append((SERVICE, Serve(load, arrivals)))
     scheme = build(dict(shares), seed)
-    result = contention.run(tenants, scheme, seconds=seconds, seed=seed)  # type: ignore[arg-type]
+    result = contention.run(tenants, scheme, seconds=seconds, seed=seed,  # type: ignore[arg-type]
+                            settings=settings)
     after = seconds - measured
     got = result.truth(after)
     work = {n: result.work[-1][n] - _at(result, after)[n] for n in names}
