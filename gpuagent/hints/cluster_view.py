@@ -44,17 +44,17 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuagent.hints.agents import FRESH, STALE, STATES, UNREACHABLE, AgentEntry
+from gpuagent.hints.ages import AgeBuckets
 from gpuagent.hints.published import (
     COLLECTION_PATH,
     GROUP,
@@ -90,14 +90,22 @@ class _Meta:
 
 
 @dataclass(slots=True)
-class _Shared:
-    """One state's decoded hints, index and keys, and how many nodes are in it."""
+class SharedState:
+    """One state's decoded hints, index and keys, and how many nodes are in it. Its keys per kind are
+    attributes of their own too (``shared``, ``exclusive``, ``mig``: the fields of ``KindKeys``), so the
+    extender reads a node's key for a request's kind in one step from the node's state."""
 
     hints: NodeHints
     index: NodeIndex
     key: bytes  # the state's verdict key (one bytes object for all its nodes)
     keys: KindKeys  # its keys per kind of request, worked out once per state
     users: int = 0
+    shared: bytes = field(init=False)
+    exclusive: bytes = field(init=False)
+    mig: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shared, self.exclusive, self.mig = self.keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +149,14 @@ class ClusterView(Reflector):
         self._entries: dict[str, AgentEntry] = {}
         # node -> the generation and heartbeat of its last write applied (kept while a later write is refused)
         self._seen: dict[str, tuple[Generation, float]] = {}
-        self._shared: dict[bytes, _Shared] = {}  # verdict key -> the one copy of that state
+        self._shared: dict[bytes, SharedState] = {}  # verdict key -> the one copy of that state
         self._listed: dict[bytes, NodeHints] = {}  # while a list is read: the copy of each key decoded so far
         self._synced_event = asyncio.Event()
         self._logged: dict[str, str] = {}  # node -> the refusal last logged for it
         self.outcomes = dict.fromkeys((APPLIED, UNREADABLE, STALE_WRITE, AHEAD), 0)  # writes, for metrics
         self.version = 0  # counts the changes to the view: an answer computed at one version holds until it
-        self._expiry: tuple[int, float, float] | None = None  # (version, max_age, when a state ages out)
+        self._states: dict[str, SharedState] = {}  # node -> its state, for the nodes that can be judged
+        self._ages = AgeBuckets()  # the nodes' heartbeats, for ``expiry``
         self.unknown_reason = UNKNOWN_REASON
 
     # -- what the reflector asks of a view -----------------------------------------------------------------
@@ -230,6 +239,9 @@ class ClusterView(Reflector):
         previous = self._entries.get(node)
         age = max(0.0, self._wall() - state.heartbeat_unix)
         answered_at = self._monotonic() - age
+        self._ages.add(answered_at)
+        if previous is not None and previous.answered_at is not None:
+            self._ages.remove(previous.answered_at)
         if previous is not None and previous.key == state.key:  # the same objects: the per-node memo holds
             self._entries[node] = dataclasses.replace(previous, answered_at=answered_at)
             return
@@ -238,6 +250,7 @@ class ClusterView(Reflector):
         shared = self._acquire(state.key, state.hints)
         self._entries[node] = AgentEntry(node=node, url=None, hints=shared.hints, index=shared.index,
                                          answered_at=answered_at, key=shared.key, keys=shared.keys)
+        self._states[node] = shared
 
     def _refuse(self, node: str, reason: str) -> None:
         """The node's latest write cannot be judged: the node is unresolvable, saying why, until a write of
@@ -252,7 +265,7 @@ class ClusterView(Reflector):
         if previous is not None and previous.unreadable == reason:
             return
         if previous is not None:
-            self._release(previous.key)
+            self._let_go(previous)
         self._entries[node] = AgentEntry(node=node, url=None, unreadable=reason)
         self.version += 1
 
@@ -266,15 +279,22 @@ class ClusterView(Reflector):
         self._seen.pop(node, None)
         self._logged.pop(node, None)
         if entry is not None:
-            self._release(entry.key)
+            self._let_go(entry)
             self.version += 1
 
-    def _acquire(self, key: bytes, hints: NodeHints) -> _Shared:
+    def _let_go(self, entry: AgentEntry) -> None:
+        """What the view held for a node's entry that is replaced or forgotten: its state, age and keys."""
+        self._release(entry.key)
+        self._states.pop(entry.node, None)
+        if entry.answered_at is not None:
+            self._ages.remove(entry.answered_at)
+
+    def _acquire(self, key: bytes, hints: NodeHints) -> SharedState:
         """The hints, index and keys kept for ``key``: nodes in the same state share one copy."""
         shared = self._shared.get(key)
         if shared is None:
             hints = _shared_strings(hints)
-            shared = self._shared[key] = _Shared(hints, node_index(hints), key, kind_keys(hints, key))
+            shared = self._shared[key] = SharedState(hints, node_index(hints), key, kind_keys(hints, key))
         shared.users += 1
         return shared
 
@@ -307,6 +327,12 @@ class ClusterView(Reflector):
         one C-speed ``get`` a name where ``get`` here is a Python call: 1.7 against 5.7 ms at 20,000)."""
         return self._entries
 
+    def states_by_node(self) -> Mapping[str, SharedState]:
+        """Node -> its state (hints, index, keys), for the nodes whose state can be judged: read only. The
+        extender's common call maps its names through it at C speed, one lookup a name, and judges the
+        states new to a request from what it gives; a dict slot a node (the states are the view's own)."""
+        return self._states
+
     def knows(self, node: str) -> bool:
         """Whether ``node`` has published a state (an unknown name is never anything else here)."""
         return node in self._entries
@@ -318,14 +344,10 @@ class ClusterView(Reflector):
         return len(self._entries)
 
     def expiry(self, max_age_seconds: float) -> float:
-        """The monotonic time at which the first state now known turns older than ``max_age_seconds``
-        (computed once per version): until then, and while the version holds, every verdict stands."""
-        cached = self._expiry
-        if cached is None or cached[0] != self.version or cached[1] != max_age_seconds:
-            oldest = min((e.answered_at for e in self._entries.values() if e.answered_at is not None),
-                         default=math.inf)
-            cached = self._expiry = (self.version, max_age_seconds, oldest + max_age_seconds)
-        return cached[2]
+        """A monotonic time by which no state now known has turned older than ``max_age_seconds``: until
+        then, and while the version holds, every verdict stands. At most ``ages.BUCKET_SECONDS`` before the
+        first state ages out (``ages.AgeBuckets``: no pass over the nodes)."""
+        return self._ages.oldest() + max_age_seconds
 
     def counts(self, max_age_seconds: float) -> dict[str, int]:
         now = self._monotonic()
