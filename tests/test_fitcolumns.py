@@ -23,6 +23,7 @@ from test_judging_is_total import hostile_nodes
 
 from gpuagent.hints import fitcolumns
 from gpuagent.hints.agents import AgentEntry
+from gpuagent.hints.cluster_view import SharedState
 from gpuagent.hints.extender import WRITTEN_ANSWERS, Extender
 from gpuagent.hints.extender_verdict import Verdict, entry_verdict
 from gpuagent.hints.fit import fit_node
@@ -101,7 +102,8 @@ def judged_together(batch: list[NodeHints], request: FitRequest) -> list[Verdict
     """The extender's verdicts of the states of ``batch``, judged in one call (``_judge_states``)."""
     extender = Extender(Source({}), max_age_seconds=900.0)
     by_state: dict[bytes, Verdict] = {}
-    extender._judge_states("filter", request, {e.key: e for e in map(entry, batch)}, by_state)  # type: ignore[misc]
+    extender._judge_states("filter", request, {e.key: e for e in map(entry, batch)}, by_state,  # type: ignore[misc]
+                           lambda key: "node")
     return [by_state[verdict_key(hints)] for hints in batch]
 
 
@@ -211,6 +213,10 @@ class Source:
     def by_node(self) -> dict[str, AgentEntry]:
         return self.entries
 
+    def states_by_node(self) -> dict[str, SharedState]:
+        return {name: SharedState(e.hints, e.index, e.key, e.keys)  # type: ignore[arg-type]
+                for name, e in self.entries.items() if e.keys is not None}
+
     def knows(self, node: str) -> bool:
         return node in self.entries
 
@@ -291,3 +297,25 @@ async def test_only_the_last_answers_keep_their_replies_written() -> None:
     answers = [memo.answer for memo in extender._memo.values() if memo.answer is not None]
     assert len(answers) == 7 and sum(1 for answer in answers if answer.replies) == WRITTEN_ANSWERS
     assert all(answer.replies for answer in answers[-WRITTEN_ANSWERS:])
+
+
+def test_a_failing_states_reason_is_written_once_per_distinct_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of failing states read a few dozen figures: the reasons are worded once per distinct
+    reading (its GPU counts, first GPU's label, why and figure), not once per state."""
+    from gpuagent.hints import extender as extender_module
+
+    asked: list[tuple[Any, ...]] = []
+    worded = extender_module.failed_verdict
+
+    def counted(request: FitRequest, *reading: Any) -> Verdict:
+        asked.append(reading)
+        return worded(request, *reading)
+
+    monkeypatch.setattr(extender_module, "failed_verdict", counted)
+    request = FitRequest(memory_bytes=50 * GIB)
+    # 40 states of their own (each its own second GPU), failing on two readings of their first GPU
+    batch = [node(f"n{i}", gpu(0, 40 if i % 2 else 30, 1.0), gpu(1, 1, 1.0, memory_free_bytes=GIB + i * 2**20))
+             for i in range(40)]
+    verdicts = judged_together(batch, request)
+    assert len({verdict_key(hints) for hints in batch}) == 40 and len(asked) == len(set(asked)) == 2
+    assert verdicts == [one_by_one(hints, request) for hints in batch]

@@ -51,7 +51,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_, not_
 from typing import Any
 
 import msgspec
@@ -65,6 +66,7 @@ from gpuagent.hints.extender_metrics import ExtenderMetrics
 from gpuagent.hints.extender_protocol import (
     ArgsError,
     ExtenderArgs,
+    HostPriority,
     filter_result,
     host_priority_list,
     parse_args,
@@ -72,12 +74,13 @@ from gpuagent.hints.extender_protocol import (
 from gpuagent.hints.extender_verdict import (
     BY_FIT_SCORE,
     FITTING,
+    Judgeable,
     Verdict,
     entry_verdict,
     failed_verdict,
     shown_reason,
 )
-from gpuagent.hints.fitcolumns import FITS, NOT_COLUMNAR, PLACE, StateColumns
+from gpuagent.hints.fitcolumns import FAILS, FITS, NOT_COLUMNAR, PLACE, Judgement, StateColumns
 from gpuagent.hints.fitreasons import unjudgeable
 from gpuagent.hints.fitrequest import FitRequest, kind_name
 from gpuagent.hints.malformed import MalformedPod
@@ -94,6 +97,9 @@ UNKNOWN_LOG_SECONDS = 60.0
 MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
 WRITTEN_ANSWERS = 4  # answers whose replies are kept written (1.6 MB for a filter of 20,000 names)
 LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
+_KIND_KEY = {kind: attrgetter(kind) for kind in KindKeys._fields}  # a SharedState -> one kind's key
+_STATE_KEY, _INDEX, _SCORE = attrgetter("key"), attrgetter("index"), attrgetter("score")
+_FITS, _REASON, _UNRESOLVABLE = attrgetter("fits"), attrgetter("reason"), attrgetter("unresolvable")
 
 
 class _RequestMemo:
@@ -113,11 +119,15 @@ class _Judged:
     """A call's verdicts, one per candidate name in the order sent, and what answers them."""
 
     verdicts: list[Verdict]
-    passed: int
+    fits: list[bool]  # each verdict's ``fits``
     version: int | None = None  # the cluster view's, when these verdicts were worked out from it
     until: float = 0.0  # monotonic time they hold until (the first state to age out)
     nodes: tuple[str, ...] = ()
     replies: dict[str, bytes] = field(default_factory=dict)  # verb -> the reply written (NodeNames form)
+
+    @property
+    def passed(self) -> int:
+        return self.fits.count(True)
 
 
 
@@ -166,7 +176,7 @@ class Extender:
 
     async def prioritize(self, body: Any) -> list[dict[str, Any]]:
         args = parse_args(body)
-        return _priorities(args, await self._judge(args, "prioritize"))
+        return msgspec.to_builtins(_priorities(args, await self._judge(args, "prioritize")))
 
     async def reply(self, verb: str, body: Any) -> bytes:
         """The verb's reply as the JSON kube-scheduler reads: what ``filter`` or ``prioritize`` answer,
@@ -194,12 +204,12 @@ class Extender:
         except PodRequestError as err:
             log.info("pod %s: %s", pod_name(args.pod), err)
             bad = Verdict(False, reason=shown_reason(f"{err.field}: {err.message}"), unresolvable=True)
-            return self._count(verb, _Judged([bad] * len(nodes), 0))
+            return self._count(verb, _Judged([bad] * len(nodes), [False] * len(nodes)))
         except Unjudged as err:
             self._unjudged(verb, args.pod, err)
-            return self._count(verb, _Judged([FITTING[0]] * len(nodes), len(nodes)))
+            return self._count(verb, _Judged([FITTING[0]] * len(nodes), [True] * len(nodes)))
         if request is None:  # no GPU asked for: not ours to judge
-            return self._count(verb, _Judged([FITTING[0]] * len(nodes), len(nodes)))
+            return self._count(verb, _Judged([FITTING[0]] * len(nodes), [True] * len(nodes)))
         memo = self._memo.pop(request, None)
         if memo is None or len(memo.nodes) + len(memo.states) > 2 * len(self.cache) + 1000:  # forgotten nodes
             memo = _RequestMemo()
@@ -220,7 +230,7 @@ class Extender:
             get = (await self.cache.lookup(nodes)).get
             fresh = False
         verdicts = self._verdicts(verb, nodes, get, request, memo, now, fresh)
-        judged = _Judged(verdicts, sum([v.fits for v in verdicts]))
+        judged = _Judged(verdicts, list(map(_FITS, verdicts)))
         if version is not None and version == self.cache.version:  # type: ignore[union-attr]
             judged.version, judged.nodes = version, nodes
             judged.until = self.cache.expiry(self.max_age_seconds)  # type: ignore[union-attr]
@@ -235,21 +245,10 @@ class Extender:
         kind = KindKeys._fields.index(kind_name(request))
         by_node, by_state = memo.nodes, memo.states
         known = by_state.get
-        if fresh:  # the common call: every name a node of the view, looked up by its state's key
-            entries = [get(node) for node in nodes]
-            try:
-                keys = [entry.keys[kind] for entry in entries]  # type: ignore[union-attr,index]
-            except (AttributeError, TypeError):  # a name not in the view, or a state that cannot be judged
-                pass  # one by one, below
-            else:
-                verdicts = [known(key) for key in keys]
-                new = {key: entry for entry, key, verdict in zip(entries, keys, verdicts, strict=True)
-                       if verdict is None}
-                if not new:
-                    return verdicts  # type: ignore[return-value]
-                self._judge_states(verb, request, new, by_state)  # type: ignore[arg-type]
-                return [verdict if verdict is not None else by_state[key]
-                        for key, verdict in zip(keys, verdicts, strict=True)]
+        if fresh:  # the common call: every name a node of the view with a state to judge it by
+            verdicts = self._fresh_verdicts(verb, nodes, request, by_state, kind_name(request))
+            if verdicts is not None:
+                return verdicts
         out: list[Verdict | bytes] = []
         add = out.append
         pending: dict[bytes, AgentEntry] = {}  # state key -> a node in that state, to judge it by
@@ -296,54 +295,94 @@ class Extender:
             self._unknown(verb, unknown, len(nodes))
         if not pending:
             return out  # type: ignore[return-value]
-        self._judge_states(verb, request, pending, by_state)
+        self._judge_states(verb, request, pending, by_state, lambda key: pending[key].node)
         return [v if v.__class__ is Verdict else by_state[v] for v in out]  # type: ignore[index]
 
-    def _judge_states(self, verb: str, request: FitRequest, pending: Mapping[bytes, AgentEntry | None],
-                      by_state: dict[bytes, Verdict]) -> None:
-        """The verdict of each state new to ``request`` (key -> a node in it), into ``by_state``: over the
-        columns (``hints.fitcolumns``) where they answer, else by ``fit_node`` state by state."""
-        left: dict[bytes, AgentEntry] = pending  # type: ignore[assignment]
+    def _fresh_verdicts(self, verb: str, nodes: Sequence[str], request: FitRequest,
+                        by_state: dict[bytes, Verdict], kind: str) -> list[Verdict] | None:
+        """Each name's verdict when every name is a node of the cluster view in a state that can be judged
+        (else None: the names are taken one by one). Every pass over the names is a C-speed ``map`` (no
+        Python code a name): its state (``ClusterView.states_by_node``) and that state's key for the
+        request's kind, its verdict if the state was judged for this request before, and the states new to
+        it judged together."""
+        held = list(map(self.cache.states_by_node().get, nodes))  # type: ignore[union-attr]
+        try:
+            keys = list(map(_KIND_KEY[kind], held))
+        except AttributeError:  # a name not in the view, or one whose state cannot be judged (None)
+            return None
+        verdicts = list(map(by_state.get, keys))
+        missing = verdicts.count(None)
+        if not missing:
+            return verdicts  # type: ignore[return-value]
+        if missing == len(verdicts):  # a request never seen: every state of the call is new to it
+            pending = dict(zip(keys, held, strict=True))
+        else:
+            new = list(map(is_, verdicts, repeat(None)))
+            pending = dict(zip(compress(keys, new), compress(held, new), strict=False))  # compress: no length
+        self._judge_states(verb, request, pending, by_state, lambda key: nodes[keys.index(key)])
+        return list(map(by_state.__getitem__, keys))
+
+    def _judge_states(self, verb: str, request: FitRequest, pending: Mapping[bytes, Judgeable],
+                      by_state: dict[bytes, Verdict], node_of: Callable[[bytes], str]) -> None:
+        """The verdict of each state new to ``request`` (key -> the state, or a node's entry in it), into
+        ``by_state``: over the columns (``hints.fitcolumns``) where they answer, else by ``fit_node`` state
+        by state. ``node_of``: a node in the state of a key, named in the log when judging it raised."""
+        left: Mapping[bytes, Judgeable] = pending
         if fitcolumns.handles(request):
             try:
                 self._columns.forget_if_over(len(self.cache))
                 keys, entries = list(pending), list(pending.values())
-                slots = self._columns.slots(zip([e.key for e in entries], [e.index for e in entries],  # type: ignore[union-attr]
-                                                strict=True))
-                columnar = [i for i, slot in enumerate(slots) if slot != NOT_COLUMNAR]
-                judged = self._columns.judge([slots[i] for i in columnar], request)
+                slots = self._columns.slots(zip(map(_STATE_KEY, entries), map(_INDEX, entries), strict=True))
+                columnar = slots if NOT_COLUMNAR not in slots else [s for s in slots if s != NOT_COLUMNAR]
+                judged = self._columns.judge(columnar, request)
             except Exception:  # a bug of the columns: every state is judged one by one instead
                 log.warning("%s: judging %d states over columns raised; judged one by one", verb,
                             len(pending), exc_info=True)
                 self._columns.clear()
             else:
-                left = {keys[i]: entries[i] for i, slot in enumerate(slots) if slot == NOT_COLUMNAR}  # type: ignore[misc]
-                self.states_judged["columns"] += len(columnar)
                 if len(columnar) < len(keys):
-                    keys, entries = [keys[i] for i in columnar], [entries[i] for i in columnar]
-                placed = [fits == FITS for fits in judged.fits]  # most of them: a shared verdict by score
-                scores = [BY_FIT_SCORE[score] for score in compress(judged.score, placed)]
-                by_state.update(zip(compress(keys, placed), scores, strict=False))  # compress: no length
-                written: dict[tuple[object, ...], Verdict] = {}
-                kind = kind_name(request)
-                outcome, available, first, why = judged.fits, judged.available, judged.first, judged.why
-                for i in [i for i, fits in enumerate(outcome) if fits != FITS]:
-                    entry = entries[i]
-                    if outcome[i] == PLACE:  # it fits several GPUs: which ones is fit_node's choice
-                        left[keys[i]] = entry  # type: ignore[assignment]
-                        continue
-                    try:
-                        by_state[keys[i]] = failed_verdict(entry.index, request, kind,  # type: ignore[union-attr,arg-type]
-                                                    available[i], first[i], why[i], written)
-                    except Exception as exc:
-                        by_state[keys[i]] = self._unjudgeable(verb, entry.node, exc)  # type: ignore[union-attr]
+                    left = {keys[i]: entries[i] for i, slot in enumerate(slots) if slot == NOT_COLUMNAR}  # type: ignore[misc]
+                    keys = [key for key, slot in zip(keys, slots, strict=True) if slot != NOT_COLUMNAR]
+                else:
+                    left = {}
+                self.states_judged["columns"] += len(columnar)
+                self._columns_verdicts(verb, request, keys, judged, by_state, left, pending, node_of)  # type: ignore[arg-type]
         for key, entry in left.items():
             try:
                 verdict = entry_verdict(entry, request)
             except Exception as exc:  # kept like any verdict: logged once per state
-                verdict = self._unjudgeable(verb, entry.node, exc)
+                verdict = self._unjudgeable(verb, node_of(key), exc)
             by_state[key] = verdict
         self.states_judged["per_state"] += len(left)
+
+    def _columns_verdicts(self, verb: str, request: FitRequest, keys: list[bytes], judged: Judgement,
+                          by_state: dict[bytes, Verdict], left: dict[bytes, Judgeable],
+                          pending: Mapping[bytes, Judgeable], node_of: Callable[[bytes], str]) -> None:
+        """The verdicts of the states judged over the columns (``keys``, in order), into ``by_state``: by
+        score where one GPU takes the request, by reason where none does (one verdict per distinct reading
+        of the figures a reason quotes: ``failed_verdict`` is asked once per text, not once per state), and
+        into ``left`` for ``fit_node`` where several GPUs take it (which ones is its choice)."""
+        outcome = judged.fits
+        placed = list(map(eq, outcome, repeat(FITS)))
+        scores = map(BY_FIT_SCORE.__getitem__, compress(judged.score, placed))
+        by_state.update(zip(compress(keys, placed), scores, strict=False))  # compress: no length
+        if placed.count(True) == len(placed):
+            return
+        if PLACE in outcome:
+            several = list(map(eq, outcome, repeat(PLACE)))
+            named = list(compress(keys, several))
+            left.update(zip(named, map(pending.__getitem__, named), strict=True))
+        failing = list(map(eq, outcome, repeat(FAILS)))
+        readings = list(zip(*(compress(column, failing) for column in (  # noqa: B905 (compress: no length)
+            judged.available, judged.gpus, judged.label, judged.why, judged.figure))))
+        failed = list(compress(keys, failing))
+        written: dict[tuple[Any, ...], Verdict] = {}
+        for reading in set(readings):
+            try:
+                written[reading] = failed_verdict(request, *reading)
+            except Exception as exc:  # kept like any verdict: logged once per reading, naming a node
+                written[reading] = self._unjudgeable(verb, node_of(failed[readings.index(reading)]), exc)
+        by_state.update(zip(failed, map(written.__getitem__, readings), strict=True))
 
     def _unresolvable(self, reason: str) -> Verdict:
         """The verdict of a node that cannot be judged, for ``reason`` (one object per reason: stale nodes
@@ -405,27 +444,25 @@ _JSON = msgspec.json.Encoder()
 
 
 def _filter_reply(args: ExtenderArgs, judged: _Judged) -> dict[str, Any]:
-    """The ExtenderFilterResult of a call's verdicts (C-speed passes over the names: ``compress``)."""
-    nodes, verdicts = args.node_names, judged.verdicts
+    """The ExtenderFilterResult of a call's verdicts (C-speed passes over the names: map, compress)."""
+    nodes, verdicts, fits = args.node_names, judged.verdicts, judged.fits
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     if judged.passed == len(verdicts):
         return filter_result(args, nodes, failed, unresolvable)
-    fits = [verdict.fits for verdict in verdicts]
-    failing = [not fit for fit in fits]
+    failing = list(map(not_, fits))
     names = list(compress(nodes, failing))
     bad = list(compress(verdicts, failing))
-    if any([verdict.unresolvable for verdict in bad]):
+    if True in map(_UNRESOLVABLE, bad):
         for node, verdict in zip(names, bad, strict=True):
             (unresolvable if verdict.unresolvable else failed)[node] = verdict.reason
     else:
-        failed = dict(zip(names, [verdict.reason for verdict in bad], strict=True))
+        failed = dict(zip(names, map(_REASON, bad), strict=True))
     return filter_result(args, list(compress(nodes, fits)), failed, unresolvable)
 
 
-def _priorities(args: ExtenderArgs, judged: _Judged) -> list[dict[str, Any]]:
-    scores = [verdict.score for verdict in judged.verdicts]
-    return host_priority_list(zip(args.node_names, scores, strict=True))
+def _priorities(args: ExtenderArgs, judged: _Judged) -> list[HostPriority]:
+    return host_priority_list(args.node_names, list(map(_SCORE, judged.verdicts)))
 
 
 def _encode(reply: Any) -> bytes:

@@ -14,14 +14,15 @@ quickly (memos, columns, written replies) is another; the tests compare verdicts
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from gpuagent.hints.agents import AgentEntry
 from gpuagent.hints.extender_protocol import extender_score
 from gpuagent.hints.fit import NodeFit, fit_node
 from gpuagent.hints.fitcolumns import STATIC
-from gpuagent.hints.fitreasons import MEMORY_SHORT, SHARE_SHORT, node_reason, size_reason
+from gpuagent.hints.fitreasons import node_reason, whole_gpu_size_reason
 from gpuagent.hints.fitrequest import FitRequest
 from gpuagent.hints.nodeindex import NO_INDEX, NodeIndex, node_index
+from gpuagent.snapshot import NodeHints
 from gpuagent.untrusted import shown
 
 REASON_PREFIX = "gpuagent: "
@@ -38,7 +39,17 @@ class Verdict:
     unresolvable: bool = False
 
 
-def entry_verdict(entry: AgentEntry, request: FitRequest) -> Verdict:
+class Judgeable(Protocol):
+    """What ``entry_verdict`` reads of a node: an ``AgentEntry``, or the cluster view's ``SharedState``."""
+
+    @property
+    def hints(self) -> NodeHints | None: ...
+
+    @property
+    def index(self) -> NodeIndex | None: ...
+
+
+def entry_verdict(entry: Judgeable, request: FitRequest) -> Verdict:
     """``score_node``'s answer, through the index the cache built when the hints arrived (the fast path:
     no reason text for nodes that fit, one GPU's for those that do not, no sharing-mode recommendation).
 
@@ -60,45 +71,34 @@ BY_FIT_SCORE = [FITTING[extender_score(score)] for score in range(101)]  # a 0-1
 
 def _fit_reason(fit: NodeFit) -> str:
     """The node-level reason, then the first GPU's, by index (UUIDs are long and differ per node)."""
-    return _reason_text(fit.node_reason(), fit.first_gpu_reason())
+    first = fit.first_gpu_reason()
+    if first is None:
+        return _reason_text(fit.node_reason(), None)
+    gpu, uuid, why, count = first
+    return _reason_text(fit.node_reason(), (gpu if gpu != NO_INDEX else uuid, why, count))
 
 
-def _reason_text(node: str | None, first: tuple[int, str, str, int] | None) -> str:
+def _reason_text(node: str | None, first: tuple[int | str, str, int] | None) -> str:
+    """``first``: how the first GPU with a reason is named, its reason, how many GPUs have one."""
     parts = [node] if node is not None else []
     if first is not None:
-        gpu, uuid, why, count = first
+        label, why, count = first
         more = f" (+{count - 1} more GPUs)" if count > 1 else ""
-        parts.append(f"GPU {gpu if gpu != NO_INDEX else uuid}: {why}{more}")
+        parts.append(f"GPU {label}: {why}{more}")
     return "; ".join(parts) or "does not fit"
 
 
-def failed_verdict(index: NodeIndex, request: FitRequest, kind: str, available: int, first: int, why: int,
-                   written: dict[tuple[object, ...], Verdict]) -> Verdict:
-    """The verdict of a state the request does not fit, from its outcome over the columns, worded as
-    ``entry_verdict`` words it (``kind``: the request's, ``kind_name``); ``written``: the call's verdicts by
-    what their reasons read (the GPU counts, the first GPU's label and why, and the one figure that why
-    quotes), so states that fail alike share one."""
-    gpus = len(index.gpus)
-    read: tuple[object, ...] = (available, gpus)
-    if first >= 0:
-        rank, key, pos = index.rank[first]
-        gpu = index.gpus[pos]
-        label = rank if rank != NO_INDEX else key
-        if why == STATIC:
-            read = (available, gpus, label, why, getattr(index, kind).static[pos])
-        else:
-            figure = gpu.schedulable_share_ratio if why == SHARE_SHORT else \
-                gpu.memory_free_bytes if why == MEMORY_SHORT else None
-            read = (available, gpus, label, why, figure)
-    verdict = written.get(read)
-    if verdict is None:
-        reason = None
-        if first >= 0:
-            text = read[4] if why == STATIC else size_reason(gpu, why, request, None)
-            reason = (rank, key, text, gpus - available)
-        node = node_reason(request, available, len(index.rows))
-        verdict = written[read] = Verdict(False, reason=shown_reason(_reason_text(node, reason)))
-    return verdict
+def failed_verdict(request: FitRequest, available: int, gpus: int, label: int | str | None, why: int,
+                   figure: object) -> Verdict:
+    """The verdict of a state a whole-GPU request does not fit, from what its reason reads over the columns
+    (``fitcolumns.Outcome``: the GPUs that can take it, the state's GPUs, and its first GPU with a reason:
+    its label, why, and the figure that why quotes), worded as ``entry_verdict`` words it. States whose
+    reasons read the same figures share one verdict: the caller asks once per distinct reading."""
+    first = None
+    if label is not None:
+        text = figure if why == STATIC else whole_gpu_size_reason(why, figure, request)  # type: ignore[arg-type]
+        first = (label, text, gpus - available)
+    return Verdict(False, reason=shown_reason(_reason_text(node_reason(request, available, gpus), first)))  # type: ignore[arg-type]
 
 
 def shown_reason(text: str) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 from gpuagent.hints.fit import EPSILON
 from gpuagent.hints.fitreasons import MEMORY_SHORT, NO_SHARE_LEFT, SHARE_SHORT
 from gpuagent.hints.fitrequest import FitRequest
-from gpuagent.hints.nodeindex import NodeIndex
+from gpuagent.hints.nodeindex import NO_INDEX, NodeIndex
 
 EXACT = 2**53  # integers below this are exact in float64: their quotients round as Python's do
 NOT_COLUMNAR = -1  # the slot of a state the columns cannot hold exactly
@@ -51,6 +51,9 @@ class Outcome(NamedTuple):
     available: int  # GPUs that can take the request
     first: int  # where the first GPU with a reason is in ``NodeIndex.rank``; -1 when none has one
     why: int  # that GPU's size reason (``fitreasons`` codes), or ``STATIC``
+    gpus: int  # the state's GPUs
+    label: int | str | None  # how the reason names that GPU: its index, else its key; None: no such GPU
+    figure: object  # what its reason quotes: the kind's static text (``STATIC``), the share or free memory
 
 
 class Judgement(NamedTuple):
@@ -61,6 +64,9 @@ class Judgement(NamedTuple):
     available: list[int]
     first: list[int]
     why: list[int]
+    gpus: list[int]
+    label: list[int | str | None]
+    figure: list[object]
 
     def outcomes(self) -> list[Outcome]:
         return [Outcome(*state) for state in zip(*self, strict=True)]
@@ -110,6 +116,10 @@ class StateColumns:
         self._total = np.zeros(256, np.int64)
         self._shared = np.zeros(256, np.bool_)  # a shared request may use it (no static reason)
         self._exclusive = np.zeros(256, np.bool_)
+        # what a reason says of a row: how it names the GPU, and each kind's static reason (None: none)
+        self._label = np.full(256, None, object)
+        self._shared_static = np.full(256, None, object)
+        self._exclusive_static = np.full(256, None, object)
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -161,8 +171,14 @@ class StateColumns:
         self._share[rows:last] = [index.gpus[pos].schedulable_share_ratio for index, pos in order]
         self._free[rows:last] = [index.gpus[pos].memory_free_bytes for index, pos in order]
         self._total[rows:last] = [index.gpus[pos].memory_total_bytes or 0 for index, pos in order]
-        self._shared[rows:last] = [index.shared.static[pos] is None for index, pos in order]
-        self._exclusive[rows:last] = [index.exclusive.static[pos] is None for index, pos in order]
+        shared = [index.shared.static[pos] for index, pos in order]
+        exclusive = [index.exclusive.static[pos] for index, pos in order]
+        self._shared[rows:last] = [text is None for text in shared]
+        self._exclusive[rows:last] = [text is None for text in exclusive]
+        self._shared_static[rows:last] = shared
+        self._exclusive_static[rows:last] = exclusive
+        self._label[rows:last] = [rank if rank != NO_INDEX else key
+                                  for index in new for rank, key, _pos in index.rank]
         self._states, self._rows = end, last
 
     def _grow_states(self, need: int) -> None:
@@ -176,14 +192,15 @@ class StateColumns:
         if need <= len(self._gpu):
             return
         size = max(need, _GROWTH * len(self._gpu))
-        for name in ("_gpu", "_pos", "_share", "_free", "_total", "_shared", "_exclusive"):
+        for name in ("_gpu", "_pos", "_share", "_free", "_total", "_shared", "_exclusive", "_label",
+                     "_shared_static", "_exclusive_static"):
             setattr(self, name, _grown(getattr(self, name), size))
 
     def judge(self, slots: list[int], request: FitRequest) -> Judgement:
         """The outcome of ``request`` (``handles`` it) on each state of ``slots`` (columnar)."""
         n = len(slots)
         if not n:
-            return Judgement([], [], [], [], [])
+            return Judgement([], [], [], [], [], [], [], [])
         states = np.array(slots, np.int64)
         count = self._count[states]
         total = int(count.sum())
@@ -237,6 +254,7 @@ class StateColumns:
         reasoned = first != _BIG
         first = np.where(reasoned, first, -1)
         first_why[reasoned] = why[first[reasoned]]
+        label, figure = self._reason_figures(rows, first, reasoned & ~fits, first_why, request)
         first = np.where(reasoned, first - offset, -1)  # its place in the state's report order
 
         score = np.zeros(n, np.int64)
@@ -248,7 +266,28 @@ class StateColumns:
             score[placed] = _score(gpu_load, self._node_load(states[placed], taken_share, taken_memory),
                                    request.policy)
         return Judgement(np.where(placed, FITS, np.where(fits, PLACE, FAILS)).tolist(), score.tolist(),
-                         available.tolist(), first.tolist(), first_why.tolist())
+                         available.tolist(), first.tolist(), first_why.tolist(), count.tolist(),
+                         label.tolist(), figure.tolist())
+
+    def _reason_figures(self, rows: np.ndarray, first: np.ndarray, failing: np.ndarray, why: np.ndarray,
+                        request: FitRequest) -> tuple[np.ndarray, np.ndarray]:
+        """For each state the request does not fit, what its reason reads of its first GPU with one
+        (``first``: that GPU among the call's rows): the GPU's label, and the kind's static text
+        (``STATIC``), its share (``SHARE_SHORT``) or its free memory (``MEMORY_SHORT``); None elsewhere."""
+        n = len(first)
+        label, figure = np.full(n, None, object), np.full(n, None, object)
+        if failing.any():
+            row = rows[first[failing]]
+            label[failing] = self._label[row]
+            static = self._exclusive_static if request.exclusive else self._shared_static
+            code = why[failing]
+            read = np.full(len(row), None, object)
+            for wanted, column in ((STATIC, static), (SHARE_SHORT, self._share), (MEMORY_SHORT, self._free)):
+                where = code == wanted
+                if where.any():
+                    read[where] = column[row[where]].astype(object)
+            figure[failing] = read
+        return label, figure
 
     def _node_load(self, states: np.ndarray, taken_share: float, taken_memory: np.ndarray | int
                    ) -> np.ndarray:
@@ -274,6 +313,6 @@ def _score(gpu_load: np.ndarray, node_load: np.ndarray, policy: str) -> np.ndarr
 
 
 def _grown(array: np.ndarray, size: int) -> np.ndarray:
-    grown = np.zeros(size, array.dtype)
+    grown = np.full(size, None, object) if array.dtype == object else np.zeros(size, array.dtype)
     grown[: len(array)] = array
     return grown

@@ -74,17 +74,25 @@ def mig_static(gpu: GpuHints) -> str | None:
     return None
 
 
+def whole_gpu_size_reason(why: int, figure: float | None, request: FitRequest) -> str:
+    """Why a whole-GPU request's sizes rule a GPU out, from the one figure the reason quotes (``figure``:
+    the GPU's schedulable share for ``SHARE_SHORT``, its free memory for ``MEMORY_SHORT``, else unread):
+    the extender's columns word a state's reason from their figures alone."""
+    if why == SHARE_SHORT:
+        return f"needs a {request.share or 0.0:.0%} share of SM time, {figure:.0%} schedulable"
+    if why == NO_SHARE_LEFT:
+        return "no schedulable SM time left"
+    return f"needs {_gib(request.memory_bytes or 0)} of memory, {_gib(figure)} free"  # type: ignore[arg-type]
+
+
 def size_reason(gpu: GpuHints, why: int, request: FitRequest, instance: MigProfileHint | None) -> str:
     """Why ``request``'s sizes rule ``gpu`` out (``why``: one of the codes above; ``instance``: the GPU's
     hint of the requested MIG profile, for ``INSTANCE_MEMORY_SHORT``)."""
-    memory = request.memory_bytes or 0
     if why == SHARE_SHORT:
-        return (f"needs a {request.share or 0.0:.0%} share of SM time, {gpu.schedulable_share_ratio:.0%} "
-                "schedulable")
-    if why == NO_SHARE_LEFT:
-        return "no schedulable SM time left"
-    if why == MEMORY_SHORT:
-        return f"needs {_gib(memory)} of memory, {_gib(gpu.memory_free_bytes)} free"
+        return whole_gpu_size_reason(why, gpu.schedulable_share_ratio, request)
+    if why in (NO_SHARE_LEFT, MEMORY_SHORT):
+        return whole_gpu_size_reason(why, gpu.memory_free_bytes, request)
+    memory = request.memory_bytes or 0
     profile = request.mig_profile
     if why == NO_INSTANCE or instance is None:
         free = ", ".join(
