@@ -49,6 +49,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +94,14 @@ def node_objects(count: int, bodies: list[dict[str, Any]], busy: float) -> list[
     """N nodes of the three kinds in turn; a fraction ``busy`` of them in a state of their own (their first
     GPU's free memory and share set by a draw of their own), the rest as their kind is (idle nodes of one
     model schedule alike)."""
+    return list(iter_node_objects(count, bodies, busy))
+
+
+def iter_node_objects(count: int, bodies: list[dict[str, Any]], busy: float) -> Iterator[dict[str, Any]]:
+    """``node_objects`` one at a time (at 100,000 nodes the whole list is gigabytes of Python objects)."""
     kinds = [project(hints_from_jsonable(body), None) for body in bodies]
     rng = random.Random(7)
     now = time.time()
-    objects = []
     for i in range(count):
         hints = dataclasses.replace(kinds[i % len(kinds)], hostname=f"node-{i:05d}")
         if i < busy * count and hints.gpus:
@@ -105,8 +110,7 @@ def node_objects(count: int, bodies: list[dict[str, Any]], busy: float) -> list[
                 first, memory_free_bytes=rng.randrange(0, max(1, first.memory_free_bytes), 2**28),
                 schedulable_share_ratio=round(rng.uniform(0.0, 1.0), 2))
             hints = dataclasses.replace(hints, gpus=(first, *hints.gpus[1:]))
-        objects.append(state_object(hints.hostname, hints, Generation(1, 1), now))
-    return objects
+        yield state_object(hints.hostname, hints, Generation(1, 1), now)
 
 
 def serve_api(port: int, count: int, bodies: list[dict[str, Any]], busy: float,

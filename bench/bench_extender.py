@@ -21,15 +21,18 @@ Medians and p95; this machine is small and shared, single timings mean nothing. 
 
 ``--judging``: the judging alone, against the cluster view's fleet (``bench_cluster_view.node_objects``: the
 three kinds in turn, the ``--busy`` fraction with a state of its own) read into a ``ClusterView`` in process
-(no API server), per call p50 / p99 of: a never-seen pod's filter and prioritize (a new memory request
-each call: every state of the call judged again) and a seen pod's (the one asked just before), in
-process (``Extender.filter``/``prioritize``: parse, judge, the reply's objects; and this thread's CPU)
-and over HTTP on loopback (the extender's own app: the body read, the reply written). With ``--baseline
-REF`` the same measurement runs on ``gpuagent/`` as it is at git revision REF and on the working tree's (or
-at ``--now REF``), in
-alternating child processes (``--rounds`` each, the order flipping every round), so the machine's load
-falls on both alike; the ratios are baseline over now. ``--per-state-too`` adds the working tree with every
-state judged by ``fit_node`` (no columns): what the columns alone buy. Results go to
+page by page (no API server), each call naming every node or ``--call-names`` of them (drawn once), per
+call p50 / p99 of: a never-seen pod's filter and prioritize (a new memory request each call: every state of
+the call judged again) and a seen pod's (the one asked before), in process (``Extender.filter``/
+``prioritize``: parse, judge, the reply's objects; and this thread's CPU) and over HTTP on loopback end to
+end (the extender's own app served by the child's event loop, as ``serve`` runs it: the body read and
+parsed, the call judged, the reply written and read back by a client in a process of its own; and the
+extender's CPU for the call, ``served_over_http``). With ``--baseline REF`` the same measurement runs on
+``gpuagent/`` as it is at git revision REF and on the working tree's (or at ``--now REF``), in alternating
+child processes (``--rounds`` each, the order flipping every round), so the machine's load falls on both
+alike; the ratios are baseline over now, and each row has the 1-minute load average seen as its children
+started and ended. ``--per-state-too`` adds the working tree with every state judged by ``fit_node`` (no
+columns): what the columns alone buy. Results go to
 ``bench/results/judging_<time>.json``.
 """
 
@@ -46,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -279,22 +283,82 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def fleet_view(count: int, busy: float, bodies: list[dict[str, Any]]) -> Any:
-    """A ClusterView holding ``count`` published states, read as its reflector reads a LIST."""
-    from bench_cluster_view import node_objects
+    """A ClusterView holding ``count`` published states, read as its reflector reads a LIST: in pages of
+    ``PAGE_SIZE`` objects, each page's JSON made just before it is read (at 100,000 nodes one answer would
+    be 0.64 GB, and the objects as Python dicts several GB)."""
+    from itertools import islice
 
-    from gpuagent.hints.cluster_view import ClusterView
+    from bench_cluster_view import iter_node_objects
 
-    objects = node_objects(count, bodies, busy)
-    items = b",".join(json.dumps(o, separators=(",", ":")).encode() for o in objects)
+    from gpuagent.hints.cluster_view import PAGE_SIZE, ClusterView
+
     view = ClusterView(wall_clock=time.time)
-    decoded, _rv = view._decode_list(b'{"metadata":{"resourceVersion":"1"},"items":[' + items + b"]}")
-    view._replace(decoded)
+    objects = iter_node_objects(count, bodies, busy)
+    items: list[Any] = []
+    while page := list(islice(objects, PAGE_SIZE)):
+        decode, _, _ = view._decode_page(json.dumps({"metadata": {"resourceVersion": "1"}, "items": page},
+                                                    separators=(",", ":")).encode())
+        items.extend(decode())
+    view._replace(items)
     return view
 
 
-async def judging_child(count: int, busy: float, calls: int, bodies: list[dict[str, Any]]) -> dict[str, Any]:
+def http_client(port: int, plan: list[tuple[str, bytes]], results: Any) -> None:
+    """Child process: kube-scheduler's side of the calls, one at a time on one keep-alive connection (as it
+    makes them), each timed from its request's first byte sent to its reply's last byte read; then one
+    ``GET /healthz``, which closes the last call's CPU interval on the extender's side."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    walls = []
+    for path, body in plan:
+        started = time.perf_counter()
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        walls.append(time.perf_counter() - started)
+        assert response.status == 200, response.status
+    connection.request("GET", "/healthz")
+    connection.getresponse().read()
+    results.send(walls)
+
+
+async def served_over_http(extender: Any, plan: list[tuple[str, bytes]]) -> tuple[list[float], list[float]]:
+    """The calls of ``plan`` (path, body) over HTTP on loopback, the extender's app served by this process's
+    event loop alone (as ``serve`` runs it) and the client in a process of its own (``http_client``), so
+    neither waits on the other's interpreter: each call's seconds end to end, and the extender's CPU for
+    it (this thread's CPU time from the call's arrival to the next one's: reading and parsing the body,
+    judging, writing the reply, and whatever the loop did before the next call)."""
+    arrivals: list[float] = []
+
+    @web.middleware
+    async def arrival(request: web.Request, handler: Any) -> web.StreamResponse:
+        arrivals.append(time.thread_time())
+        return await handler(request)
+
+    app = build_app(extender, build_registry(extender))
+    app.middlewares.append(arrival)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    ours, theirs = multiprocessing.get_context("fork").Pipe()
+    client = multiprocessing.get_context("fork").Process(target=http_client, args=(port, plan, theirs))
+    client.start()
+    try:
+        walls = await asyncio.get_running_loop().run_in_executor(None, ours.recv)
+    finally:
+        client.join(60)
+        await runner.cleanup()
+    cpu = [later - earlier for earlier, later in pairwise(arrivals)]
+    return walls, cpu[: len(plan)]
+
+
+async def judging_child(count: int, busy: float, calls: int, bodies: list[dict[str, Any]],
+                        call_names: int = 0) -> dict[str, Any]:
     """One tree's judging figures (see the module docstring), as lists of seconds per call."""
     import gc
+    import random
 
     try:  # where a --baseline tree from before the split has it: hints/extender.py
         from gpuagent.hints.extender_serve import tune_garbage_collector
@@ -303,48 +367,48 @@ async def judging_child(count: int, busy: float, calls: int, bodies: list[dict[s
 
     view = fleet_view(count, busy, bodies)
     nodes = [f"node-{i:05d}" for i in range(count)]
+    if 0 < call_names < count:  # drawn once, in name order, as the bench of the cluster view draws them
+        nodes = sorted(random.Random(3).sample(nodes, call_names))
     extender = Extender(view, max_age_seconds=900.0)
     tune_garbage_collector()
     gc.collect()
     gc.freeze()  # what the list left behind, as the view freezes it
-    out: dict[str, Any] = {"distinct_states": len({e.key for e in view.entries()})}
+    out: dict[str, Any] = {"distinct_states": len({e.key for e in view.entries()}),
+                           "names_per_call": len(nodes)}
     seen = pod_args(nodes)
     await extender.filter(seen)
     samples: dict[str, list[float]] = {}
+    asked = 0
+
+    def fresh() -> dict[str, Any]:
+        """A request never seen: a memory figure not among the last 32 asked (the extender's memo)."""
+        nonlocal asked
+        asked += 1
+        return pod_args(nodes, memory_gib=1 + asked % 79)
 
     def timed(name: str, started: float, cpu: float) -> None:
         samples.setdefault(name, []).append(time.perf_counter() - started)
         samples.setdefault(name + "_cpu", []).append(time.thread_time() - cpu)
 
-    for i in range(calls):
+    for _ in range(calls):
         for verb in ("filter", "prioritize"):
             answer = extender.filter if verb == "filter" else extender.prioritize
-            fresh = pod_args(nodes, memory_gib=1 + (i * 2 + (verb == "prioritize")) % 79)
-            started, cpu = time.perf_counter(), time.thread_time()
-            await answer(fresh)
-            timed(f"in_process_{verb}_never_seen", started, cpu)
-            started, cpu = time.perf_counter(), time.thread_time()
-            await answer(seen)
-            timed(f"in_process_{verb}_seen", started, cpu)
-    registry = build_registry(extender)
-    runner = web.AppRunner(build_app(extender, registry), access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+            for name, body in ((f"in_process_{verb}_never_seen", fresh()), (f"in_process_{verb}_seen", seen)):
+                started, cpu = time.perf_counter(), time.thread_time()
+                await answer(body)
+                timed(name, started, cpu)
     seen_body = json.dumps(seen).encode()
-    async with ClientSession(connector=TCPConnector(limit=1)) as session:
-        headers = {"Content-Type": "application/json"}
-        for i in range(calls):
-            for verb in ("filter", "prioritize"):
-                fresh = json.dumps(pod_args(nodes, memory_gib=100 + i * 2 + (verb == "prioritize"))).encode()
-                for name, body in ((f"http_{verb}_never_seen", fresh), (f"http_{verb}_seen", seen_body)):
-                    started, cpu = time.perf_counter(), time.thread_time()
-                    url = f"http://127.0.0.1:{port}/{verb}"
-                    async with session.post(url, data=body, headers=headers) as response:
-                        await response.read()
-                        assert response.status == 200, response.status
-                    timed(name, started, cpu)  # the CPU: client and server, one thread
-    await runner.cleanup()
+    plan, names = [], []
+    for _ in range(calls):
+        for verb in ("filter", "prioritize"):
+            fresh_body = json.dumps(fresh()).encode()
+            for name, body in ((f"http_{verb}_never_seen", fresh_body), (f"http_{verb}_seen", seen_body)):
+                plan.append((f"/{verb}", body))
+                names.append(name)
+    walls, cpu = await served_over_http(extender, plan)
+    for name, wall, used in zip(names, walls, cpu, strict=True):
+        samples.setdefault(name, []).append(wall)
+        samples.setdefault(name + "_cpu", []).append(used)  # the CPU: the extender's thread alone
     out["seconds"] = samples
     out["states_judged"] = getattr(extender, "states_judged", None)
     return out
@@ -378,18 +442,25 @@ def judging(args: argparse.Namespace) -> dict[str, Any]:
             for busy in (float(b) for b in args.busy.split(",")):
                 merged: dict[str, dict[str, list[float]]] = {label: {} for label in trees}
                 states: dict[str, Any] = {}
+                loads: list[float] = []  # the 1-minute load average as each child started and ended
+                names = count
                 order = list(trees)
                 for r in range(args.rounds):
                     for label in order if r % 2 == 0 else reversed(order):
+                        loads.append(os.getloadavg()[0])
                         done = subprocess.run(
                             [sys.executable, str(Path(__file__).resolve()), "--judging-child", "--tree",
                              str(trees[label][0]), "--nodes", str(count), "--busy", str(busy), "--calls",
-                             str(args.calls), *trees[label][1]], check=True, capture_output=True, text=True)
+                             str(args.calls), "--call-names", str(args.call_names), *trees[label][1]],
+                            check=True, capture_output=True, text=True)
+                        loads.append(os.getloadavg()[0])
                         child = json.loads(done.stdout.strip().splitlines()[-1])
+                        names = child.get("names_per_call", count)
                         states[label] = (child["distinct_states"], child["states_judged"])
                         for name, values in child["seconds"].items():
                             merged[label].setdefault(name, []).extend(values)
-                row: dict[str, Any] = {"nodes": count, "busy": busy, "distinct_states": states}
+                row: dict[str, Any] = {"nodes": count, "busy": busy, "names_per_call": names,
+                                       "distinct_states": states, "load_average_1m": [min(loads), max(loads)]}
                 for label, figures in merged.items():
                     row[label] = {name: percentiles(values) for name, values in figures.items()}
                 for label in merged.keys() - {"now"}:
@@ -412,6 +483,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--baseline", help="with --judging: a git revision measured beside the working tree")
     parser.add_argument("--now", help="with --judging: a git revision measured instead of the working tree")
     parser.add_argument("--rounds", type=int, default=3, help="with --judging: child processes per tree")
+    parser.add_argument("--call-names", type=int, default=0,
+                        help="with --judging: nodes named in each call (drawn once); 0: all of them")
     parser.add_argument("--per-state-too", action="store_true",
                         help="with --judging: the working tree also with every state judged by fit_node")
     parser.add_argument("--per-state", action="store_true", help=argparse.SUPPRESS)
@@ -427,7 +500,8 @@ async def main(args: argparse.Namespace) -> None:
             from gpuagent.hints import fitcolumns
 
             fitcolumns.handles = lambda request: False
-        result = await judging_child(int(args.nodes), float(args.busy), args.calls, args.bodies)
+        result = await judging_child(int(args.nodes), float(args.busy), args.calls, args.bodies,
+                                     args.call_names)
         print(json.dumps(result))
         return
     results_dir = args.out
