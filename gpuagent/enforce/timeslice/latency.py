@@ -18,13 +18,19 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
 - **the others** rotate among themselves with their shares: an exempt tenant is not in the rotation's
   sums, so the slots fill the period (no open slot idling the GPU for a service that time-slices into
   every slot anyway), and each batch tenant loses to it in proportion to its slot;
-- **preemption** (``preempt``): every ``sense_s`` seconds the agent reads each exempt tenant's CPU time
-  (cgroup ``cpu.stat``); one whose CPU moved by more than ``busy_cpu`` of the interval has a request in
-  hand (a CUDA synchronisation spins), and while any has (and ``hold_s`` after), the batch tenants with a
-  share are all frozen; not while it is over its share and ``tolerance`` by one standard error with its
-  CPU saturated, or by three whatever its CPU (served at once by its preemption, a service at 60 % is not
-  saturated). The freeze stops their CPU, not what they queued, so preemption bounds the latency only
-  beside shallow queues.
+- **preemption** (``preempt``): the agent reads each exempt tenant's CPU time (cgroup ``cpu.stat``)
+  every :meth:`period`: ``idle_sense_s`` (20 ms) while nothing is held, ``sense_s`` (2 ms) while a hold is
+  on and once after it ends (a start read late costs the service a few milliseconds beside its
+  neighbours; an end read late idles the GPU). A request begins at a reading whose interval moved by
+  more than ``busy_cpu`` of it (a CUDA synchronisation spins) and lasts until the counter has stood still
+  ``still_s`` (5 ms): the kernel charges a running task only at its scheduler tick (4 ms at HZ=250) and
+  when it stops, so a counter read faster than the tick stands still between ticks while the service
+  spins. While any has a request in hand (and ``hold_s`` after), the batch tenants with a share are all
+  frozen; not while it is over its share and ``tolerance`` by one standard error with its CPU saturated,
+  or by three whatever its CPU (served at once by its preemption, a service at 60 % is not saturated).
+  ``ended`` (off) would end a request at a reading that moved under that part of the usual rate: the
+  model gains from it, a real loaded CPU cuts a busy service's holds with it. The freeze stops their CPU,
+  not what they queued, so preemption bounds the latency only beside shallow queues.
 
 Why each rule and threshold, the figures, and what cannot be met: docs/shares.md, the latency class.
 :meth:`frozen` is what to freeze beyond the plan's windows; the plant of the tests drives it as the agent

@@ -3,22 +3,21 @@ GPU's batch pods frozen through the cycler while it has a request in hand (``lat
 
 The enforcer :meth:`~Preemption.watch`-es each GPU whose controller is a :class:`LatencyController`, at every
 poll: the controller, the latency workloads' freeze targets (whose cgroups' CPU counters are opened once and
-kept: ``enforce/cpustat.py``) and the batch workloads' targets. A thread of its own wakes every
-``period_s``, reads every counter, and feeds :meth:`LatencyController.sense`; when what it freezes changed,
-the event loop is asked (``call_soon_threadsafe``) to apply it with :meth:`Cycler.hold`, so every freeze and
-thaw is still the cycler's, on the loop, journaled through ``enforce.actions`` (audit mode counts them and
-freezes nothing), and everything held is thawed when the cycler stops. The thread sleeps while nothing is
-watched.
+kept: ``enforce/cpustat.py``) and the batch workloads' targets. A thread of its own reads every counter,
+feeds :meth:`LatencyController.sense`, and sleeps the shortest of the controllers' :meth:`period`-s (2 ms
+while one holds its batch pods, 20 ms otherwise); when what it freezes changed, the event loop is asked
+(``call_soon_threadsafe``) to apply it with :meth:`Cycler.hold`, so every freeze and thaw is still the
+cycler's, on the loop, journaled through ``enforce.actions`` (audit mode counts them and freezes nothing),
+and everything held is thawed when the cycler stops. The thread sleeps while nothing is watched.
 
-Why a thread and 5 ms: the cost of a sensing loop is its wake-ups, not its reads (1-2 us a ``pread``).
-Measured on the 2-core VM of the tests (a bare loop reading one ``cpu.stat``, the CPU time of its thread
-over thousands of wake-ups): a thread 33 us a wake-up at 1 ms (3.3 % of a core), 71 us at 5 ms (1.4 %); an
-asyncio task on the event loop 64 us at 1 ms (5.6 %), 167 us at 5 ms (3.2 %). This class whole
-(``bench/bench_preemption.py``: the process's CPU time while one workload is watched): 6.4-7.7 % at 1 ms,
-1.4-1.9 % at 5 ms. The agent's budget is 2 % of a core at 1 s polling, so 1 ms is out of it;
-5 ms costs the neighbours throughput on the model (0.86 of one neighbour alone beside ``matmul`` at 30 %
-load, 0.94 at 1 ms: the thaw after each request waits for the next reading) and the service 1 ms of p99
-(docs/shares.md). The lock is held for the reads and the controller's step (microseconds); the enforcer
+Why a thread, and why its period changes: the cost of a sensing loop is its wake-ups, not its reads (3 us
+a ``pread`` and the controller's step together against 30-150 us a wake-up on the 2-core VM of the tests,
+more per wake-up the longer the sleep); an asyncio task on the event loop cost twice a thread's. A request's
+end read late idles the GPU, its start read late only shares it for a few milliseconds, so the thread reads
+fast only while a hold is on. ``bench/bench_preemption.py`` measures the whole (the process's CPU time
+while a real spinning service is watched, at 10/30/60 % load and always busy) and the hand-off from a
+reading to the loop's applying it; docs/isolation.md, the latency class, has the figures.
+The lock is held for the reads and the controller's step (microseconds); the enforcer
 takes it for the controller's poll.
 """
 
