@@ -16,6 +16,7 @@ import math
 import pytest
 from test_latency_class import FakeCounter, rotation_cycler
 
+from gpuagent.devices.sim.workloads import Tenant as WorkloadTenant
 from gpuagent.enforce.timeslice import LatencyController, Preemption, Tenant
 
 FAST, IDLE = 0.002, 0.02
@@ -176,3 +177,25 @@ def test_the_preemption_reads_at_the_shortest_period_of_what_it_watches() -> Non
     assert recorder.frozen == {"t11"} and preemption.period() == FAST  # gpu1 holds: both read fast
     assert preemption.readings == 2
     preemption.stop()
+
+
+def test_the_models_counter_moves_at_the_tick_and_when_the_cpu_stops() -> None:
+    """The plant's ``cpu.stat`` as the kernel keeps it: a running tenant charged at each tick, one that
+    stops charged up to that instant, one that starts again not until its next tick."""
+    tenant = WorkloadTenant.of("t0", "matmul")
+    tick, phase = 0.004, 0.001
+
+    def counter(now: float) -> float:
+        tenant.touch(now)
+        return tenant.counter(now, tick, phase)
+
+    tenant.touch(0.0)
+    assert counter(0.0105) == pytest.approx(0.009)  # ticks at 0.001, 0.005, 0.009
+    assert tenant.counter(0.0105, 0.0, phase) == pytest.approx(0.0105)  # no tick: the exact counter
+    tenant.frozen = True  # it stops at 0.0107: charged up to then
+    assert counter(0.0107) == pytest.approx(0.0107)
+    assert counter(0.0115) == pytest.approx(0.0107)
+    tenant.frozen = False  # it runs again from 0.012
+    assert counter(0.012) == pytest.approx(0.0107)
+    assert counter(0.0125) == pytest.approx(0.0107)  # no tick since it started
+    assert counter(0.0135) == pytest.approx(0.0107 + 0.001)  # the tick at 0.013
