@@ -159,6 +159,8 @@ def test_the_settings_are_checked() -> None:
         LatencyController({"svc"}, sense_s=0.01, idle_sense_s=0.005)
     with pytest.raises(ValueError):
         LatencyController({"svc"}, ended=1.0)
+    with pytest.raises(ValueError):
+        LatencyController({"svc"}, still_s=-0.001)
 
 
 def test_the_preemption_reads_at_the_shortest_period_of_what_it_watches() -> None:

@@ -72,8 +72,9 @@ class LatencyController:
                  idle_sense_s: float = IDLE_SENSE_S, ended: float = ENDED, still_s: float = STILL_S,
                  busy_cpu: float = 0.1, tolerance: float = 0.05, saturated: float = 0.9,
                  hold_s: float = 0.0) -> None:
-        if window <= 0 or sense_s <= 0 or idle_sense_s < sense_s:
-            raise ValueError("window and sense_s must be positive, idle_sense_s at least sense_s")
+        if window <= 0 or sense_s <= 0 or idle_sense_s < sense_s or still_s < 0:
+            raise ValueError("window and sense_s must be positive, idle_sense_s at least sense_s, "
+                             "still_s not negative")
         if not 0.0 <= busy_cpu < 1.0 or not 0.0 <= ended < 1.0:
             raise ValueError("busy_cpu and ended must be in [0, 1)")
         self.latency = frozenset(latency)
