@@ -319,3 +319,25 @@ def test_a_failing_states_reason_is_written_once_per_distinct_reading(monkeypatc
     verdicts = judged_together(batch, request)
     assert len({verdict_key(hints) for hints in batch}) == 40 and len(asked) == len(set(asked)) == 2
     assert verdicts == [one_by_one(hints, request) for hints in batch]
+
+
+def test_states_keep_their_slot_until_the_columns_start_again() -> None:
+    """The cluster view's states keep their columns' slot (one C-speed pass a call instead of a lookup by
+    a key of kilobytes each): the slots are those found by key, kept across calls, and found again by key
+    after the columns start over (another generation), never read from the one before."""
+    batch = [node(f"n{i}", gpu(0, 10 + i, 0.5)) for i in range(6)]
+    states = [SharedState(hints, node_index(hints), verdict_key(hints), kind_keys(hints)) for hints in batch]
+    columns = StateColumns()
+    found = columns.kept_slots(states)
+    assert found == list(range(6)) and all(state.columns >= 0 for state in states)
+    by_key = StateColumns()
+    assert by_key.slots((s.key, s.index) for s in reversed(states)) == list(range(6))  # another order
+    lookups: list[int] = []
+    looked_up = columns.slots
+    columns.slots = lambda pairs: lookups.append(1) or looked_up(pairs)  # type: ignore[method-assign]
+    assert columns.kept_slots(states[::-1]) == found[::-1] and not lookups  # kept: no lookup
+    columns.clear()
+    assert columns.kept_slots(states[3:]) == [0, 1, 2] and lookups == [1]  # written again, in this order
+    request = FitRequest(memory_bytes=12 * GIB, share=0.3)
+    assert columns.judge(columns.kept_slots(states), request).outcomes() == \
+        by_key.judge(by_key.slots((s.key, s.index) for s in states), request).outcomes()

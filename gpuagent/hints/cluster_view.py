@@ -103,6 +103,7 @@ class SharedState:
     shared: bytes = field(init=False)
     exclusive: bytes = field(init=False)
     mig: bytes = field(init=False)
+    columns: int = -1  # where the extender's columns hold this state (``fitcolumns.StateColumns.kept_slots``)
 
     def __post_init__(self) -> None:
         self.shared, self.exclusive, self.mig = self.keys

@@ -319,20 +319,26 @@ class Extender:
         else:
             new = list(map(is_, verdicts, repeat(None)))
             pending = dict(zip(compress(keys, new), compress(held, new), strict=False))  # compress: no length
-        self._judge_states(verb, request, pending, by_state, lambda key: nodes[keys.index(key)])
+        self._judge_states(verb, request, pending, by_state, lambda key: nodes[keys.index(key)], True)
         return list(map(by_state.__getitem__, keys))
 
     def _judge_states(self, verb: str, request: FitRequest, pending: Mapping[bytes, Judgeable],
-                      by_state: dict[bytes, Verdict], node_of: Callable[[bytes], str]) -> None:
+                      by_state: dict[bytes, Verdict], node_of: Callable[[bytes], str],
+                      all_states: bool = False) -> None:
         """The verdict of each state new to ``request`` (key -> the state, or a node's entry in it), into
         ``by_state``: over the columns (``hints.fitcolumns``) where they answer, else by ``fit_node`` state
-        by state. ``node_of``: a node in the state of a key, named in the log when judging it raised."""
+        by state. ``node_of``: a node in the state of a key, named in the log when judging it raised;
+        ``all_states``: every value is one of the cluster view's states, which keep their columns' slot."""
         left: Mapping[bytes, Judgeable] = pending
         if fitcolumns.handles(request):
             try:
                 self._columns.forget_if_over(len(self.cache))
                 keys, entries = list(pending), list(pending.values())
-                slots = self._columns.slots(zip(map(_STATE_KEY, entries), map(_INDEX, entries), strict=True))
+                if all_states:  # the cluster view's states: each keeps its slot
+                    slots = self._columns.kept_slots(entries)  # type: ignore[arg-type]
+                else:
+                    slots = self._columns.slots(zip(map(_STATE_KEY, entries), map(_INDEX, entries),
+                                                    strict=True))
                 columnar = slots if NOT_COLUMNAR not in slots else [s for s in slots if s != NOT_COLUMNAR]
                 judged = self._columns.judge(columnar, request)
             except Exception:  # a bug of the columns: every state is judged one by one instead

@@ -26,7 +26,8 @@ cache keys none) until they hold far more states than the source (``forget_if_ov
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from operator import attrgetter
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -41,6 +42,16 @@ STATIC = -1  # the ``why`` of a GPU its kind cannot use (its reason is the kind'
 _BIG = np.iinfo(np.int64).max
 _GROWTH = 2
 FITS, PLACE, FAILS = 1, 0, -1  # fits one GPU (scored here); fits several (``fit_node`` places it); does not
+_SLOT_BITS = 2**32 - 1  # a kept slot: the columns' generation above these bits, the slot + 1 in them
+_KEPT = attrgetter("columns")
+
+
+class KeepsSlot(Protocol):
+    """A state that keeps its slot in the columns (``StateColumns.kept_slots``): -1 until it has one."""
+
+    key: bytes
+    index: NodeIndex
+    columns: int
 
 
 class Outcome(NamedTuple):
@@ -95,9 +106,11 @@ class StateColumns:
     keys none, and its nodes are judged one by one)."""
 
     def __init__(self) -> None:
+        self._generation = 0
         self.clear()
 
     def clear(self) -> None:
+        self._generation += 1  # every slot a state keeps (``kept_slots``) is stale from here
         self._slot: dict[bytes, int] = {}
         self._states = 0
         self._rows = 0
@@ -150,6 +163,22 @@ class StateColumns:
         if new:
             self._write(new)
         return out
+
+    def kept_slots(self, states: list[KeepsSlot]) -> list[int]:
+        """``slots`` of states that keep their own (the cluster view's ``SharedState``, its ``columns``):
+        read in one C-speed pass over the states, where a lookup by verdict key touches each state's key,
+        a few kilobytes of bytes apart from the state (at 9,151 states: 5.5 ms against about 2); a slot of
+        another generation of the columns (``clear``), or none yet, is looked up by key and kept."""
+        generation = self._generation
+        kept = np.array(list(map(_KEPT, states)), np.int64)
+        slots = (kept & _SLOT_BITS) - 1
+        stale = np.flatnonzero(kept >> 32 != generation).tolist()
+        if stale:
+            found = self.slots((states[i].key, states[i].index) for i in stale)
+            slots[stale] = found
+            for i, slot in zip(stale, found, strict=True):
+                states[i].columns = (generation << 32) + slot + 1
+        return slots.tolist()
 
     def _write(self, new: list[NodeIndex]) -> None:
         states, rows = self._states, self._rows
