@@ -1017,7 +1017,7 @@ def test_dockerignore_sends_only_what_the_builder_copies() -> None:
     for source in copied:
         assert (ROOT / source).exists()
         assert not _dockerignore_excludes(source), source
-    for kept in ("gpuagent/__init__.py", "gpuagent/devices/sim/schema.json", "gpuagent/config.py"):
+    for kept in ("gpuagent/__init__.py", "gpuagent/devices/sim/schema.json", "gpuagent/config/load.py"):
         assert not _dockerignore_excludes(kept), kept
     for left_out in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "gpuagent/__pycache__/cli.cpython-311.pyc",
                      "deploy/daemonset.yaml", "Dockerfile"):
