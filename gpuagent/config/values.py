@@ -21,10 +21,6 @@ KUBERNETES_API_MODES = ("auto", "on", "off")
 MODES = ("off", "audit", "enforce")  # enforcement's mode and the health monitor's
 DRAIN_MODES = ("evict", "wait", "skip")  # health_drain_default and each namespace of health_drain_namespaces
 
-# A parser turns one raw value into the typed value or raises Invalid. ``ctx.text`` is true when the raw
-# value is a string that stands for any type (env and flags); false for YAML values, whose type counts.
-
-
 # In env and flags a value is text: these words stand for YAML's null there, for every key (a key that does
 # not take null then rejects it, naming the key, exactly as it rejects ``key: null`` in the file).
 NULL_WORDS = ("null", "~")
@@ -36,11 +32,34 @@ def is_null_text(value: Any) -> bool:
 
 
 class Ctx(NamedTuple):
+    """Where a raw value is from: ``text`` for env and flags (a string standing for any type), else YAML,
+    whose type counts."""
+
     text: bool
     base_dir: str | None = None  # where relative paths in a file are resolved from
 
 
+def _resolved(value: str, ctx: Ctx) -> str:
+    """A path as given, ``~`` expanded; a relative one in a config file is taken from the file's directory."""
+    path = os.path.expanduser(value)
+    if ctx.base_dir is not None and not os.path.isabs(path):
+        path = os.path.join(ctx.base_dir, path)
+    return path
+
+
+def _comma_list(text: str) -> list[str]:
+    """An env or flag list: comma-separated, each item stripped, empty items dropped."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _is_none_word(value: Any, ctx: Ctx) -> bool:
+    """Null, or (in env and flags) "" or "none": the keys that take "none" for no value."""
+    return value is None or (ctx.text and value.strip().lower() in ("", "none"))
+
+
 class Invalid(Exception):
+    """A parser's refusal: what it expected, and a hint; the loader names the key and the source."""
+
     def __init__(self, expected: str, hint: str = "") -> None:
         super().__init__(expected)
         self.expected = expected
@@ -77,15 +96,14 @@ def number(low: float, *, high: float | None = None) -> Parser:
 def number_or_null(low: float, *, high: float | None = None) -> Parser:
     """A number as ``number`` says, or null for the default."""
     parse_number = number(low, high=high)
-    expected = f"a number > {low:g}" + (f" and <= {high:g}" if high is not None else "") + ", or null"
 
     def parse(value: Any, ctx: Ctx) -> float | None:
         if value is None or (ctx.text and is_null_text(value)):
             return None
         try:
             return parse_number(value, ctx)
-        except Invalid:
-            raise Invalid(expected) from None
+        except Invalid as err:
+            raise Invalid(err.expected + ", or null") from None
 
     return parse
 
@@ -168,9 +186,7 @@ def existing_file(what: str) -> Parser:
             return None
         if not isinstance(value, str) or not value:
             raise Invalid(expected)
-        path = os.path.expanduser(value)
-        if ctx.base_dir is not None and not os.path.isabs(path):
-            path = os.path.join(ctx.base_dir, path)
+        path = _resolved(value, ctx)
         if not os.path.isfile(path):  # isfile() is False (never raises) for NUL bytes, overlong names, ...
             hint = "a directory" if os.path.isdir(path) else "no such file"
             raise Invalid(expected, f"{path}: {hint}" if path != value else hint)
@@ -185,9 +201,7 @@ def optional_path(value: Any, ctx: Ctx) -> str | None:
         return None
     if not isinstance(value, str) or "\x00" in value:
         raise Invalid("a path, or null to turn it off")
-    path = os.path.expanduser(value)
-    if ctx.base_dir is not None and not os.path.isabs(path):
-        path = os.path.join(ctx.base_dir, path)
+    path = _resolved(value, ctx)
     return path
 
 
@@ -195,9 +209,7 @@ def required_path(value: Any, ctx: Ctx) -> str:
     """A path that must be given (a root the agent reads or writes under): null is not allowed."""
     if not isinstance(value, str) or not value or "\x00" in value:
         raise Invalid("a path")
-    path = os.path.expanduser(value)
-    if ctx.base_dir is not None and not os.path.isabs(path):
-        path = os.path.join(ctx.base_dir, path)
+    path = _resolved(value, ctx)
     return path
 
 
@@ -208,7 +220,7 @@ def resource_names(value: Any, ctx: Ctx) -> tuple[str, ...]:
     """Kubernetes extended resource names: a YAML list, or comma-separated in env and flags."""
     expected = "a list of resource names like nvidia.com/gpu (comma-separated in env and flags)"
     if ctx.text and isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
+        value = _comma_list(value)
     if not isinstance(value, (list, tuple)) or not value:
         raise Invalid(expected)
     for name in value:
@@ -227,7 +239,7 @@ def _text_list(value: Any, ctx: Ctx) -> Any:
         text = value.strip()
         if text.lower() in ("none", ""):
             return []
-        return [part.strip() for part in text.split(",") if part.strip()]
+        return _comma_list(text)
     return [] if value is None else value
 
 
@@ -269,7 +281,7 @@ def boolean(value: Any, ctx: Ctx) -> bool:
 
 def percent_or_null(value: Any, ctx: Ctx) -> float | None:
     """A share of a GPU in percent (0, 100], or null for none."""
-    if value is None or (ctx.text and value.strip().lower() in ("", "none")):
+    if _is_none_word(value, ctx):
         return None
     return number(0, high=100)(value, ctx)
 
@@ -279,7 +291,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 
 def quantity_or_null(value: Any, ctx: Ctx) -> str | None:
     """A Kubernetes memory quantity ("8Gi", "512Mi", plain bytes), or null for none."""
-    if value is None or (ctx.text and value.strip().lower() in ("", "none")):
+    if _is_none_word(value, ctx):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return str(value)
@@ -293,7 +305,7 @@ def quantity_or_null(value: Any, ctx: Ctx) -> str | None:
 def cgroup_globs(value: Any, ctx: Ctx) -> tuple[str, ...]:
     """Cgroup path globs: a YAML list, or comma-separated in env and flags; [] for none."""
     if ctx.text and isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
+        value = _comma_list(value)
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v[:1] == "/" for v in value):
         raise Invalid("a list of cgroup path globs starting with '/'")
     return tuple(value)
@@ -304,7 +316,7 @@ def link_globs(value: Any, ctx: Ctx) -> tuple[str, ...]:
     ("none" for none)."""
     expected = "a list of interface name globs like eth* (comma-separated in env and flags, none for none)"
     if ctx.text and isinstance(value, str):
-        value = [] if value.strip().lower() == "none" else [p.strip() for p in value.split(",") if p.strip()]
+        value = [] if value.strip().lower() == "none" else _comma_list(value)
     if not isinstance(value, (list, tuple)):
         raise Invalid(expected)
     for glob in value:
@@ -372,8 +384,6 @@ def node_name(value: Any, ctx: Ctx) -> str | None:
     return value
 
 
-
-
 def describe_value(value: Any) -> str:
     """A YAML value as an error message shows it: scalars as written, collections by kind."""
     if isinstance(value, dict):
@@ -385,6 +395,7 @@ def describe_value(value: Any) -> str:
 
 
 def yaml_scalar(value: Any) -> str:
+    """A value as YAML writes it: ``--help``'s defaults and ``check-config``'s listing."""
     if value is None:
         return "null"
     if isinstance(value, bool):
