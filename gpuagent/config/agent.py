@@ -1,5 +1,4 @@
 """The keys of the agent as a whole: the node's name it reports, and its log level.
-
 ``hostname`` names the node in every metric, the API, Events and the objects the agent writes, and
 ``log_level`` is set once for the process; ``gpuagent.agent`` and ``gpuagent.cli`` read them, not one
 package, so they are a group of their own.

@@ -1,6 +1,5 @@
 """The keys of the GPU reads (``gpuagent.devices``): the backend and its scenario, the poll interval and the
 slower tiers' intervals, NVML's timeout, and how long an XID counts as recent.
-
 ``xid_window`` is here, not with the health keys: the poller's XID book and the exposition of the last
 XID read it; the health monitor classifies each XID event as it comes.
 """

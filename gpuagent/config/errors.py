@@ -1,5 +1,4 @@
 """The one error every bad configuration input raises, ``ConfigError``, naming where it came from and the key.
-
 It lives apart from the parsers and the loader because the file readers (:mod:`gpuagent.config.files`),
 the loader and readers outside this package (the TLS web config, the extender's options, the simulator's
 scenario) raise it too, and none of them should have to import the key table to do so.

@@ -1,5 +1,4 @@
 """Bounded, strict reading of the YAML files the agent is given: its config file, a web config, a token file.
-
 ``read_regular_file`` reads at most a few megabytes of a regular file (never a FIFO, a device or a
 directory); ``read_yaml_mapping`` parses it as a YAML mapping with a loader that refuses a key given twice.
 Every problem is a ``ConfigError`` whose source is the path, worded without the file's content: the path

@@ -1,5 +1,4 @@
 """One configuration key (``Key``) and the helper that declares a key as a field of its group (``key``).
-
 A key is declared once, as a field of the frozen dataclass of the group that reads it
 (:mod:`gpuagent.config.devices`, :mod:`gpuagent.config.health`, ...); the field's metadata carries the
 operator's flat name (``health_taint``), its parser, help and metavar. The operator's names are flat (YAML

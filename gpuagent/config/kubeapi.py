@@ -1,5 +1,4 @@
 """The keys of the API-server connection (``gpuagent.kubeapi``): whether to use it, and which kubeconfig.
-
 Every writer and watcher that talks to the API server reads them (pod names, DRA's ResourceSlices, idle
 Events, the published node state, the health monitor's node writes, evictions), so they belong to the
 connection they configure rather than to any one of those packages.

@@ -1,5 +1,4 @@
 """``load_config``: a Config from defaults, a YAML file, ``GPUAGENT_*`` env vars and flags, in that order.
-
 Every source is read by the operator's flat key names (``health_taint: fatal``, ``GPUAGENT_HEALTH_TAINT``,
 ``--health-taint``): each raw value is parsed by its key's parser, a bad one is a ``ConfigError`` naming the
 source and the key (with close names for a typo), and the checks that span keys (of one group or of two)

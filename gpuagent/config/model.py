@@ -1,5 +1,4 @@
 """``Config``, the agent's effective configuration: one frozen group of keys per package that reads them.
-
 ``Config`` holds the groups (``config.devices``, ``config.enforce``, ``config.health``, ...), each a frozen
 dataclass declared in the module of the same name; the key table (``KEYS``) is derived from their fields,
 in the order the operator has always seen the keys (``--help``, ``check-config``, the start-up log), which

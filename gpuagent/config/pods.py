@@ -1,6 +1,5 @@
 """The keys of pod attribution (``gpuagent.pods``): the kubelet's pod-resources socket and which resources
 are GPUs, DRA's drivers, CDI specs and ResourceSlices, and where the host's ``/proc`` is.
-
 ``proc_root`` is read by more than the pods package (process names, the enforcer's workload reads, pods'
 network namespaces), but it is first the root the attribution reads cgroups and environments under.
 """

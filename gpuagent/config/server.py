@@ -1,6 +1,5 @@
 """The keys of the agent's HTTP server (``gpuagent.serving``, ``gpuagent.api``): where it listens, its TLS,
 its admin endpoints, and how long a shutdown may take.
-
 ``shutdown_timeout`` is here because the server runs the shutdown (``serve_until_stopped``) and gives its
 requests in flight a quarter of it; the agent arms its backstop with the same figure.
 """

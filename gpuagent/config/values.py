@@ -1,5 +1,4 @@
 """The value parsers of the configuration keys, and how a value is written back (``yaml_scalar``).
-
 A parser turns one raw value (from the YAML file, an env var or a flag) into the key's typed value, or raises
 ``Invalid`` saying what it expected; the loader (:mod:`gpuagent.config.load`) turns that into a
 ``ConfigError`` naming the key and the source. The parsers are shared by every group of keys (a number, a
