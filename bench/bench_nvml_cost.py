@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import subprocess
 import sys
@@ -108,7 +107,7 @@ async def count_calls(
     from test_accounting import NamedTenants
 
     from gpuagent.agent import Agent
-    from gpuagent.config import Config, load_config
+    from gpuagent.config import KEYS, load_config
     from gpuagent.devices.sim import SimulatedNvml, load_scenario
     from gpuagent.snapshot import Workload
 
@@ -121,7 +120,7 @@ async def count_calls(
         "policies": [{"match_name": f"{name}.service", "gpu_share": share} for name, share in SHARES.items()],
         **extra,
     }
-    known = {f.name for f in dataclasses.fields(Config)}  # the code measured may predate some keys
+    known = {key.name for key in KEYS}  # the code measured may predate some keys
     config = load_config(None, env={}, overrides={k: v for k, v in settings.items() if k in known})
     clock = FakeClock()
     nvml = FieldRecorder(SimulatedNvml(load_scenario(scenario), clock=clock))

@@ -26,7 +26,7 @@ from gpuagent.accounting import Accountant, AccountingSettings
 from gpuagent.accounting.events import IdleEventPoster
 from gpuagent.api.admin import AdminActions
 from gpuagent.api.app import build_app
-from gpuagent.config import Config, ConfigError, load_config
+from gpuagent.config import Config, ConfigError, EnforceConfig, KubeApiConfig, PodsConfig, load_config
 from gpuagent.devices.loader import load_nvml
 from gpuagent.devices.poller import DevicePoller
 from gpuagent.devices.procnames import ProcessNames
@@ -110,27 +110,28 @@ class Agent:
     ) -> None:
         self.config = config
         if nvml is None:
-            nvml, backend = load_nvml(config.backend, config.scenario)
+            nvml, backend = load_nvml(config.devices.backend, config.devices.scenario)
         self.backend = backend or "nvml"
         self._clock = clock
         self._monotonic = monotonic
         fallback = getattr(nvml, "process_name", None)  # the simulator names its made-up PIDs
         self.devices = DevicePoller(
             nvml,
-            timeout=config.nvml_timeout,
-            slow_interval=config.slow_poll_interval,
-            energy_interval=config.energy_interval,
-            profiling_interval=config.profiling_interval,
-            process_utilization_interval=config.process_utilization_interval,
-            detail_interval=config.detail_interval,
-            xid_window=config.xid_window,
-            process_names=ProcessNames(config.proc_root, fallback=fallback),
+            timeout=config.devices.nvml_timeout,
+            slow_interval=config.devices.slow_poll_interval,
+            energy_interval=config.devices.energy_interval,
+            profiling_interval=config.devices.profiling_interval,
+            process_utilization_interval=config.devices.process_utilization_interval,
+            detail_interval=config.devices.detail_interval,
+            xid_window=config.devices.xid_window,
+            process_names=ProcessNames(config.pods.proc_root, fallback=fallback),
             clock=clock,
             monotonic=monotonic,
         )
         self.pods = pods_source(config, environ_fallback=getattr(nvml, "process_environ", None),
                                 monotonic=monotonic)
-        self.network = network_source(config, monotonic=monotonic)  # None with network: false
+        self.network = network_source(config.network, proc_root=config.pods.proc_root,
+                                      monotonic=monotonic)  # None with network: false
         self.enforcer = build_enforcer(config, monotonic=monotonic)
         self.accountant = build_accountant(config)
         self.publisher = build_publisher(config, monotonic=monotonic, wall_clock=clock)
@@ -142,8 +143,8 @@ class Agent:
         self._poll_failure = ""
         self._pods_failure = ""
         self._failures: dict[str, str] = {}  # a consumer's failure message -> its last error (_guarded)
-        self.registry = build_registry(lambda: self.latest, clock=clock, xid_window_seconds=config.xid_window,
-                                       backend=self.backend)
+        self.registry = build_registry(lambda: self.latest, clock=clock,
+                                       xid_window_seconds=config.devices.xid_window, backend=self.backend)
 
     async def poll_once(self) -> NodeSnapshot:
         """Poll every source once and publish the snapshot."""
@@ -183,7 +184,7 @@ class Agent:
         self._durations.observe(duration)
         self._polls += 1
         snapshot = NodeSnapshot(
-            hostname=self.config.hostname,
+            hostname=self.config.agent.hostname,
             backend=self.backend,
             taken_at_unix=self._clock(),
             taken_at_monotonic=self._monotonic(),
@@ -203,7 +204,7 @@ class Agent:
             nvml_errors=self.devices.guard.error_counts(),
             polls_total=self._polls,
             poll_histogram=self._durations.frozen(),
-            poll_interval_seconds=self.config.poll_interval,
+            poll_interval_seconds=self.config.devices.poll_interval,
             dra=dra,
             dra_taints=dra_taints,
         )
@@ -231,9 +232,9 @@ class Agent:
     def admin_thaw(self, pause_seconds: float) -> dict[str, Any]:
         """``POST /v1/admin/thaw``: thaw what the enforcer froze and pause throttling."""
         if self.enforcer is None:
-            return {"thawed": 0, "paused_seconds": 0.0, "mode": self.config.mode}
+            return {"thawed": 0, "paused_seconds": 0.0, "mode": self.config.enforce.mode}
         thawed = self.enforcer.pause(pause_seconds)
-        return {"thawed": thawed, "paused_seconds": pause_seconds, "mode": self.config.mode}
+        return {"thawed": thawed, "paused_seconds": pause_seconds, "mode": self.config.enforce.mode}
 
     def admin_reload_policies(self) -> dict[str, Any]:
         """``POST /v1/admin/reload-policies``: re-read the config file's ``policies:`` and apply them;
@@ -241,15 +242,16 @@ class Agent:
         path = self.config.config_file
         if not path:
             raise ConfigError("policies", "the agent was started without a config file to reload", "agent")
-        policies = load_config(path, env={"NODE_NAME": self.config.hostname or ""}).policies
+        policies = load_config(path, env={"NODE_NAME": self.config.agent.hostname or ""}).enforce.policies
         rules, _ = preflight.policies(self.config, policies, source=path)
         if self.enforcer is not None:
             self.enforcer.set_rules(rules)
-        return {"policies": len(rules), "applied": self.enforcer is not None, "mode": self.config.mode}
+        applied = self.enforcer is not None
+        return {"policies": len(rules), "applied": applied, "mode": self.config.enforce.mode}
 
     def admin_actions(self) -> AdminActions | None:
         """The admin endpoints' callables when the config enables them (a token file or a socket)."""
-        if not (self.config.admin_token_file or self.config.admin_socket):
+        if not (self.config.server.admin_token_file or self.config.server.admin_socket):
             return None
         return AdminActions(thaw=self.admin_thaw, reload_policies=self.admin_reload_policies)
 
@@ -272,7 +274,7 @@ class Agent:
 
     async def poll_forever(self) -> None:
         """Poll at a fixed rate; a poll that overruns skips the ticks it missed instead of bunching up."""
-        interval = self.config.poll_interval
+        interval = self.config.devices.poll_interval
         next_tick = self._monotonic()
         while True:
             await self.poll_once()
@@ -286,15 +288,16 @@ class Agent:
         """Run the poller and the HTTP server until ``stop`` is set or one of them fails, then shut down
         (``shutdown``, by default one that reports and never exits the process); True if that was clean.
         What runs is said here, how it is run and stopped in :func:`gpuagent.serving.serve_until_stopped`."""
-        recovered = recover_frozen(self.config)
+        recovered = recover_frozen(self.config.enforce)
         if recovered:
             log.warning("thawed %d cgroups a previous run left frozen (from %s)", recovered,
-                        self.config.journal_path)
+                        self.config.enforce.journal_path)
         shutdown = shutdown or self.shutdown_plan()
         admin = self.admin_actions()
         app = build_app(lambda: self.latest, self.registry, clock=self._clock, admin=admin,
-                        admin_token_file=self.config.admin_token_file)
-        return await serve_until_stopped(self.config, app, admin=admin, backend=self.backend,
+                        admin_token_file=self.config.server.admin_token_file)
+        return await serve_until_stopped(self.config.server, app, admin=admin, backend=self.backend,
+                                         poll_interval=self.config.devices.poll_interval,
                                          poller=self.poll_forever, tasks=self._tasks(), stop=stop,
                                          shutdown=shutdown, closers=self._closers())
 
@@ -339,7 +342,7 @@ class Agent:
     def shutdown_plan(self, **process: Any) -> Shutdown:
         """The bounded shutdown of this agent: thaw the enforcer's freezes first, wait for the GPU workers;
         ``process`` (``exit``, ``executor``, ``backstop``) makes it end the process when it cannot finish."""
-        return Shutdown(self.config.shutdown_timeout, thaw=self._thaw_everything,
+        return Shutdown(self.config.server.shutdown_timeout, thaw=self._thaw_everything,
                         threads=self.devices.working_threads, **process)
 
     def _thaw_everything(self) -> int:
@@ -349,15 +352,16 @@ class Agent:
 def build_accountant(config: Config) -> Accountant:
     """Accounting, always; idle Events on pods when asked, or (auto) where the API server is reachable: in
     a cluster with a service account, or with a kubeconfig configured."""
+    accounting, kubeconfig = config.accounting, config.kubeapi.kubeconfig
     events = None
-    if config.idle_events != "off":
+    if accounting.idle_events != "off":
         from gpuagent.pods.metadata import api_server_available
 
-        if config.idle_events == "on" or config.kubeconfig or api_server_available():
-            events = IdleEventPoster(config.hostname, kubeconfig_path=config.kubeconfig)
+        if accounting.idle_events == "on" or kubeconfig or api_server_available():
+            events = IdleEventPoster(config.agent.hostname, kubeconfig_path=kubeconfig)
     settings = AccountingSettings(
-        retention_seconds=config.accounting_retention, efficiency_window_seconds=config.efficiency_window,
-        idle_threshold_ratio=config.idle_threshold, idle_window_seconds=config.idle_window,
+        retention_seconds=accounting.retention, efficiency_window_seconds=accounting.efficiency_window,
+        idle_threshold_ratio=accounting.idle_threshold, idle_window_seconds=accounting.idle_window,
     )
     return Accountant(settings, events=events)
 
@@ -366,35 +370,37 @@ def build_publisher(config: Config, *, monotonic: Callable[[], float] = time.mon
                     wall_clock: Callable[[], float] = time.time) -> StatePublisher | None:
     """The GPUNodeState publisher for the extender's cluster view: when asked, or (auto) where the API
     server is reachable (in a cluster with a service account, or with a kubeconfig configured)."""
-    if config.publish_state == "off":
+    publish, kubeconfig, hostname = config.publish, config.kubeapi.kubeconfig, config.agent.hostname
+    if publish.state == "off":
         return None
     from gpuagent.kubeapi import ApiConnection, api_server_available
 
-    if config.publish_state == "auto" and not (config.kubeconfig or api_server_available()):
+    if publish.state == "auto" and not (kubeconfig or api_server_available()):
         return None
     log.info("publishing this node's GPU state as GPUNodeState %s (on change, at most every %gs; "
-             "heartbeat %gs)", config.hostname, config.publish_min_interval, config.publish_heartbeat)
-    return StatePublisher(config.hostname, ApiConnection(kubeconfig_path=config.kubeconfig),
-                          min_interval=config.publish_min_interval, heartbeat=config.publish_heartbeat,
+             "heartbeat %gs)", hostname, publish.min_interval, publish.heartbeat)
+    return StatePublisher(hostname, ApiConnection(kubeconfig_path=kubeconfig),
+                          min_interval=publish.min_interval, heartbeat=publish.heartbeat,
                           monotonic=monotonic, wall_clock=wall_clock)
 
 
 def build_health(config: Config) -> HealthMonitor | None:
     """GPU faults classified every poll (``health_mode`` audit or enforce); in enforce, written to this Node
     where the API server is used (``kubernetes_api``), within the cluster-wide quarantine budget."""
-    if config.health_mode == "off":
+    health = config.health
+    if health.mode == "off":
         return None
-    modes = dict(item.split("=", 1) for item in config.health_drain_namespaces)
+    modes = dict(item.split("=", 1) for item in health.drain_namespaces)
     settings = HealthSettings(
-        mode=config.health_mode, taint_at=config.health_taint, no_execute=config.health_no_execute,
-        cordon_at=config.health_cordon, drain_at=config.health_drain, namespace_modes=modes,
-        default_namespace_mode=config.health_drain_default, quarantine_budget=config.health_quarantine_budget,
-        budget_namespace=config.health_budget_namespace, clear_after=config.health_clear_after,
-        events=config.health_events, dra_taints=config.health_dra_taints,
+        mode=health.mode, taint_at=health.taint, no_execute=health.no_execute,
+        cordon_at=health.cordon, drain_at=health.drain, namespace_modes=modes,
+        default_namespace_mode=health.drain_default, quarantine_budget=health.quarantine_budget,
+        budget_namespace=health.budget_namespace, clear_after=health.clear_after,
+        events=health.events, dra_taints=health.dra_taints,
     )
     writer = None
-    if config.health_mode == "enforce":
-        connection = api_connection(config)
+    if health.mode == "enforce":
+        connection = api_connection(config.kubeapi)
         if connection is None:
             log.warning("health_mode is enforce but the API server is not used (kubernetes_api): GPU faults "
                         "are classified and reported, nothing is written to the Node")
@@ -402,55 +408,59 @@ def build_health(config: Config) -> HealthMonitor | None:
             from gpuagent.health.budget import QuarantineBudget
             from gpuagent.health.writer import NodeWriter
 
-            budget = QuarantineBudget(connection, config.hostname, namespace=settings.budget_namespace,
+            budget = QuarantineBudget(connection, config.agent.hostname, namespace=settings.budget_namespace,
                                       limit=settings.quarantine_budget)
-            writer = NodeWriter(config.hostname, connection, settings_namespace_mode=settings.namespace_mode,
-                                budget=budget, events=settings.events)
+            writer = NodeWriter(config.agent.hostname, connection,
+                                settings_namespace_mode=settings.namespace_mode, budget=budget,
+                                events=settings.events)
     return HealthMonitor(settings, writer)
 
 
 def build_enforcer(config: Config, *, monotonic: Callable[[], float] = time.monotonic) -> Enforcer | None:
     """The enforcer for ``mode: audit|enforce``; None when off. Bad policies are config errors."""
-    if config.mode == "off":
+    enforce = config.enforce
+    if enforce.mode == "off":
         return None
     rules, defaults = preflight.policies(config)
-    eviction = EvictionClient(kubeconfig_path=config.kubeconfig) if config.memory_action == "evict" else None
+    eviction = None
+    if enforce.memory_action == "evict":
+        eviction = EvictionClient(kubeconfig_path=config.kubeapi.kubeconfig)
     actions = Actions(
-        mode=config.mode, journal=Journal(config.journal_path), cgroup_root=config.cgroup_root,
-        allowed_outside_kubepods=config.freezable_outside_kubepods, protected_pids=(os.getpid(),),
-        eviction_client=eviction, workload_proc_root=config.proc_root,
+        mode=enforce.mode, journal=Journal(enforce.journal_path), cgroup_root=enforce.cgroup_root,
+        allowed_outside_kubepods=enforce.freezable_outside_kubepods, protected_pids=(os.getpid(),),
+        eviction_client=eviction, workload_proc_root=config.pods.proc_root,
     )
-    plan = make_plan(config.share_scheme, config.share_period)
+    plan = make_plan(enforce.share_scheme, enforce.share_period)
     cycler = Cycler(lambda target: actions.freeze(target, reason="over its GPU share"), actions.thaw,
                     plan=plan)
     cpu = None
-    if config.share_scheme == "rotation":
+    if enforce.share_scheme == "rotation":
         # the latency class's "has work" signal: the latency workloads' cpu.stat (enforce/cpustat.py)
-        cpu = CpuStat(config.cgroup_root, v2_mount=actions.hierarchies.get("v2")).open
+        cpu = CpuStat(enforce.cgroup_root, v2_mount=actions.hierarchies.get("v2")).open
 
         def controller() -> RotationController | ShareController:
-            return RotationController(work_conserving=config.work_conserving)
+            return RotationController(work_conserving=enforce.work_conserving)
     else:
         def controller() -> RotationController | ShareController:
-            return ShareController(work_conserving=config.work_conserving)
-    ladder = MemoryLadder(LadderSettings(action=config.memory_action, term_after=config.memory_term_after,
-                                         kill_grace=config.memory_kill_grace))
-    log.warning("enforcement is %s: %s", config.mode.upper(),
-                "decisions are exported, nothing is frozen or signalled" if config.mode == "audit"
-                else f"over-share pods are frozen ({config.share_scheme}), over-memory pods signalled")
+            return ShareController(work_conserving=enforce.work_conserving)
+    ladder = MemoryLadder(LadderSettings(action=enforce.memory_action, term_after=enforce.memory_term_after,
+                                         kill_grace=enforce.memory_kill_grace))
+    log.warning("enforcement is %s: %s", enforce.mode.upper(),
+                "decisions are exported, nothing is frozen or signalled" if enforce.mode == "audit"
+                else f"over-share pods are frozen ({enforce.share_scheme}), over-memory pods signalled")
     return Enforcer(
-        mode=config.mode, actions=actions, ladder=ladder, defaults=defaults, rules=rules, cycler=cycler,
-        controller=controller, clock=monotonic, work_conserving=config.work_conserving, cpu=cpu,
+        mode=enforce.mode, actions=actions, ladder=ladder, defaults=defaults, rules=rules, cycler=cycler,
+        controller=controller, clock=monotonic, work_conserving=enforce.work_conserving, cpu=cpu,
     )
 
 
-def recover_frozen(config: Config) -> int:
+def recover_frozen(enforce: EnforceConfig) -> int:
     """Thaw what a previous run's journal names (it crashed or was killed while throttling), whatever the
     mode now: undoing our own freezes is never enforcement."""
-    if not config.journal_path or not os.path.exists(config.journal_path):
+    if not enforce.journal_path or not os.path.exists(enforce.journal_path):
         return 0
-    actions = Actions(mode="off", journal=Journal(config.journal_path), cgroup_root=config.cgroup_root,
-                      allowed_outside_kubepods=config.freezable_outside_kubepods)
+    actions = Actions(mode="off", journal=Journal(enforce.journal_path), cgroup_root=enforce.cgroup_root,
+                      allowed_outside_kubepods=enforce.freezable_outside_kubepods)
     return actions.recover()
 
 
@@ -459,50 +469,51 @@ def pods_source(config: Config, environ_fallback: Callable[[int], bytes | None] 
     """Cgroup attribution always; the kubelet's allocations when this is a kubelet node (its pod-resources
     directory exists) or the socket was configured explicitly, with its DRA devices mapped to GPUs.
     ``environ_fallback``: the simulator's environments of its made-up PIDs."""
-    socket = config.pod_resources_socket
+    pods = config.pods
+    socket = pods.pod_resources_socket
     explicit = config.sources.get("pod_resources_socket", "default") != "default"
     client = None
     if socket and (explicit or os.path.isdir(os.path.dirname(socket))):
-        client = PodResourcesClient(socket, resource_names=config.gpu_resource_names,
-                                    dra_drivers=config.dra_drivers)
-    connection = api_connection(config)
+        client = PodResourcesClient(socket, resource_names=pods.gpu_resource_names,
+                                    dra_drivers=pods.dra_drivers)
+    connection = api_connection(config.kubeapi)
     return PodsSource(
-        cgroups=CgroupReader(config.proc_root), podresources=client,
-        metadata=pod_metadata(config, connection),
-        environs=EnvironReader(config.proc_root, fallback=environ_fallback),
-        node_names=frozenset({config.hostname, gethostname()}),
-        dra=dra_resolver(config, connection) if client is not None else None, connection=connection,
-        interval=config.pod_resources_interval, monotonic=monotonic,
+        cgroups=CgroupReader(pods.proc_root), podresources=client,
+        metadata=pod_metadata(config.agent.hostname, connection),
+        environs=EnvironReader(pods.proc_root, fallback=environ_fallback),
+        node_names=frozenset({config.agent.hostname, gethostname()}),
+        dra=dra_resolver(pods, config.agent.hostname, connection) if client is not None else None,
+        connection=connection, interval=pods.pod_resources_interval, monotonic=monotonic,
     )
 
 
-def api_connection(config: Config) -> ApiConnection | None:
+def api_connection(kubeapi: KubeApiConfig) -> ApiConnection | None:
     """The API server, shared by the pods watcher and the ResourceSlice watcher: when asked, or (auto) inside
     a cluster with a service account or with a kubeconfig configured. lightkube is imported on first use."""
     from gpuagent.kubeapi import ApiConnection, api_server_available
 
-    if config.kubernetes_api == "off":
+    if kubeapi.kubernetes_api == "off":
         return None
-    if config.kubernetes_api == "auto" and not (config.kubeconfig or api_server_available()):
+    if kubeapi.kubernetes_api == "auto" and not (kubeapi.kubeconfig or api_server_available()):
         return None
-    return ApiConnection(kubeconfig_path=config.kubeconfig)
+    return ApiConnection(kubeconfig_path=kubeapi.kubeconfig)
 
 
-def pod_metadata(config: Config, connection: ApiConnection | None) -> PodMetadata | None:
+def pod_metadata(hostname: str, connection: ApiConnection | None) -> PodMetadata | None:
     """The API-server watcher of this node's pods, where the API server is used (lightkube costs about
     14 MiB, imported only then)."""
     if connection is None:
         return None
     from gpuagent.pods.metadata import PodMetadata
 
-    log.info("naming pods through the API server (pods of node %s)", config.hostname)
-    return PodMetadata(config.hostname, connection=connection)
+    log.info("naming pods through the API server (pods of node %s)", hostname)
+    return PodMetadata(hostname, connection=connection)
 
 
-def dra_resolver(config: Config, connection: ApiConnection | None) -> DraResolver | None:
+def dra_resolver(pods: PodsConfig, hostname: str, connection: ApiConnection | None) -> DraResolver | None:
     """DRA devices mapped to GPUs (``dra_drivers`` none: off): through the node's CDI specs, and the drivers'
     ResourceSlices where the API server is used (``dra_resource_slices``)."""
-    if not config.dra_drivers:
+    if not pods.dra_drivers:
         return None
     from gpuagent.pods.dra.cdi import CdiSpecs
     from gpuagent.pods.dra.nvcaps import MigMinors
@@ -510,11 +521,11 @@ def dra_resolver(config: Config, connection: ApiConnection | None) -> DraResolve
     from gpuagent.pods.dra.slices import ResourceSlices
 
     slices = None
-    if config.dra_resource_slices != "off" and connection is not None:
-        slices = ResourceSlices(config.hostname, drivers=config.dra_drivers, connection=connection,
-                                wanted=config.dra_resource_slices == "on")
-    cdi = CdiSpecs(config.cdi_spec_dirs) if config.cdi_spec_dirs else None
-    return DraResolver(cdi=cdi, mig_minors=MigMinors(config.proc_root), slices=slices)
+    if pods.dra_resource_slices != "off" and connection is not None:
+        slices = ResourceSlices(hostname, drivers=pods.dra_drivers, connection=connection,
+                                wanted=pods.dra_resource_slices == "on")
+    cdi = CdiSpecs(pods.cdi_spec_dirs) if pods.cdi_spec_dirs else None
+    return DraResolver(cdi=cdi, mig_minors=MigMinors(pods.proc_root), slices=slices)
 
 
 def run(config: Config) -> int:
@@ -542,7 +553,7 @@ def run(config: Config) -> int:
             now = time.monotonic()
             if not first_signal_at:
                 first_signal_at.append(now)
-                arm_backstop(config.shutdown_timeout)
+                arm_backstop(config.server.shutdown_timeout)
                 loop.call_soon_threadsafe(stop.set)
             elif now - first_signal_at[0] < DUPLICATE_SIGNAL_SECONDS:
                 pass  # the same request delivered twice (`timeout` signals the child and its process group)
@@ -556,7 +567,7 @@ def run(config: Config) -> int:
         try:
             await agent.serve(stop, shutdown)
         except OSError as exc:
-            log.error("cannot listen on %s: %s", config.listen, exc)
+            log.error("cannot listen on %s: %s", config.server.listen, exc)
             return 1
         return 0
 
@@ -578,8 +589,10 @@ def read_only(config: Config) -> Config:
     on. Run on a node with the production config, the look would otherwise enforce beside the live agent
     (freeze, journal, SIGTERM or evict a pod over its memory limit), write the Node's health, publish the
     GPUNodeState and post Events: that is the agent's work, never a command's run to look."""
-    health = "off" if config.health_mode == "off" else "audit"
-    return replace(config, mode="off", health_mode=health, publish_state="off", idle_events="off")
+    health = "off" if config.health.mode == "off" else "audit"
+    return replace(config, enforce=replace(config.enforce, mode="off"),
+                   health=replace(config.health, mode=health), publish=replace(config.publish, state="off"),
+                   accounting=replace(config.accounting, idle_events="off"))
 
 
 def poll_once(config: Config) -> NodeSnapshot:

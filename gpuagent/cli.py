@@ -171,14 +171,14 @@ def one_shot_log_level(config: Config) -> str:
     would land in the middle of a table on a terminal, so they log warnings and errors only, unless
     ``log_level`` was set explicitly (env or file)."""
     if "log_level" in config.sources:
-        return config.log_level
+        return config.agent.log_level
     return "warning"
 
 
 def _run(args: argparse.Namespace) -> int:
     config = load_from_args(args)
     preflight.check(config)  # what check-config checks, so a config it passes starts
-    setup_logging(config.log_level)
+    setup_logging(config.agent.log_level)
     agent = importlib.import_module("gpuagent.agent")  # lazily: check-config must not load it
 
     log.info("starting: %s", config.summary())
@@ -189,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """``gpuagent demo``: ``gpuagent.demo.run`` starts the node's servers and runs the agent on them."""
     flags = {name: getattr(args, name) for name in args.keys}
-    setup_logging(load_config(args.config, overrides=flags).log_level)
+    setup_logging(load_config(args.config, overrides=flags).agent.log_level)
     demo = importlib.import_module("gpuagent.demo.run")  # lazily: grpc and the simulator only here
     return demo.run(args.config, flags)  # type: ignore[no-any-return]
 
@@ -253,14 +253,14 @@ def without_pod_sources(command: str, config: Config, sources: Sequence[SourceSt
         if status is not None:
             why.append(f"{what} failed ({status.error or 'no answer'})")
         elif name == "pod_resources":
-            why.append(f"no kubelet pod-resources socket at {config.pod_resources_socket}"
-                       if config.pod_resources_socket else "no kubelet pod-resources socket configured")
+            why.append(f"no kubelet pod-resources socket at {config.pods.pod_resources_socket}"
+                       if config.pods.pod_resources_socket else "no kubelet pod-resources socket configured")
         else:
-            why.append(f"the API server not used (kubernetes_api {config.kubernetes_api})")
-    host, port = parse_listen(config.listen)
+            why.append(f"the API server not used (kubernetes_api {config.kubeapi.kubernetes_api})")
+    host, port = parse_listen(config.server.listen)
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    scheme = "https" if config.web_config else "http"
+    scheme = "https" if config.server.web_config else "http"
     where = f"[{host}]" if ":" in host else host
     return shown(f"gpuagent {command}: no pod sources: {', '.join(why)}; so pods are known at most by the "
                  f"UIDs in their processes' cgroups, without names or allocations. The running agent has its "

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpuagent.api.admin import AdminActions, bind_admin_socket, build_admin_app
 from gpuagent.api.app import app_registry
 from gpuagent.api.tls import load_web_config, server_ssl_context
-from gpuagent.config import Config
+from gpuagent.config import ServerConfig
 from gpuagent.httperrors import json_errors, server_logger
 from gpuagent.httpguard import ConnectionGuard, GuardCollector, GuardedSite, raise_open_file_limit
 from gpuagent.shutdown import Shutdown, Step
@@ -36,23 +36,25 @@ TaskStarter = tuple[str, Callable[[], Coroutine[Any, Any, object]]]  # (task nam
 
 
 async def serve_until_stopped(
-    config: Config,
+    server: ServerConfig,
     app: web.Application,
     *,
     admin: AdminActions | None,
     backend: str,
+    poll_interval: float,
     poller: Callable[[], Coroutine[Any, Any, object]],
     tasks: Sequence[TaskStarter],
     stop: asyncio.Event,
     shutdown: Shutdown,
     closers: Sequence[tuple[str, Callable[[], Awaitable[object]]]],
 ) -> bool:
-    """Serve ``app`` (and the admin endpoints when ``admin`` and ``config.admin_socket``), run ``poller`` and
-    ``tasks`` until ``stop`` is set or one of them fails or ends, then shut down with ``shutdown``: the HTTP
-    servers first, then ``closers`` in order. True if the shutdown was clean."""
+    """Serve ``app`` as ``server`` says (and the admin endpoints when ``admin`` and ``server.admin_socket``),
+    run ``poller`` (every ``poll_interval``, which the serving line states) and ``tasks`` until ``stop`` is
+    set or one of them fails or ends, then shut down with ``shutdown``: the HTTP servers first, then
+    ``closers`` in order. True if the shutdown was clean."""
     from aiohttp import web
 
-    drain = min(HTTP_DRAIN_SECONDS, config.shutdown_timeout / 4)
+    drain = min(HTTP_DRAIN_SECONDS, server.shutdown_timeout / 4)
     raise_open_file_limit()  # before the guard fits its cap to it
     guard = ConnectionGuard()  # slow and many clients: docs/operations.md#security-model
     guard.install(app)
@@ -61,26 +63,26 @@ async def serve_until_stopped(
                            **guard.limits.runner_options())
     await runner.setup()
     admin_runner = None
-    if admin is not None and config.admin_socket:
+    if admin is not None and server.admin_socket:
         admin_runner = web.AppRunner(build_admin_app(admin, (json_errors,)), access_log=None,
                                      shutdown_timeout=drain, logger=server_logger())
     running: list[asyncio.Task[Any]] = []
     try:
         if admin_runner is not None:
             await admin_runner.setup()
-            path = config.admin_socket
+            path = server.admin_socket
             await web.SockSite(admin_runner, bind_admin_socket(path)).start()
             log.info("serving the admin endpoints on unix socket %s (mode 0600)", path)
-        web_config = config.web_config
+        web_config = server.web_config
         ssl_context = server_ssl_context(load_web_config(web_config)) if web_config else None
-        host, port = config.listen_host, config.listen_port
-        if admin is not None and config.admin_token_file and ssl_context is None:
+        host, port = server.listen_host, server.listen_port
+        if admin is not None and server.admin_token_file and ssl_context is None:
             log.warning("the admin routes take their bearer token over plain HTTP on %s:%d: anyone on the "
                         "path can read it; serve TLS (web_config) or use the admin socket", host, port)
         site = GuardedSite(runner, host, port, guard, ssl_context=ssl_context)
         await site.start()
         log.info("serving on %s://%s:%d (backend %s, poll every %gs)", "https" if ssl_context else "http",
-                 host, port, backend, config.poll_interval)
+                 host, port, backend, poll_interval)
         running = [
             asyncio.create_task(poller(), name="poller"),
             asyncio.create_task(stop.wait(), name="stop"),

@@ -584,8 +584,8 @@ def test_bad_config_values_name_the_key() -> None:
             load_config(None, env={f"GPUAGENT_{key.upper()}": value})
         assert f"GPUAGENT_{key.upper()}" in str(err.value)
     config = load_config(None, env={})
-    assert (config.accounting_retention, config.efficiency_window, config.idle_threshold, config.idle_window,
-            config.idle_events) == (300.0, 3600.0, 0.05, 1800.0, "auto")
+    assert (config.accounting.retention, config.accounting.efficiency_window, config.accounting.idle_threshold, config.accounting.idle_window,
+            config.accounting.idle_events) == (300.0, 3600.0, 0.05, 1800.0, "auto")
 
 
 async def test_accounting_failure_costs_accounting_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

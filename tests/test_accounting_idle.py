@@ -160,7 +160,7 @@ async def test_the_demo_flags_its_idle_allocation_at_the_first_poll_and_the_agen
     idle_gpu = {"version": 1, "name": "demo-idle-allocation", "gpus": [{"model": "H100-SXM5-80GB"}],
                 "processes": [{"name": "eval-harness", "gpu": 0, "memory": "22Gi", "sm_util": 0}]}
     flagged_at = {}
-    windows = {"demo": DEMO_DEFAULTS["idle_window"], "default": load_config(None, env={}).idle_window}
+    windows = {"demo": DEMO_DEFAULTS["idle_window"], "default": load_config(None, env={}).accounting.idle_window}
     for label, window in windows.items():
         clock = FakeClock()
         (tmp_path / label).mkdir()

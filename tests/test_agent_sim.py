@@ -255,10 +255,10 @@ def test_a_one_shot_look_acts_on_nothing_whatever_the_config_says(tmp_path: Path
         "policies": [{"match_namespace": "*", "gpu_memory": "1Mi", "gpu_share": 1}],  # everyone over both
     })
     looked = read_only(config)
-    assert (looked.mode, looked.health_mode, looked.publish_state, looked.idle_events) == (
+    assert (looked.enforce.mode, looked.health.mode, looked.publish.state, looked.accounting.idle_events) == (
         "off", "audit", "off", "off")
-    assert looked.policies == config.policies and looked.scenario == config.scenario
-    assert read_only(load_config(None, env={}, overrides={"health_mode": "off"})).health_mode == "off"
+    assert looked.enforce.policies == config.enforce.policies and looked.devices.scenario == config.devices.scenario
+    assert read_only(load_config(None, env={}, overrides={"health_mode": "off"})).health.mode == "off"
     snap = poll_once(config)
     assert snap.gpus and snap.pods is not None  # the figures, as the live agent would see them
     assert snap.enforcement is None and not journal.exists()

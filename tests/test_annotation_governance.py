@@ -203,7 +203,7 @@ def test_check_config_passes_the_modes_and_the_env_is_checked_too(
     path = tmp_path / "config.yaml"
     path.write_text("pod_annotations: ignore\npolicies:\n  - {match_namespace: ml, pod_annotations: any}\n")
     assert cli.main(["check-config", str(path)]) == 0, capsys.readouterr().err
-    assert load_config(None, env={}).pod_annotations == "lower-only"
+    assert load_config(None, env={}).enforce.pod_annotations == "lower-only"
     with pytest.raises(ConfigError) as info:
         load_config(None, env={"GPUAGENT_POD_ANNOTATIONS": "trust"})
     assert info.value.source == "env GPUAGENT_POD_ANNOTATIONS" and "lower-only" in info.value.message

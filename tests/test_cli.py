@@ -379,11 +379,11 @@ def test_run_passes_flags_over_env_over_file(
     monkeypatch.setenv("GPUAGENT_LISTEN", "127.0.0.1:9001")
     assert cli.main(["run", "--config", path, "--listen", "127.0.0.1:9002", "--backend", "sim"]) == 0
     (config,) = fake_agent.run
-    assert config.listen == "127.0.0.1:9002"  # flag over env
-    assert config.poll_interval == 0.5  # env over file
-    assert config.xid_window == 60.0  # file over default
-    assert config.backend == "sim"
-    assert config.hostname == "test-node"
+    assert config.server.listen == "127.0.0.1:9002"  # flag over env
+    assert config.devices.poll_interval == 0.5  # env over file
+    assert config.devices.xid_window == 60.0  # file over default
+    assert config.devices.backend == "sim"
+    assert config.agent.hostname == "test-node"
 
 
 def test_run_config_file_from_env(
@@ -391,7 +391,7 @@ def test_run_config_file_from_env(
 ) -> None:
     monkeypatch.setenv("GPUAGENT_CONFIG", write(tmp_path, "poll_interval: 4\n"))
     assert cli.main(["run"]) == 0
-    assert fake_agent.run[0].poll_interval == 4.0
+    assert fake_agent.run[0].devices.poll_interval == 4.0
 
 
 def test_run_returns_the_agents_status(
@@ -443,7 +443,7 @@ def test_run_sets_up_one_line_logging(fake_agent: types.SimpleNamespace) -> None
 def test_snapshot_prints_json(capsys: pytest.CaptureFixture, fake_agent: types.SimpleNamespace) -> None:
     assert cli.main(["snapshot", "--backend", "sim"]) == 0
     (config,) = fake_agent.poll_once
-    assert config.backend == "sim"
+    assert config.devices.backend == "sim"
     data = json.loads(capsys.readouterr().out)
     assert data["hostname"] == "node-a"
     assert data["gpus"][0]["health"] == "ok"

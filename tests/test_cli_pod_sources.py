@@ -24,7 +24,7 @@ def test_no_pod_source_configured_names_both_and_the_agents_endpoint() -> None:
     line = cli.without_pod_sources("hints", config, [SourceStatus("nvml", True, 0.0)])
     assert line is not None and "\n" not in line
     assert line.startswith("gpuagent hints: no pod sources: no kubelet pod-resources socket at "
-                           f"{config.pod_resources_socket}, the API server not used (kubernetes_api off)")
+                           f"{config.pods.pod_resources_socket}, the API server not used (kubernetes_api off)")
     assert line.endswith("curl -s http://127.0.0.1:9555/v1/hints")  # every interface: ask it on loopback
     snapshot = cli.without_pod_sources("snapshot", config, [])
     assert snapshot is not None and snapshot.endswith("/v1/state")

@@ -33,28 +33,28 @@ def error_of(*args: object, **kwargs: object) -> ConfigError:
 
 def test_defaults_without_file_or_env() -> None:
     config = load_config(env={})
-    assert config.listen == "0.0.0.0:9402"
-    assert (config.listen_host, config.listen_port) == ("0.0.0.0", 9402)
-    assert config.poll_interval == 1.0
-    assert config.slow_poll_interval == 30.0
-    assert config.nvml_timeout == 5.0
-    assert config.shutdown_timeout == 10.0
-    assert config.backend == "auto"
-    assert config.scenario is None
-    assert config.xid_window == 300.0
-    assert config.log_level == "info"
+    assert config.server.listen == "0.0.0.0:9402"
+    assert (config.server.listen_host, config.server.listen_port) == ("0.0.0.0", 9402)
+    assert config.devices.poll_interval == 1.0
+    assert config.devices.slow_poll_interval == 30.0
+    assert config.devices.nvml_timeout == 5.0
+    assert config.server.shutdown_timeout == 10.0
+    assert config.devices.backend == "auto"
+    assert config.devices.scenario is None
+    assert config.devices.xid_window == 300.0
+    assert config.agent.log_level == "info"
     assert config.config_file is None
-    assert config.hostname  # gethostname()
+    assert config.agent.hostname  # gethostname()
 
 
 def test_default_port_is_not_dcgm_exporters() -> None:
-    assert Config().listen_port != 9400
+    assert Config().server.listen_port != 9400
 
 
 def test_config_is_frozen_and_hashable() -> None:
     config = load_config(env={})
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.poll_interval = 2.0  # type: ignore[misc]
+        config.devices.poll_interval = 2.0  # type: ignore[misc]
     assert hash(config) == hash(dataclasses.replace(config))
 
 
@@ -132,7 +132,32 @@ def test_key_table_matches_the_dataclass_defaults() -> None:
     defaults = load_config(env={"NODE_NAME": "n1"})
     for key in KEYS:
         if key.name != "hostname":
-            assert getattr(defaults, key.name) == key.default
+            assert defaults.as_dict()[key.name] == key.default
+
+
+def test_each_key_is_a_field_of_the_group_of_the_package_that_reads_it() -> None:
+    """``health_taint`` is ``config.health.taint``: the key less its group's name (``network``, the group's
+    name alone, is ``config.network.enabled``); each group is declared in the module of its name."""
+    assert (KEYS_BY_NAME["health_taint"].group, KEYS_BY_NAME["health_taint"].field) == ("health", "taint")
+    assert (KEYS_BY_NAME["network"].group, KEYS_BY_NAME["network"].field) == ("network", "enabled")
+    assert (KEYS_BY_NAME["share_scheme"].group, KEYS_BY_NAME["share_scheme"].field) == ("enforce", "share_scheme")
+    for key in KEYS:
+        assert key.field == ("enabled" if key.name == key.group else key.name.removeprefix(key.group + "_"))
+        assert type(getattr(Config(), key.group)).__module__ == f"gpuagent.config.{key.group}"
+    config = load_config(env={}, overrides={"health_taint": "fatal", "network": "false", "mode": "audit"})
+    assert (config.health.taint, config.network.enabled, config.enforce.mode) == ("fatal", False, "audit")
+    assert all(config.as_dict()[key.name] == getattr(getattr(config, key.group), key.field) for key in KEYS)
+
+
+def test_from_flat_builds_a_config_by_the_operators_key_names() -> None:
+    config = load_config(env={"NODE_NAME": "n1"}, overrides={"health_taint": "fatal", "poll_interval": "2"})
+    again = Config.from_flat(config.as_dict(), config_file=config.config_file, sources=config.sources)
+    assert again == config and again.sources == config.sources
+    assert Config.from_flat({"health_taint": "never"}).health.taint == "never"
+    assert Config.from_flat({}) == Config()
+    with pytest.raises(TypeError, match="not configuration keys: health_tint"):
+        Config.from_flat({"health_tint": "never"})
+    assert not hasattr(config, "health_taint") and not hasattr(config, "poll_interval")  # no flat attributes
 
 
 def test_describe_names_every_key_with_its_source(tmp_path: Path) -> None:
@@ -159,34 +184,34 @@ def test_file_values_are_read_and_converted(tmp_path: Path) -> None:
         f"backend: SIM\nscenario: {scenario}\nhostname: gpu-node-3\nxid_window: 60\nlog_level: DEBUG\n",
     )
     config = load_config(path, env={})
-    assert config.listen == "[::1]:9500"
-    assert (config.listen_host, config.listen_port) == ("::1", 9500)
-    assert config.poll_interval == 2.0 and isinstance(config.poll_interval, float)
-    assert config.slow_poll_interval == 60.0
-    assert config.nvml_timeout == 0.5
-    assert config.backend == "sim"
-    assert config.scenario == scenario
-    assert config.hostname == "gpu-node-3"
-    assert config.xid_window == 60.0
-    assert config.log_level == "debug"
+    assert config.server.listen == "[::1]:9500"
+    assert (config.server.listen_host, config.server.listen_port) == ("::1", 9500)
+    assert config.devices.poll_interval == 2.0 and isinstance(config.devices.poll_interval, float)
+    assert config.devices.slow_poll_interval == 60.0
+    assert config.devices.nvml_timeout == 0.5
+    assert config.devices.backend == "sim"
+    assert config.devices.scenario == scenario
+    assert config.agent.hostname == "gpu-node-3"
+    assert config.devices.xid_window == 60.0
+    assert config.agent.log_level == "debug"
     assert config.config_file == path
     assert config.sources["poll_interval"] == path
 
 
 def test_empty_file_means_all_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ""), env={})
-    assert config == dataclasses.replace(load_config(env={}), hostname=config.hostname)
+    assert config == load_config(env={"NODE_NAME": config.agent.hostname})
 
 
 def test_comment_only_file_means_all_defaults(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path, "# nothing\n"), env={}).poll_interval == 1.0
+    assert load_config(write(tmp_path, "# nothing\n"), env={}).devices.poll_interval == 1.0
 
 
 def test_relative_scenario_is_resolved_against_the_config_files_directory(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
     write(tmp_path / "etc", "gpus: []\n", "s.yaml")
     config = load_config(write(tmp_path / "etc", "scenario: s.yaml\n"), env={})
-    assert config.scenario == str(tmp_path / "etc" / "s.yaml")
+    assert config.devices.scenario == str(tmp_path / "etc" / "s.yaml")
 
 
 def test_relative_scenario_from_env_is_resolved_against_the_working_directory(
@@ -194,17 +219,17 @@ def test_relative_scenario_from_env_is_resolved_against_the_working_directory(
 ) -> None:
     write(tmp_path, "gpus: []\n", "s.yaml")
     monkeypatch.chdir(tmp_path)
-    assert load_config(env={"GPUAGENT_SCENARIO": "s.yaml"}).scenario == "s.yaml"
+    assert load_config(env={"GPUAGENT_SCENARIO": "s.yaml"}).devices.scenario == "s.yaml"
 
 
 def test_sim_without_scenario_is_allowed() -> None:
-    assert load_config(env={"GPUAGENT_BACKEND": "sim"}).scenario is None
+    assert load_config(env={"GPUAGENT_BACKEND": "sim"}).devices.scenario is None
 
 
 def test_slow_poll_interval_default_rises_with_poll_interval() -> None:
     config = load_config(env={"GPUAGENT_POLL_INTERVAL": "60"})
-    assert config.slow_poll_interval == 60.0
-    assert load_config(env={"GPUAGENT_POLL_INTERVAL": "10"}).slow_poll_interval == 30.0
+    assert config.devices.slow_poll_interval == 60.0
+    assert load_config(env={"GPUAGENT_POLL_INTERVAL": "10"}).devices.slow_poll_interval == 30.0
 
 
 @pytest.mark.parametrize(
@@ -268,7 +293,7 @@ def test_nvml_backend_with_a_scenario_is_an_error(tmp_path: Path) -> None:
 
 def test_scenario_with_auto_backend_is_allowed(tmp_path: Path) -> None:
     scenario = write(tmp_path, "gpus: []\n", "s.yaml")
-    assert load_config(env={"GPUAGENT_SCENARIO": scenario}).scenario == scenario
+    assert load_config(env={"GPUAGENT_SCENARIO": scenario}).devices.scenario == scenario
 
 
 def test_error_message_format_matches_the_contract(tmp_path: Path) -> None:
@@ -318,7 +343,7 @@ def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
     # Not a duplicate: a key given next to a '<<' merge overrides the merged one.
     path = write(tmp_path, "<<: {poll_interval: 2, backend: sim}\npoll_interval: 3\n")
     config = load_config(path, env={})
-    assert (config.poll_interval, config.backend) == (3.0, "sim")
+    assert (config.devices.poll_interval, config.devices.backend) == (3.0, "sim")
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
@@ -338,16 +363,16 @@ def test_env_beats_file_and_flag_beats_env(tmp_path: Path) -> None:
     path = write(tmp_path, "poll_interval: 2\nlisten: '127.0.0.1:9000'\nbackend: sim\n")
     env = {"GPUAGENT_POLL_INTERVAL": "0.5", "GPUAGENT_LISTEN": "127.0.0.1:9001"}
     config = load_config(path, env=env, overrides={"listen": "127.0.0.1:9002", "backend": None})
-    assert config.poll_interval == 0.5  # env over file
-    assert config.listen == "127.0.0.1:9002"  # flag over env
-    assert config.backend == "sim"  # a None override is "not given": the file's value stands
+    assert config.devices.poll_interval == 0.5  # env over file
+    assert config.server.listen == "127.0.0.1:9002"  # flag over env
+    assert config.devices.backend == "sim"  # a None override is "not given": the file's value stands
     assert config.sources["poll_interval"] == "env GPUAGENT_POLL_INTERVAL"
     assert config.sources["listen"] == "flag --listen"
 
 
 def test_overrides_accept_typed_values() -> None:
     config = load_config(env={}, overrides={"poll_interval": 0.25, "backend": "sim"})
-    assert (config.poll_interval, config.backend) == (0.25, "sim")
+    assert (config.devices.poll_interval, config.devices.backend) == (0.25, "sim")
     assert "got true" in str(error_of(env={}, overrides={"poll_interval": True}))
 
 
@@ -379,18 +404,18 @@ def test_bad_env_value_names_the_env_var(name: str, value: str, fragment: str) -
 def test_env_numbers_are_parsed() -> None:
     env = {"GPUAGENT_POLL_INTERVAL": " 0.5 ", "GPUAGENT_NVML_TIMEOUT": "2", "GPUAGENT_XID_WINDOW": "1e2"}
     config = load_config(env=env)
-    assert (config.poll_interval, config.nvml_timeout, config.xid_window) == (0.5, 2.0, 100.0)
+    assert (config.devices.poll_interval, config.devices.nvml_timeout, config.devices.xid_window) == (0.5, 2.0, 100.0)
 
 
 def test_empty_env_var_counts_as_unset() -> None:
-    assert load_config(env={"GPUAGENT_POLL_INTERVAL": "", "GPUAGENT_SCENARIO": ""}).poll_interval == 1.0
+    assert load_config(env={"GPUAGENT_POLL_INTERVAL": "", "GPUAGENT_SCENARIO": ""}).devices.poll_interval == 1.0
 
 
 def test_gpuagent_config_env_names_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, "poll_interval: 3\n")
     other = write(tmp_path, "poll_interval: 4\n", "other.yaml")
-    assert load_config(env={"GPUAGENT_CONFIG": path}).poll_interval == 3.0
-    assert load_config(other, env={"GPUAGENT_CONFIG": path}).poll_interval == 4.0  # the argument wins
+    assert load_config(env={"GPUAGENT_CONFIG": path}).devices.poll_interval == 3.0
+    assert load_config(other, env={"GPUAGENT_CONFIG": path}).devices.poll_interval == 4.0  # the argument wins
 
 
 def test_nvml_with_scenario_across_sources_names_both(tmp_path: Path) -> None:
@@ -411,17 +436,17 @@ def test_slow_below_poll_across_sources(tmp_path: Path) -> None:
 
 
 def test_hostname_precedence(tmp_path: Path) -> None:
-    assert load_config(env={"NODE_NAME": "from-downward-api"}).hostname == "from-downward-api"
+    assert load_config(env={"NODE_NAME": "from-downward-api"}).agent.hostname == "from-downward-api"
     env = {"NODE_NAME": "n", "GPUAGENT_HOSTNAME": "explicit"}
-    assert load_config(env=env).hostname == "explicit"
-    assert load_config(write(tmp_path, "hostname: f\n"), env={"NODE_NAME": "n"}).hostname == "f"
-    assert load_config(write(tmp_path, "hostname: null\n"), env={"NODE_NAME": "n"}).hostname == "n"
+    assert load_config(env=env).agent.hostname == "explicit"
+    assert load_config(write(tmp_path, "hostname: f\n"), env={"NODE_NAME": "n"}).agent.hostname == "f"
+    assert load_config(write(tmp_path, "hostname: null\n"), env={"NODE_NAME": "n"}).agent.hostname == "n"
 
 
 def test_hostname_falls_back_to_gethostname(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("socket.gethostname", lambda: "box-1")
     config = load_config(env={"NODE_NAME": ""})
-    assert config.hostname == "box-1"
+    assert config.agent.hostname == "box-1"
 
 
 # --- listen -------------------------------------------------------------------------------------------------
@@ -440,11 +465,11 @@ def test_hostname_falls_back_to_gethostname(monkeypatch: pytest.MonkeyPatch) -> 
 def test_parse_listen(text: str, host: str, port: int) -> None:
     assert parse_listen(text) == (host, port)
     config = load_config(env={}, overrides={"listen": text})
-    assert (config.listen_host, config.listen_port) == (host, port)
+    assert (config.server.listen_host, config.server.listen_port) == (host, port)
 
 
 def test_listen_is_normalised() -> None:
-    assert load_config(env={}, overrides={"listen": " 127.0.0.1:09402 "}).listen == "127.0.0.1:9402"
+    assert load_config(env={}, overrides={"listen": " 127.0.0.1:09402 "}).server.listen == "127.0.0.1:9402"
 
 
 # --- anything in, Config or ConfigError out -----------------------------------------------------------------
@@ -476,9 +501,9 @@ def test_any_yaml_mapping_loads_or_raises_config_error(tmp_path: Path, data: dic
     except ConfigError as err:
         assert str(err).startswith(f"{path}: ")
     else:
-        assert config.poll_interval > 0 and math.isfinite(config.poll_interval)
-        assert config.slow_poll_interval >= config.poll_interval
-        assert 1 <= config.listen_port <= 65535
+        assert config.devices.poll_interval > 0 and math.isfinite(config.devices.poll_interval)
+        assert config.devices.slow_poll_interval >= config.devices.poll_interval
+        assert 1 <= config.server.listen_port <= 65535
 
 
 @settings(max_examples=200, deadline=None)
@@ -497,15 +522,15 @@ def test_any_env_or_override_loads_or_raises_config_error(
 
 def test_config_built_directly_resolves_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(os.environ, "NODE_NAME", "direct")
-    assert Config().hostname == "direct"
+    assert Config().agent.hostname == "direct"
 
 
 def test_gpu_resource_names_from_yaml_env_and_flag(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("gpu_resource_names: [nvidia.com/gpu, nvidia.com/gpu.shared]\n")
-    assert load_config(str(path), env={}).gpu_resource_names == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+    assert load_config(str(path), env={}).pods.gpu_resource_names == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
     env = {"GPUAGENT_GPU_RESOURCE_NAMES": "nvidia.com/a100, nvidia.com/gpu"}
-    assert load_config(None, env=env).gpu_resource_names == ("nvidia.com/a100", "nvidia.com/gpu")
+    assert load_config(None, env=env).pods.gpu_resource_names == ("nvidia.com/a100", "nvidia.com/gpu")
     with pytest.raises(ConfigError, match=r"--gpu-resource-names: .* not a domain/name"):
         load_config(None, env={}, overrides={"gpu_resource_names": "gpu"})
 
@@ -513,8 +538,8 @@ def test_gpu_resource_names_from_yaml_env_and_flag(tmp_path) -> None:
 def test_pod_resources_socket_can_be_turned_off(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("pod_resources_socket: null\n")
-    assert load_config(str(path), env={}).pod_resources_socket is None
-    assert load_config(None, env={}).pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert load_config(str(path), env={}).pods.pod_resources_socket is None
+    assert load_config(None, env={}).pods.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 def test_enforcement_keys(tmp_path) -> None:
@@ -525,8 +550,8 @@ def test_enforcement_keys(tmp_path) -> None:
         "policies:\n  - {match_namespace: research-*, gpu_share: 20}\n"
     )
     config = load_config(str(path), env={"GPUAGENT_WORK_CONSERVING": "true"}, overrides={"mode": "enforce"})
-    assert (config.mode, config.work_conserving, config.default_gpu_share) == ("enforce", True, 25)
-    assert config.default_gpu_memory == "8Gi" and config.policies == ({"match_namespace": "research-*",
+    assert (config.enforce.mode, config.enforce.work_conserving, config.enforce.default_gpu_share) == ("enforce", True, 25)
+    assert config.enforce.default_gpu_memory == "8Gi" and config.enforce.policies == ({"match_namespace": "research-*",
                                                                        "gpu_share": 20},)
     for key, bad, fragment in [
         ("mode", "strict", "one of off, audit, enforce"),
@@ -548,16 +573,16 @@ def test_dra_keys_from_yaml_env_and_flags(tmp_path) -> None:
     path.write_text("dra_drivers: [gpu.nvidia.com, gpu.example.com]\ncdi_spec_dirs: [/host/etc/cdi]\n"
                     "dra_resource_slices: 'on'\n")
     config = load_config(str(path), env={})
-    assert config.dra_drivers == ("gpu.nvidia.com", "gpu.example.com")
-    assert (config.cdi_spec_dirs, config.dra_resource_slices) == (("/host/etc/cdi",), "on")
+    assert config.pods.dra_drivers == ("gpu.nvidia.com", "gpu.example.com")
+    assert (config.pods.cdi_spec_dirs, config.pods.dra_resource_slices) == (("/host/etc/cdi",), "on")
     defaults = load_config(None, env={})
-    assert defaults.dra_drivers == ("gpu.nvidia.com",) and defaults.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
+    assert defaults.pods.dra_drivers == ("gpu.nvidia.com",) and defaults.pods.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
     env = {"GPUAGENT_DRA_DRIVERS": "none", "GPUAGENT_CDI_SPEC_DIRS": "/host/etc/cdi, /host/var/run/cdi"}
     config = load_config(None, env=env, overrides={"dra_resource_slices": "off"})
-    assert (config.dra_drivers, config.cdi_spec_dirs) == ((), ("/host/etc/cdi", "/host/var/run/cdi"))
-    assert load_config(None, env={}, overrides={"cdi_spec_dirs": "null"}).cdi_spec_dirs == ()
+    assert (config.pods.dra_drivers, config.pods.cdi_spec_dirs) == ((), ("/host/etc/cdi", "/host/var/run/cdi"))
+    assert load_config(None, env={}, overrides={"cdi_spec_dirs": "null"}).pods.cdi_spec_dirs == ()
     path.write_text("dra_drivers: []\ncdi_spec_dirs: null\n")
-    assert load_config(str(path), env={}).cdi_spec_dirs == ()
+    assert load_config(str(path), env={}).pods.cdi_spec_dirs == ()
     for key, bad, fragment in [
         ("dra_drivers", ["GPU_nvidia"], "'GPU_nvidia' is not a DNS subdomain"),
         ("dra_drivers", "gpu.nvidia.com", "a list of DRA driver names"),
@@ -594,24 +619,24 @@ def test_null_means_the_same_from_file_env_and_flag(tmp_path: Path, key: object,
     name = key.name  # type: ignore[attr-defined]
     path = write(tmp_path, f"{name}: null\n")
     base = {"NODE_NAME": "n1"}
-    from_file = _outcome(lambda: getattr(load_config(path, env=base), name))
-    from_env = _outcome(lambda: getattr(load_config(env={**base, key.env: word}), name))  # type: ignore[attr-defined]
-    from_flag = _outcome(lambda: getattr(load_config(env=base, overrides={name: word}), name))
+    from_file = _outcome(lambda: load_config(path, env=base).as_dict()[name])
+    from_env = _outcome(lambda: load_config(env={**base, key.env: word}).as_dict()[name])  # type: ignore[attr-defined]
+    from_flag = _outcome(lambda: load_config(env=base, overrides={name: word}).as_dict()[name])
     assert from_env == from_file and from_flag == from_file
 
 
 def test_null_turns_the_kubelet_socket_off_from_flags_and_env() -> None:
     """The issue's case: --pod-resources-socket null was read as a relative path named "null"."""
-    assert load_config(env={}, overrides={"pod_resources_socket": "null"}).pod_resources_socket is None
-    assert load_config(env={"GPUAGENT_POD_RESOURCES_SOCKET": "null"}).pod_resources_socket is None
+    assert load_config(env={}, overrides={"pod_resources_socket": "null"}).pods.pod_resources_socket is None
+    assert load_config(env={"GPUAGENT_POD_RESOURCES_SOCKET": "null"}).pods.pod_resources_socket is None
     config = load_config(env={}, overrides={"pod_resources_socket": "null"})
     assert config.sources["pod_resources_socket"] == "flag --pod-resources-socket"
     # the other keys null turns off or back to their default, from a flag
     flags = {"scenario": "null", "kubeconfig": "Null", "admin_socket": "~", "default_gpu_share": "null",
              "default_gpu_memory": "null", "web_config": "null", "admin_token_file": "null"}
     config = load_config(env={}, overrides=flags)
-    assert all(getattr(config, name) is None for name in flags)
-    assert load_config(env={"NODE_NAME": "n1"}, overrides={"hostname": "null"}).hostname == "n1"
+    assert all(config.as_dict()[name] is None for name in flags)
+    assert load_config(env={"NODE_NAME": "n1"}, overrides={"hostname": "null"}).agent.hostname == "n1"
 
 
 @pytest.mark.parametrize("name", ["proc_root", "cgroup_root", "sysfs_root", "journal_path"])
@@ -629,14 +654,14 @@ def test_roots_do_not_take_null(tmp_path: Path, name: str) -> None:
 def test_a_file_named_null_is_given_as_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "null").write_text("gpus: []\n")
     monkeypatch.chdir(tmp_path)
-    assert load_config(env={}, overrides={"scenario": "./null"}).scenario == "./null"
-    assert load_config(env={}, overrides={"scenario": "null"}).scenario is None
+    assert load_config(env={}, overrides={"scenario": "./null"}).devices.scenario == "./null"
+    assert load_config(env={}, overrides={"scenario": "null"}).devices.scenario is None
 
 
 def test_bare_on_and_off_in_yaml_mean_the_words(tmp_path: Path) -> None:
     """YAML 1.1 reads ``off``/``on`` as booleans: where a key's choices hold the word, it means the word."""
     config = load_config(write(tmp_path, "mode: off\nkubernetes_api: on\nidle_events: OFF\n"), env={})
-    assert (config.mode, config.kubernetes_api, config.idle_events) == ("off", "on", "off")
+    assert (config.enforce.mode, config.kubeapi.kubernetes_api, config.accounting.idle_events) == ("off", "on", "off")
     with pytest.raises(ConfigError, match="mode: expected one of off, audit, enforce, got true"):
         load_config(write(tmp_path, "mode: on\n", "on.yaml"), env={})
     with pytest.raises(ConfigError, match=r"log_level: expected one of debug.*got false"):

@@ -128,10 +128,10 @@ def test_the_demo_sets_the_wiring_and_keeps_what_the_user_chose(tmp_path: Path) 
     config = demo_config(str(config_file), {"mode": "off", "listen": "127.0.0.1:19402", "backend": None},
                          scenario=str(EXAMPLE), hostname="gpu-node-1", workdir=tmp_path,
                          socket=tmp_path / "kubelet.sock", kubeconfig=tmp_path / "kubeconfig")
-    assert config.mode == "off" and config.idle_window == 30  # a flag and the file win over the demo's defaults
-    assert config.pod_resources_interval == DEMO_DEFAULTS["pod_resources_interval"]
-    assert (config.backend, config.hostname, config.kubernetes_api) == ("sim", "gpu-node-1", "on")
-    assert config.proc_root == str(tmp_path / "proc") and config.cgroup_root == str(tmp_path / "cgroup")
+    assert config.enforce.mode == "off" and config.accounting.idle_window == 30  # a flag and the file win over the demo's defaults
+    assert config.pods.pod_resources_interval == DEMO_DEFAULTS["pod_resources_interval"]
+    assert (config.devices.backend, config.agent.hostname, config.kubeapi.kubernetes_api) == ("sim", "gpu-node-1", "on")
+    assert config.pods.proc_root == str(tmp_path / "proc") and config.enforce.cgroup_root == str(tmp_path / "cgroup")
     assert set(WIRED_KEYS) <= {k for k, source in config.sources.items() if source.startswith("flag")}
 
 

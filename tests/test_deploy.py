@@ -56,12 +56,12 @@ def _pyproject() -> dict[str, str]:
 PYPROJECT = _pyproject()
 VERSION = PYPROJECT["version"]
 NAMESPACE = "gpuagent"
-DEFAULT = Config(hostname="test-node")
-AGENT_PORT = DEFAULT.listen_port  # 9402
+DEFAULT = Config.from_flat({"hostname": "test-node"})
+AGENT_PORT = DEFAULT.server.listen_port  # 9402
 KEY_ENVS = {key.env for key in KEYS}
 # The agent's shutdown after SIGTERM: thaw (immediate), then everything else within shutdown_timeout, and
 # faulthandler's backstop a little after; the grace periods must cover that with room to spare.
-SHUTDOWN_BOUND_SECONDS = DEFAULT.shutdown_timeout + BACKSTOP_GRACE_SECONDS + 10
+SHUTDOWN_BOUND_SECONDS = DEFAULT.server.shutdown_timeout + BACKSTOP_GRACE_SECONDS + 10
 
 # The least privilege of the node agent: (API group, resource, verb).
 AGENT_RBAC = {
@@ -329,7 +329,7 @@ def test_the_quarantine_budget_role_grants_its_one_lease_in_the_agents_namespace
     from gpuagent.health.budget import LEASE_NAME
 
     role = _one("Role", "gpuagent-quarantine-budget")
-    assert role["metadata"]["namespace"] == NAMESPACE == Config().health_budget_namespace
+    assert role["metadata"]["namespace"] == NAMESPACE == Config().health.budget_namespace
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
          "verbs": ["get", "update"]},
@@ -384,7 +384,7 @@ def test_container_port_is_the_configured_listen_port(agent_container: dict) -> 
     assert port["hostPort"] == port["containerPort"]  # the extender's http://{node}:9402
     listen = _env(agent_container).get("GPUAGENT_LISTEN")
     if listen is not None:
-        assert load_config(env={"GPUAGENT_LISTEN": listen}).listen_port == AGENT_PORT
+        assert load_config(env={"GPUAGENT_LISTEN": listen}).server.listen_port == AGENT_PORT
 
 
 def _agent_routes() -> set[str]:
@@ -419,7 +419,7 @@ def test_env_names_are_config_keys_and_values_parse(agent_container: dict) -> No
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
     plain = {name: value for name, value in env.items() if name in KEY_ENVS}
     config = load_config(env={**plain, NODE_NAME_ENV: "node-1"})
-    assert config.hostname == "node-1"
+    assert config.agent.hostname == "node-1"
     for name in plain:
         assert config.sources[name.removeprefix("GPUAGENT_").lower()] == f"env {name}"
 
@@ -434,8 +434,8 @@ def test_config_map_is_a_valid_config_file(agent_container: dict, tmp_path: Path
     path.write_text(text)
     plain = {name: value for name, value in env.items() if name in KEY_ENVS}
     config = load_config(env={**plain, CONFIG_ENV: str(path), NODE_NAME_ENV: "node-1"})
-    assert config.backend == "nvml"  # never the simulator on a GPU node
-    assert config.mode == "off"  # enforcement is opt-in, see deploy/README.md
+    assert config.devices.backend == "nvml"  # never the simulator on a GPU node
+    assert config.enforce.mode == "off"  # enforcement is opt-in, see deploy/README.md
     assert not set(yaml.safe_load(text)) & {name.removeprefix("GPUAGENT_").lower() for name in plain}, (
         "a key set both in the ConfigMap and in env: the env value silently wins"
     )
@@ -457,13 +457,13 @@ def test_host_paths_are_mounted_where_the_config_says(daemonset: dict, agent_con
         assert bool(mount.get("readOnly", False)) == read_only, name
         if name in {"GPUAGENT_PROC_ROOT", "GPUAGENT_CGROUP_ROOT"}:
             assert mount["mountPath"] == path, name
-    for path, host_path in zip(env["GPUAGENT_CDI_SPEC_DIRS"].split(","), DEFAULT.cdi_spec_dirs, strict=True):
+    for path, host_path in zip(env["GPUAGENT_CDI_SPEC_DIRS"].split(","), DEFAULT.pods.cdi_spec_dirs, strict=True):
         mount, volume = _mount_for(daemonset, agent_container, path)
         assert (volume["hostPath"]["path"], mount["mountPath"], mount.get("readOnly")) == (host_path, path, True)
         assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # a node without CDI specs yet starts too
     assert env["GPUAGENT_PROC_ROOT"] == "/host/proc"
-    assert env["GPUAGENT_POD_RESOURCES_SOCKET"] == DEFAULT.pod_resources_socket
-    assert env["GPUAGENT_JOURNAL_PATH"] == DEFAULT.journal_path  # the same file the systemd unit keeps
+    assert env["GPUAGENT_POD_RESOURCES_SOCKET"] == DEFAULT.pods.pod_resources_socket
+    assert env["GPUAGENT_JOURNAL_PATH"] == DEFAULT.enforce.journal_path  # the same file the systemd unit keeps
 
 
 def test_daemonset_pod_spec(daemonset: dict, agent_container: dict) -> None:
@@ -695,8 +695,8 @@ def test_unit_runs_the_agent_simply_and_restarts_it(unit: dict) -> None:
 def test_unit_keeps_the_freeze_journal_in_its_state_directory(unit: dict) -> None:
     service = unit["Service"]
     assert service["StateDirectory"] == ["gpuagent"]
-    assert posixpath.dirname(DEFAULT.journal_path) == "/var/lib/gpuagent"
-    assert {"/var/lib/gpuagent", DEFAULT.cgroup_root} <= _words(service["ReadWritePaths"])
+    assert posixpath.dirname(DEFAULT.enforce.journal_path) == "/var/lib/gpuagent"
+    assert {"/var/lib/gpuagent", DEFAULT.enforce.cgroup_root} <= _words(service["ReadWritePaths"])
 
 
 def test_unit_hardening_leaves_what_freezing_signalling_and_nvml_need(unit: dict) -> None:
@@ -707,7 +707,7 @@ def test_unit_hardening_leaves_what_freezing_signalling_and_nvml_need(unit: dict
     assert service["SystemCallArchitectures"] == ["native"]
     # Writes cgroup.freeze: cgroupfs must stay writable.
     assert service.get("ProtectControlGroups", ["no"]) == ["no"]
-    assert DEFAULT.cgroup_root in _words(service["ReadWritePaths"])
+    assert DEFAULT.enforce.cgroup_root in _words(service["ReadWritePaths"])
     # Sees every process (its /proc/PID/cgroup) and NVML's /proc/driver/nvidia; opens /dev/nvidia*.
     assert service.get("ProtectProc", ["default"]) == ["default"]
     assert service.get("ProcSubset", ["all"]) == ["all"]
@@ -832,7 +832,7 @@ def test_env_file_names_real_keys_and_every_example_value_parses(tmp_path: Path)
     load_config(env=base)
     for name, value in examples.items():  # each example, uncommented, is accepted
         load_config(env={**base, name: value})
-    assert examples.get("GPUAGENT_JOURNAL_PATH", DEFAULT.journal_path) == DEFAULT.journal_path
+    assert examples.get("GPUAGENT_JOURNAL_PATH", DEFAULT.enforce.journal_path) == DEFAULT.enforce.journal_path
 
 
 # --- Dockerfile ---------------------------------------------------------------------------------------------
@@ -1017,7 +1017,7 @@ def test_dockerignore_sends_only_what_the_builder_copies() -> None:
     for source in copied:
         assert (ROOT / source).exists()
         assert not _dockerignore_excludes(source), source
-    for kept in ("gpuagent/__init__.py", "gpuagent/devices/sim/schema.json", "gpuagent/config.py"):
+    for kept in ("gpuagent/__init__.py", "gpuagent/devices/sim/schema.json", "gpuagent/config/load.py"):
         assert not _dockerignore_excludes(kept), kept
     for left_out in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "gpuagent/__pycache__/cli.cpython-311.pyc",
                      "deploy/daemonset.yaml", "Dockerfile"):
@@ -1031,7 +1031,7 @@ def _backend_of(argv: list[str], env: dict[str, str]) -> str:
     from gpuagent.cli import build_parser
 
     args = build_parser().parse_args(argv)
-    return load_config(args.config, overrides={k: getattr(args, k) for k in args.keys}, env=env).backend
+    return load_config(args.config, overrides={k: getattr(args, k) for k in args.keys}, env=env).devices.backend
 
 
 def test_every_production_entry_point_requires_nvml_whatever_its_environment(

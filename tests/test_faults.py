@@ -67,7 +67,7 @@ class Served:
 
     def __init__(self, agent: Agent, session: aiohttp.ClientSession) -> None:
         self.agent = agent
-        self.url = f"http://{agent.config.listen_host}:{agent.config.listen_port}"
+        self.url = f"http://{agent.config.server.listen_host}:{agent.config.server.listen_port}"
         self.session = session
 
     async def get(self, path: str) -> tuple[int, str]:

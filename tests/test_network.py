@@ -501,12 +501,12 @@ async def test_source_logs_a_skipped_pod_once(caplog):
 
 def test_config_keys():
     config = load_config(None, env={})
-    assert config.network and config.network_links == ("*",) and "veth*" in config.network_links_exclude
-    assert config.sysfs_root == "/sys" and config.network_interval == 5.0
+    assert config.network.enabled and config.network.links == ("*",) and "veth*" in config.network.links_exclude
+    assert config.network.sysfs_root == "/sys" and config.network.interval == 5.0
     config = load_config(None, env={"GPUAGENT_NETWORK": "false", "GPUAGENT_NETWORK_LINKS": "eth*, ib*",
                                     "GPUAGENT_NETWORK_LINKS_EXCLUDE": "none"})
-    assert (config.network, config.network_links, config.network_links_exclude) == (False, ("eth*", "ib*"), ())
-    assert network_source(config) is None
+    assert (config.network.enabled, config.network.links, config.network.links_exclude) == (False, ("eth*", "ib*"), ())
+    assert network_source(config.network, proc_root=config.pods.proc_root) is None
 
 
 def test_config_rejects_a_bad_glob_naming_the_key(tmp_path):

@@ -178,7 +178,7 @@ async def test_source_sees_the_veth_and_the_pods_namespace(veth_netns: VethNetns
     pod_proc = veth_netns.start_pod()
     config = load_config(None, env={}, overrides={"network_links": veth_netns.host_link,
                                                   "network_links_exclude": "none", "network_interval": "0.1"})
-    source = network_source(config)
+    source = network_source(config.network, proc_root=config.pods.proc_root)
     assert source is not None
     trainer = PodRef("trainer-0", "ml", "uid-trainer")
     node_agent = PodRef("node-agent", "kube-system", "uid-agent")  # hostNetwork: this process's namespace

@@ -320,4 +320,4 @@ def test_a_bad_share_scheme_or_period_is_a_config_error_naming_the_key() -> None
         load_config(None, env={}, overrides={"share_scheme": "lottery"})
     with pytest.raises(ConfigError, match=r"share-period: expected a number > 0\.01 and <= 10, or null"):
         load_config(None, env={}, overrides={"share_period": 0})
-    assert load_config(None, env={"GPUAGENT_SHARE_PERIOD": "null"}).share_period is None
+    assert load_config(None, env={"GPUAGENT_SHARE_PERIOD": "null"}).enforce.share_period is None

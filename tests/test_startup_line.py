@@ -21,5 +21,5 @@ def test_the_starting_line_names_the_essentials_and_the_keys_set() -> None:
 
 def test_without_changes_or_the_simulator_it_is_the_essentials_alone() -> None:
     config = load_config(None, overrides={}, env={"GPUAGENT_HOSTNAME": "node-7"})
-    assert config.summary() == f"listen={config.listen}, backend={config.backend}, mode=off, " \
-                               f"poll_interval={config.poll_interval}, hostname=node-7"
+    assert config.summary() == f"listen={config.server.listen}, backend={config.devices.backend}, mode=off, " \
+                               f"poll_interval={config.devices.poll_interval}, hostname=node-7"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gpuagent.config import Config
+from gpuagent.config import NetworkConfig
 from gpuagent.network.links import LinkCounters, LinkFilter, NetlinkLinks
 from gpuagent.network.podnet import NetnsCounters, PodNetReader, PodNetReading, PodRef
 from gpuagent.network.rates import RateTracker
@@ -247,17 +247,17 @@ def _consume(future: asyncio.Future[RawNetwork]) -> None:
 
 
 def network_source(
-    config: Config, *, monotonic: Callable[[], float] = time.monotonic
+    network: NetworkConfig, *, proc_root: str, monotonic: Callable[[], float] = time.monotonic
 ) -> NetworkSource | None:
-    """The source the config asks for (None with ``network: false``)."""
-    if not config.network:
+    """The source the ``network`` keys ask for (None with ``network: false``); pods' network namespaces are
+    found under ``proc_root``."""
+    if not network.enabled:
         return None
-    links = NetlinkLinks(LinkFilter(config.network_links, config.network_links_exclude),
-                         sysfs_root=config.sysfs_root)
+    links = NetlinkLinks(LinkFilter(network.links, network.links_exclude), sysfs_root=network.sysfs_root)
     return NetworkSource(
         read_links=links.read,
-        read_rdma_ports=lambda: read_rdma(config.sysfs_root),
-        pod_reader=PodNetReader(config.proc_root),
-        interval=config.network_interval,
+        read_rdma_ports=lambda: read_rdma(network.sysfs_root),
+        pod_reader=PodNetReader(proc_root),
+        interval=network.interval,
         monotonic=monotonic,
     )
