@@ -350,8 +350,7 @@ async def served_over_http(extender: Any, plan: list[tuple[str, bytes]]) -> tupl
     finally:
         client.join(60)
         await runner.cleanup()
-    cpu = [later - earlier for earlier, later in pairwise(arrivals)]
-    return walls, cpu[: len(plan)]
+    return walls, [later - earlier for earlier, later in pairwise(arrivals)][: len(plan)]
 
 
 async def judging_child(count: int, busy: float, calls: int, bodies: list[dict[str, Any]],
@@ -405,7 +404,9 @@ async def judging_child(count: int, busy: float, calls: int, bodies: list[dict[s
             for name, body in ((f"http_{verb}_never_seen", fresh_body), (f"http_{verb}_seen", seen_body)):
                 plan.append((f"/{verb}", body))
                 names.append(name)
-    walls, cpu = await served_over_http(extender, plan)
+    warm = [("/filter", seen_body), ("/filter", json.dumps(fresh()).encode())]  # the app's first calls
+    walls, cpu = await served_over_http(extender, [*warm, *plan])
+    walls, cpu = walls[len(warm):], cpu[len(warm):]
     for name, wall, used in zip(names, walls, cpu, strict=True):
         samples.setdefault(name, []).append(wall)
         samples.setdefault(name + "_cpu", []).append(used)  # the CPU: the extender's thread alone
@@ -463,6 +464,9 @@ def judging(args: argparse.Namespace) -> dict[str, Any]:
                                        "distinct_states": states, "load_average_1m": [min(loads), max(loads)]}
                 for label, figures in merged.items():
                     row[label] = {name: percentiles(values) for name, values in figures.items()}
+                row["samples_ms"] = {label: {name: [round(v * 1000, 3) for v in values]
+                                             for name, values in figures.items()}
+                                     for label, figures in merged.items()}
                 for label in merged.keys() - {"now"}:
                     for at in ("p50", "p99"):
                         row[f"ratio_{at}_{label}_over_now"] = {
