@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no writable cgroup v2 hierarchy here (root, a v2 mount)", file=sys.stderr)
         return 2
     designs = args.designs.split(",")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stopped run still removes its service
     for load_text in args.loads.split(","):
         load = 1.0 if load_text == "busy" else float(load_text)
         runs: dict[str, list[dict[str, float]]] = {d: [] for d in designs}

@@ -25,7 +25,7 @@ FAST, IDLE = 0.002, 0.02
 
 def service(**settings: float) -> LatencyController:
     """A GPU's controller after one poll: ``svc`` (latency, well under its 30 % share) beside ``t0``."""
-    controller = LatencyController({"svc"}, sense_s=FAST, idle_sense_s=IDLE, **settings)
+    controller = LatencyController({"svc"}, **{"sense_s": FAST, "idle_sense_s": IDLE, **settings})
     controller.update(0.0, [Tenant("svc", 0.1, 0.3), Tenant("t0", 0.6, 0.7)])
     return controller
 
@@ -82,6 +82,13 @@ def test_a_long_hold_is_read_less_often_up_to_one_and_a_half_fast_periods() -> N
     assert controller.frozen() == frozenset() and controller.period() == FAST
     read.next(1.0)  # a new hold starts fast again
     assert controller.frozen() == {"t0"} and controller.period() == FAST
+
+
+def test_a_fixed_period_stays_fixed_through_a_long_hold() -> None:
+    controller = service(sense_s=0.005, idle_sense_s=0.005)
+    read = Readings(controller)
+    read.next(0.5)
+    assert [read.next(1.0) for _ in range(20)] == [0.005] * 20
 
 
 def test_a_counter_that_moves_only_at_the_scheduler_tick_keeps_the_hold() -> None:

@@ -244,8 +244,9 @@ class LatencyController:
         """Seconds to the next reading: ``sense_s`` while a hold is on (its end, read late, idles the GPU)
         and for one reading after one ends, ``idle_sense_s`` otherwise (a start read late costs the service
         a few milliseconds of a shared GPU; docs/shares.md, the latency class)."""
-        if self.frozen():
-            return min(max(self.sense_s, self._held_for * HELD_SLOWDOWN), HELD_MAX * self.sense_s)
+        if self.frozen():  # never slower than while idle: a fixed period stays fixed
+            return min(max(self.sense_s, self._held_for * HELD_SLOWDOWN), HELD_MAX * self.sense_s,
+                       self.idle_sense_s)
         return self.sense_s if self._let_go else self.idle_sense_s
 
     def sense(self, now: float, cpu: Mapping[str, float], thawed: Collection[str] | None = None) -> bool:
