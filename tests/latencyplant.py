@@ -80,7 +80,7 @@ DESIGNS: dict[str, tuple[str, Build]] = {
         RotationController(), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
     "exempt": ("latency class (no preemption)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}, preempt=False), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    # the agent's sensing, as shipped (LatencyController's defaults: read every 2-3 ms while a hold is on,
+    # the agent's sensing, as shipped (LatencyController's defaults: read every 2 ms while a hold is on,
     # 20 ms otherwise; a request ended once its CPU stood still 5 ms, a scheduler tick and some)
     "latency": ("latency class (preempt, as shipped)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares)),

@@ -20,9 +20,8 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
   every slot anyway), and each batch tenant loses to it in proportion to its slot;
 - **preemption** (``preempt``): the agent reads each exempt tenant's CPU time (cgroup ``cpu.stat``)
   every :meth:`period`: ``idle_sense_s`` (20 ms) while nothing is held, ``sense_s`` (2 ms) while a hold is
-  on, slowing to 3 ms as it lasts (an eighth of its age: a long hold ends seldom), and once after it ends
-  (a start read late costs the service a few milliseconds beside its neighbours; an end read late idles
-  the GPU). A request begins at a reading whose interval moved by
+  on and once after one ends (a start read late costs the service a few milliseconds beside its
+  neighbours; an end read late idles the GPU). A request begins at a reading whose interval moved by
   more than ``busy_cpu`` of it (a CUDA synchronisation spins) and lasts until the counter has stood still
   ``still_s`` (5 ms): the kernel charges a running task only at its scheduler tick (4 ms at HZ=250) and
   when it stops, so a counter read faster than the tick stands still between ticks while the service
@@ -62,8 +61,6 @@ SENSE_S = 0.002  # seconds between two readings while a hold is on, and once aft
 IDLE_SENSE_S = 0.02  # seconds between two readings otherwise
 ENDED = 0.0  # (off) a request ended within an interval its CPU moved under this part of its usual rate
 STILL_S = 0.005  # a request ended once its CPU stood still this long: a tick (4 ms at HZ=250) and some
-HELD_SLOWDOWN = 0.125  # a hold's readings come every this part of its age (sense_s at least)...
-HELD_MAX = 1.5  # ... and every this many sense_s at most: a long hold ends seldom, its end costs little
 _RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
 
 
@@ -101,8 +98,6 @@ class LatencyController:
         self._rate: dict[str, float] = {}  # key -> its CPU's rate (cores) through a request, smoothed
         self._moved_at: dict[str, float] = {}  # key -> the last reading its CPU moved at
         self._let_go = False  # a hold ended at the last reading: the next one comes soon (see period)
-        self._held_for = 0.0  # seconds the hold on at the last reading has been on
-        self._held_since: float | None = None
         self._thawed: frozenset[str] = frozenset()  # the keys thawed at the last reading
         self._preempting: set[str] = set()  # exempt latency keys within their shares: they may preempt
         self._batch: frozenset[str] = frozenset()  # keys with a share, outside the latency class
@@ -244,10 +239,7 @@ class LatencyController:
         """Seconds to the next reading: ``sense_s`` while a hold is on (its end, read late, idles the GPU)
         and for one reading after one ends, ``idle_sense_s`` otherwise (a start read late costs the service
         a few milliseconds of a shared GPU; docs/shares.md, the latency class)."""
-        if self.frozen():  # never slower than while idle: a fixed period stays fixed
-            return min(max(self.sense_s, self._held_for * HELD_SLOWDOWN), HELD_MAX * self.sense_s,
-                       self.idle_sense_s)
-        return self.sense_s if self._let_go else self.idle_sense_s
+        return self.sense_s if self._let_go or self.frozen() else self.idle_sense_s
 
     def sense(self, now: float, cpu: Mapping[str, float], thawed: Collection[str] | None = None) -> bool:
         """Each latency tenant's CPU seconds so far (``cpu.stat``), and the keys the plan has thawed now
@@ -283,11 +275,6 @@ class LatencyController:
         self._busy = frozenset(busy)
         after = self.frozen()
         self._let_go = bool(before) and not after
-        if not after:
-            self._held_since = None
-        elif self._held_since is None:
-            self._held_since = now
-        self._held_for = 0.0 if self._held_since is None else now - self._held_since
         return after != before
 
     def _in_hand_through(self, key: str, rate: float, moved: bool, active: bool) -> bool:

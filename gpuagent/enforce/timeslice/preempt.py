@@ -4,7 +4,7 @@ GPU's batch pods frozen through the cycler while it has a request in hand (``lat
 The enforcer :meth:`~Preemption.watch`-es each GPU whose controller is a :class:`LatencyController`, at every
 poll: the controller, the latency workloads' freeze targets (whose cgroups' CPU counters are opened once and
 kept: ``enforce/cpustat.py``) and the batch workloads' targets. A thread of its own reads every counter,
-feeds :meth:`LatencyController.sense`, and sleeps the shortest of the controllers' :meth:`period`-s (2-3 ms
+feeds :meth:`LatencyController.sense`, and sleeps the shortest of the controllers' :meth:`period`-s (2 ms
 while one holds its batch pods, 20 ms otherwise); when what it freezes changed, the event loop is asked
 (``call_soon_threadsafe``) to apply it with :meth:`Cycler.hold`, so every freeze and thaw is still the
 cycler's, on the loop, journaled through ``enforce.actions`` (audit mode counts them and freezes nothing),
