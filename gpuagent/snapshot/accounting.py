@@ -1,6 +1,5 @@
 """Per-workload GPU accounting as of the last poll: GPU-seconds held and busy, memory byte-seconds,
 energy split among tenants, idle workloads, and the time no workload was charged.
-
 ``accounting/`` integrates these poll by poll into :class:`AccountingState`; the exporter renders its
 counters and ``/v1/state`` shows it. Workloads and GPUs are named by value, so it refers to no other part of
 the model.

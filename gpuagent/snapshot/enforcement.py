@@ -1,6 +1,5 @@
 """What the enforcer decided at the last poll: each pod's time-slice share and memory stage, every
 workload's limits and where they came from, the annotations it could not use, and its action counters.
-
 ``enforce/`` produces :class:`EnforcementState`; the exporter and ``/v1/state`` show it. Apart from the rest
 because only the enforcer writes it, and it refers to no other part of the model (pods by name).
 """

@@ -1,5 +1,4 @@
 """One GPU as NVML reads it: its static info, every tier's readings, health, XID, ECC, GPM profiling, MIG.
-
 ``devices/`` produces these each poll (:class:`GpuSample`, with :class:`GpuInfo` refreshed on the slow tier);
 the exporter renders them and every other consumer reads them for capacity, load and faults. Its processes
 are :mod:`.processes`' samples.

@@ -1,6 +1,5 @@
 """What ``gpuagent.health`` concluded at the last poll: the faults classified, the node conditions they
 set, and what it did (or would do, in audit) on the Node: taints, cordon, drain, remediation.
-
 ``health/`` produces :class:`HealthState`; the exporter, the hints (a GPU's fault) and ``/v1/state`` read
 it. It names GPUs by UUID and index, so it refers to no other part of the model.
 """

@@ -1,6 +1,5 @@
 """Capacity and load of a node's GPUs as schedulers see them: per GPU its tenants, MIG instances and free
 profiles, per node the totals and the network's summary; and what became of publishing them.
-
 ``hints.engine`` builds :class:`NodeHints` from a snapshot each poll; ``/v1/hints``, the extender, the
 cluster view and the metrics read it, and ``hints.publisher`` reports its writes of the node's
 ``GPUNodeState`` as :class:`PublishState`. Its fields are plain values (health as a string, tenants by

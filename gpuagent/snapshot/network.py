@@ -1,5 +1,4 @@
 """The network source's poll: the node's links (netlink), RDMA ports (sysfs) and each GPU pod's traffic.
-
 ``network/`` produces :class:`NetworkState`; the exporter renders it and the hints engine summarises it
 (:class:`~gpuagent.snapshot.hints.NetworkHints`). It refers to no other part of the model.
 """

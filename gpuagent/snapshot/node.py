@@ -1,8 +1,7 @@
 """One poll of the whole node: :class:`NodeSnapshot`, which holds every other part of the model, and the
 agent's account of the poll itself (each source's status, NVML call costs and errors, poll durations).
-
 The agent assembles a :class:`NodeSnapshot` each poll from the sources' and consumers' parts; it is the one
-object every consumer is handed. It imports every domain module and none imports it, which keeps the
+object every consumer is handed. It imports every domain module and none of them imports it, which keeps the
 model's dependencies one-way.
 """
 

@@ -1,6 +1,5 @@
 """Pods on the node as the pods source joins them: what the kubelet allocated each container, what its
 processes use, and the devices of DRA ResourceClaims (and the DRA drivers' device taints) mapped to GPUs.
-
 ``pods/`` produces these; the enforcer reads a pod's annotations, hints its tenants, health
 the DRA taints, the API its allocation view. None of them refers to another part of the model.
 """

@@ -1,5 +1,4 @@
 """Who uses a GPU: one process's sample, the workload it belongs to, and its MPS limits.
-
 A process is the unit every decision starts from: the pods source attributes it to a :class:`Workload` and
 reads an MPS client's :class:`MpsLimits`, and the enforcer, accounting and hints count its use through
 :func:`sm_share_ratio` and :func:`combined_mps_limits`. It is apart from :mod:`.gpu` because the enforcer,

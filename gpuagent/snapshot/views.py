@@ -1,6 +1,5 @@
 """The snapshot as the API shows it: any part of the model as plain JSON types (:func:`to_jsonable`), and
 the pod -> GPUs / GPU -> pods allocation view of ``/v1/state`` (:func:`allocation_view`).
-
 Functions over the model, not part of it: they read a snapshot and build nothing the agent keeps, so they
 sit above :mod:`.node` and nothing in the model imports them.
 """
