@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpuagent.pods.attribution import Attributor
 from gpuagent.pods.cgroup import CgroupIdentity, parse_proc_cgroup
 from gpuagent.pods.podresources import DeviceAllocation, parse_device_id
-from gpuagent.snapshot import GpuInfo, GpuSample, ProcessSample
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample
+from gpuagent.snapshot.processes import ProcessSample
 
 GPUS, PODS_PER_GPU = 8, 8
 

@@ -68,7 +68,11 @@ from gpuagent.hints.extender import Extender  # noqa: E402
 from gpuagent.hints.published import Generation, project, state_object  # noqa: E402
 from gpuagent.hints.publisher import PublishPolicy  # noqa: E402
 from gpuagent.kubeapi import ApiConnection  # noqa: E402
-from gpuagent.snapshot import NodeHints  # noqa: E402
+
+try:  # since snapshot.py was split into a package; a bench_extender --baseline tree from before has it there
+    from gpuagent.snapshot.hints import NodeHints
+except ImportError:
+    from gpuagent.snapshot import NodeHints  # type: ignore[attr-defined,no-redef]
 
 try:  # since hints/extender.py was split; a bench_extender --baseline tree from before has it there
     from gpuagent.hints.extender_serve import tune_garbage_collector

@@ -45,7 +45,7 @@ from gpuagent.pods.dra.cdi import CdiSpecs  # noqa: E402
 from gpuagent.pods.dra.mapper import Places, map_devices  # noqa: E402
 from gpuagent.pods.dra.resolver import DraResolver  # noqa: E402
 from gpuagent.pods.podresources import DynamicAllocation  # noqa: E402
-from gpuagent.snapshot import GpuInfo, GpuSample  # noqa: E402
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample  # noqa: E402
 
 
 def stats(samples: list[float]) -> str:

@@ -35,7 +35,8 @@ from test_hints_score import A100_MIG, FAULTS, H100, sim_snapshot  # noqa: E402
 from gpuagent.api.app import build_app  # noqa: E402
 from gpuagent.export import build_registry  # noqa: E402
 from gpuagent.hints.score import parse_fit_request, score_node  # noqa: E402
-from gpuagent.snapshot import NodeHints, NodeSnapshot  # noqa: E402
+from gpuagent.snapshot.hints import NodeHints  # noqa: E402
+from gpuagent.snapshot.node import NodeSnapshot  # noqa: E402
 
 REQUESTS = {
     "shared": {"gpus": 1, "memory": "20Gi", "share": 0.3},

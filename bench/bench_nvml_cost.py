@@ -109,7 +109,7 @@ async def count_calls(
     from gpuagent.agent import Agent
     from gpuagent.config import KEYS, load_config
     from gpuagent.devices.sim import SimulatedNvml, load_scenario
-    from gpuagent.snapshot import Workload
+    from gpuagent.snapshot.processes import Workload
 
     scenario = workdir / "scenario.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO))

@@ -28,7 +28,11 @@ from gpuagent.hints import published
 from gpuagent.hints.codec import hints_from_jsonable
 from gpuagent.hints.published import Generation, decode_state, project, state_object
 from gpuagent.hints.verdict_key import kind_keys, verdict_key
-from gpuagent.snapshot import GpuHints, NodeHints
+
+try:  # since snapshot.py was split into a package; a bench_extender --baseline tree from before has it there
+    from gpuagent.snapshot.hints import GpuHints, NodeHints
+except ImportError:
+    from gpuagent.snapshot import GpuHints, NodeHints  # type: ignore[attr-defined,no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("8xH100, 64 processes", "A100 MIG", "laptop 1 GPU")

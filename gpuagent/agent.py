@@ -53,14 +53,8 @@ if TYPE_CHECKING:
     from gpuagent.kubeapi import ApiConnection
     from gpuagent.pods.dra.resolver import DraResolver
     from gpuagent.pods.metadata import PodMetadata
-from gpuagent.snapshot import (
-    DraDevice,
-    DraTaint,
-    NodeSnapshot,
-    PodUse,
-    PollHistogram,
-    SourceStatus,
-)
+from gpuagent.snapshot.node import NodeSnapshot, PollHistogram, SourceStatus
+from gpuagent.snapshot.pods import DraDevice, DraTaint, PodUse
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -35,7 +35,7 @@ from gpuagent.top.cli import add_top_parser
 from gpuagent.untrusted import shown
 
 if TYPE_CHECKING:
-    from gpuagent.snapshot import SourceStatus
+    from gpuagent.snapshot.node import SourceStatus
 
 EXIT_CONFIG_ERROR = 2  # also argparse's exit status for bad usage
 
@@ -199,7 +199,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     preflight.scenario(config)
     setup_logging(one_shot_log_level(config))
     agent = importlib.import_module("gpuagent.agent")
-    from gpuagent.snapshot import to_jsonable
+    from gpuagent.snapshot.views import to_jsonable
 
     snap = agent.poll_once(config)
     _say_without_pod_sources("snapshot", config, snap.sources)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 
-from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
+from gpuagent.snapshot.gpu import GpuSample, Health
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import ProcessSample
 from gpuagent.untrusted import shown
 
 _GIB = 1024**3

@@ -8,22 +8,18 @@
 
 from __future__ import annotations
 
-from gpuagent.snapshot import (
+from gpuagent.snapshot.gpu import (
     EccCounts,
     GpuInfo,
     GpuSample,
     Health,
     MigSample,
-    NodeSnapshot,
-    NvmlCallStats,
-    NvmlErrorCount,
-    PollHistogram,
-    ProcessSample,
     ProfilingSample,
     RemappedRows,
-    SourceStatus,
     XidRecord,
 )
+from gpuagent.snapshot.node import NodeSnapshot, NvmlCallStats, NvmlErrorCount, PollHistogram, SourceStatus
+from gpuagent.snapshot.processes import ProcessSample
 
 TAKEN_AT = 1_760_000_000.0  # the snapshot's wall time; tests pass clock=lambda: TAKEN_AT + 1.5
 GIB = 1024**3

@@ -26,21 +26,12 @@ from gpuagent.devices.sim import SimulatedNvml, load_scenario
 from gpuagent.export import build_registry
 from gpuagent.export.exposition import generate_text
 from gpuagent.pods.source import PodsReading
-from gpuagent.snapshot import (
-    ContainerUse,
-    GpuInfo,
-    GpuSample,
-    Health,
-    MigSample,
-    NodeSnapshot,
-    PodUse,
-    ProcessSample,
-    ProfilingSample,
-    SourceStatus,
-    Workload,
-    WorkloadGpuUsage,
-    to_jsonable,
-)
+from gpuagent.snapshot.accounting import WorkloadGpuUsage
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample, Health, MigSample, ProfilingSample
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.pods import ContainerUse, PodUse
+from gpuagent.snapshot.processes import ProcessSample, Workload
+from gpuagent.snapshot.views import to_jsonable
 
 GIB = 1024**3
 WALL = 1_790_000_000.0

@@ -16,7 +16,7 @@ import pytest
 from simclock import FakeClock
 from test_accounting import WALL, NamedTenants, sim_agent
 
-from gpuagent.snapshot import Workload
+from gpuagent.snapshot.processes import Workload
 
 STEADY = {"a2": 30, "b2": 10, "a3": 30, "b3": 20, "c3": 10}  # GPU 0: two tenants; GPU 1: three
 # GPU 2: a steady tenant beside one that rises, falls and stops; GPU 3: three, one ramping up and down

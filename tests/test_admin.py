@@ -295,7 +295,7 @@ def test_enforcement_actions_total_starts_at_zero_for_every_known_pair(mode: str
 
     from gpuagent.export.enforcement import KNOWN_ACTIONS
     from gpuagent.export.exposition import generate_text
-    from gpuagent.snapshot import EnforcementState
+    from gpuagent.snapshot.enforcement import EnforcementState
 
     counted = {("freeze", "done"): 3} if mode == "enforce" else {("freeze", "audit"): 2}
     snapshot = dataclasses.replace(two_gpu_node(), enforcement=EnforcementState(mode=mode, actions_total=counted))

@@ -35,7 +35,7 @@ from gpuagent.health.node import ANNOTATION_MAX_BYTES, HELD_ANNOTATION, conditio
 from gpuagent.health.plan import TAINT_KEY, HealthSettings, conditions_of, plan_for
 from gpuagent.health.tracker import FaultTracker
 from gpuagent.kubeapi import ApiConnection
-from gpuagent.snapshot import Health
+from gpuagent.snapshot.gpu import Health
 
 celpy = pytest.importorskip("celpy", reason="cel-python is not installed (test extra)")
 

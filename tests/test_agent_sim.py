@@ -14,7 +14,8 @@ from gpuagent.agent import Agent
 from gpuagent.config import load_config
 from gpuagent.devices.sim import SimulatedNvml, default_scenario_path, load_scenario
 from gpuagent.export.exposition import generate_text
-from gpuagent.snapshot import Health, NodeSnapshot
+from gpuagent.snapshot.gpu import Health
+from gpuagent.snapshot.node import NodeSnapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = [*sorted((ROOT / "examples" / "scenarios").glob("*.yaml")), default_scenario_path()]

@@ -36,7 +36,8 @@ from gpuagent.enforce.policy import (
     parse_rules,
 )
 from gpuagent.export import build_registry
-from gpuagent.snapshot import PodUse, Workload
+from gpuagent.snapshot.pods import PodUse
+from gpuagent.snapshot.processes import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 GI = 2**30

@@ -8,7 +8,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gpuagent.api.app import build_app
 from gpuagent.export import build_registry
-from gpuagent.snapshot import GpuInfo, GpuSample, NodeSnapshot, ProcessSample, SourceStatus
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.processes import ProcessSample
 
 NOW = 1_800_000_000.0
 

@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuagent.agent import Agent
 from gpuagent.config import load_config
 from gpuagent.enforce.actions import Actions, FreezeTarget, Journal
-from gpuagent.snapshot import to_jsonable
+from gpuagent.snapshot.views import to_jsonable
 from gpuagent.top.model import node_view
 from gpuagent.top.render import tenant_line
 

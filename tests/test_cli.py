@@ -17,15 +17,9 @@ import pytest
 from gpuagent import cli
 from gpuagent.cli_table import format_table
 from gpuagent.config import KEYS, Config
-from gpuagent.snapshot import (
-    GpuInfo,
-    GpuSample,
-    Health,
-    MigSample,
-    NodeSnapshot,
-    ProcessSample,
-    ProfilingSample,
-)
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample, Health, MigSample, ProfilingSample
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import ProcessSample
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3

@@ -14,7 +14,7 @@ import pytest
 from gpuagent import cli
 from gpuagent.config import load_config
 from gpuagent.devices.sim import kubernetes_demo_path
-from gpuagent.snapshot import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
 
 pytestmark = pytest.mark.usefixtures("restore_logging")  # the CLI sets up the root logger
 

@@ -40,7 +40,7 @@ from gpuagent.hints.published import (
 from gpuagent.hints.publisher import PublishPolicy, StatePublisher
 from gpuagent.hints.verdict_key import verdict_key
 from gpuagent.kubeapi import ApiConnection
-from gpuagent.snapshot import GpuHints, NodeHints
+from gpuagent.snapshot.hints import GpuHints, NodeHints
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "deploy" / "gpunodestate-crd.yaml"

@@ -25,7 +25,7 @@ from gpuagent.pods.dra.mapper import MAPPED_BY_CDI, MAPPED_BY_SLICE, Places, cap
 from gpuagent.pods.dra.nvcaps import MigCapability, MigMinors, parse_mig_minors
 from gpuagent.pods.dra.slices import ResourceSlices, SliceDevice
 from gpuagent.pods.podresources import DynamicAllocation
-from gpuagent.snapshot import GpuInfo, GpuSample, MigSample
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample, MigSample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cdi"
 GPU_CLAIM = "6f0e9a52-6f4b-4a8e-9d3e-2b1c0a9f8e7d"

@@ -24,7 +24,8 @@ from gpuagent.config import load_config
 from gpuagent.devices.sim import SimulatedNvml, load_scenario
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.score import parse_fit_request, score_node
-from gpuagent.snapshot import NodeSnapshot, allocation_view, to_jsonable
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.views import allocation_view, to_jsonable
 
 FAKE_PID = 4_200_000  # the simulator numbers processes without a real PID from here, in scenario order
 SCENARIO = {

@@ -33,7 +33,9 @@ from gpuagent.hints.score import parse_fit_request, score_node
 from gpuagent.pods.dra.resolver import TAINTS_SOURCE, DraResolver
 from gpuagent.pods.dra.slices import ResourceSlices, SliceDevice
 from gpuagent.pods.dra.taints import MAX_TAINTS, DeviceTaint, parse_taints, tainted_gpus
-from gpuagent.snapshot import DraTaint, NodeSnapshot, PodUse, to_jsonable
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import DraTaint, PodUse
+from gpuagent.snapshot.views import to_jsonable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kubernetes"
 DRIVER = "gpu.nvidia.com"

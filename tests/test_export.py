@@ -39,7 +39,8 @@ from gpuagent.export import build_registry, choose_encoder
 from gpuagent.export.dcgm import FIELDS, DcgmCollector
 from gpuagent.export.exposition import generate_openmetrics, generate_text
 from gpuagent.export.guard import SnapshotCollector
-from gpuagent.snapshot import NodeSnapshot, ProcessSample
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import ProcessSample
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPUAGENT_UPDATE_GOLDEN") == "1"

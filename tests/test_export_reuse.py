@@ -26,24 +26,12 @@ from gpuagent.export import build_registry, scrape
 from gpuagent.export.exposition import generate_openmetrics, generate_text, sample_value
 from gpuagent.export.families import Kept, TextCache, gauge, put
 from gpuagent.export.guard import SnapshotCollector
-from gpuagent.snapshot import (
-    AccountingState,
-    ContainerUse,
-    EccCounts,
-    EnforcementState,
-    GpuAccounting,
-    MemoryState,
-    NodeSnapshot,
-    PodUse,
-    ProcessSample,
-    ProfilingSample,
-    RemappedRows,
-    ShareState,
-    SourceStatus,
-    Workload,
-    WorkloadGpuUsage,
-    XidRecord,
-)
+from gpuagent.snapshot.accounting import AccountingState, GpuAccounting, WorkloadGpuUsage
+from gpuagent.snapshot.enforcement import EnforcementState, MemoryState, ShareState
+from gpuagent.snapshot.gpu import EccCounts, ProfilingSample, RemappedRows, XidRecord
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.pods import ContainerUse, PodUse
+from gpuagent.snapshot.processes import ProcessSample, Workload
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 ODD_NAMES = ('web-0', 'a"quote', 'back\\slash', 'new\nline', 'wörker ✓', '{brace}=,"')

@@ -32,7 +32,7 @@ from gpuagent.hints.extender import Extender
 from gpuagent.hints.extender_app import build_app, build_registry
 from gpuagent.hints.extender_protocol import ArgsError, extender_score, parse_args
 from gpuagent.hints.extender_serve import serve
-from gpuagent.snapshot import GpuHints, NodeHints, TenantHint
+from gpuagent.snapshot.hints import GpuHints, NodeHints, TenantHint
 
 GiB = 2**30
 NODES = ("gpu-a100-node-1", "gpu-a100-node-2", "gpu-h100-node-3")

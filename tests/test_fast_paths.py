@@ -45,14 +45,13 @@ from gpuagent.enforce.timeslice.controller import (
 )
 from gpuagent.pods.attribution import Attributor, PodName, _index_allocations, _index_names
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
-from gpuagent.snapshot import (
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import ContainerUse, PodUse
+from gpuagent.snapshot.processes import (
     MPS_CLIENT,
     MPS_SERVER,
-    ContainerUse,
-    GpuSample,
     MpsLimits,
-    NodeSnapshot,
-    PodUse,
     ProcessSample,
     Workload,
     combined_mps_limits,

@@ -31,7 +31,7 @@ from gpuagent.hints.fitcolumns import FAILS, FITS, NOT_COLUMNAR, PLACE, Outcome,
 from gpuagent.hints.fitrequest import FitRequest
 from gpuagent.hints.nodeindex import node_index
 from gpuagent.hints.verdict_key import kind_keys, verdict_key
-from gpuagent.snapshot import GpuHints, NodeHints, TenantHint
+from gpuagent.snapshot.hints import GpuHints, NodeHints, TenantHint
 
 pytestmark = pytest.mark.long  # property tests of several seconds: handed out early (conftest.py)
 

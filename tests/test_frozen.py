@@ -10,20 +10,27 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import inspect
 import pickle
+import pkgutil
 import random
 from typing import Any
 
 import pytest
 
-import gpuagent.snapshot as snapshot
+import gpuagent.snapshot
 from gpuagent.accounting.idle import Observation
 from gpuagent.enforce.timeslice import Tenant
 from gpuagent.frozen import faster_init, faster_inits, rewritable
+from gpuagent.snapshot.pods import PodUse
+from gpuagent.snapshot.processes import ProcessSample
 
-MODEL = [cls for cls in vars(snapshot).values()
-         if isinstance(cls, type) and cls.__module__ == snapshot.__name__ and dataclasses.is_dataclass(cls)]
+# Every module of the model package, each applying faster_inits to the classes it defines.
+MODULES = [importlib.import_module(f"gpuagent.snapshot.{m.name}")
+           for m in pkgutil.iter_modules(gpuagent.snapshot.__path__)]
+MODEL = [cls for module in MODULES for cls in vars(module).values()
+         if isinstance(cls, type) and cls.__module__ == module.__name__ and dataclasses.is_dataclass(cls)]
 
 
 def twins(cls: type) -> tuple[type, type]:
@@ -60,7 +67,8 @@ def test_every_frozen_class_of_the_model_and_the_per_poll_ones_have_the_faster_c
     for cls in [*MODEL, Tenant, Observation]:
         assert cls.__init__.__code__.co_filename == f"<{cls.__qualname__} faster_init>", cls
         assert not rewritable(cls)  # once is enough
-    assert faster_inits(vars(snapshot), snapshot.__name__) == 0
+    for module in MODULES:
+        assert faster_inits(vars(module), module.__name__) == 0
 
 
 @pytest.mark.parametrize("cls", [*MODEL, Tenant, Observation], ids=lambda c: c.__name__)
@@ -92,16 +100,16 @@ def test_the_same_objects_from_the_same_arguments(cls: type) -> None:
 
 
 def test_the_objects_stay_frozen_equal_hashable_copyable_and_picklable() -> None:
-    process = snapshot.ProcessSample(1, "python", "compute", 10, 5.0, None)
-    same_process = snapshot.ProcessSample(pid=1, comm="python", kind="compute", used_memory_bytes=10,
-                                          sm_util_percent=5.0, memory_util_percent=None)
+    process = ProcessSample(1, "python", "compute", 10, 5.0, None)
+    same_process = ProcessSample(pid=1, comm="python", kind="compute", used_memory_bytes=10,
+                                 sm_util_percent=5.0, memory_util_percent=None)
     assert process == same_process and hash(process) == hash(same_process)
     with pytest.raises(dataclasses.FrozenInstanceError):
         process.pid = 2  # type: ignore[misc]
     assert copy.copy(process) == process == pickle.loads(pickle.dumps(process))
     assert dataclasses.replace(process, pid=2).pid == 2
-    pod = snapshot.PodUse(name="p", namespace="ns")
-    assert pod.annotations == {} and pod.annotations is not snapshot.PodUse(name="q").annotations
+    pod = PodUse(name="p", namespace="ns")
+    assert pod.annotations == {} and pod.annotations is not PodUse(name="q").annotations
 
 
 def test_classes_it_cannot_rewrite_exactly_keep_their_constructor() -> None:

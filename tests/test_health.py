@@ -16,17 +16,9 @@ from gpuagent.health.classify import Classifier
 from gpuagent.health.node import QUARANTINE_ANNOTATION, REMEDIATION_ANNOTATION, conditions_patch, spec_patch
 from gpuagent.health.plan import TAINT_KEY, conditions_of, plan_for
 from gpuagent.health.tracker import FaultTracker
-from gpuagent.snapshot import (
-    EccCounts,
-    GpuInfo,
-    GpuSample,
-    Health,
-    NodeSnapshot,
-    PodUse,
-    RemappedRows,
-    SourceStatus,
-    XidRecord,
-)
+from gpuagent.snapshot.gpu import EccCounts, GpuInfo, GpuSample, Health, RemappedRows, XidRecord
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.pods import PodUse
 
 T0 = 1_760_000_000.0
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-ddddeeeeffff" for i in range(4)]

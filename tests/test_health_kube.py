@@ -25,7 +25,9 @@ from gpuagent.health.node import QUARANTINE_ANNOTATION, REMEDIATION_ANNOTATION
 from gpuagent.health.plan import TAINT_KEY
 from gpuagent.health.writer import NodeWriter
 from gpuagent.kubeapi import ApiConnection
-from gpuagent.snapshot import Health, NodeSnapshot, PodUse, RemappedRows, XidRecord
+from gpuagent.snapshot.gpu import Health, RemappedRows, XidRecord
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import PodUse
 
 pytestmark = pytest.mark.integration
 T0 = 1_760_000_000.0

@@ -9,7 +9,9 @@ from dataclasses import replace
 from test_health import UUIDS, gpu, snap
 
 from gpuagent.health import HealthMonitor, HealthSettings
-from gpuagent.snapshot import DraTaint, Health, RemappedRows, XidRecord, allocation_view, to_jsonable
+from gpuagent.snapshot.gpu import Health, RemappedRows, XidRecord
+from gpuagent.snapshot.pods import DraTaint
+from gpuagent.snapshot.views import allocation_view, to_jsonable
 from gpuagent.top import render
 from gpuagent.top.arrange import ViewOptions, arrange
 from gpuagent.top.client import OK, AgentStatus

@@ -30,7 +30,7 @@ from gpuagent.health.plan import TAINT_KEY, plan_for
 from gpuagent.health.tracker import FaultTracker
 from gpuagent.health.writer import NodeWriter
 from gpuagent.kubeapi import ApiConnection
-from gpuagent.snapshot import Health, XidRecord
+from gpuagent.snapshot.gpu import Health, XidRecord
 
 BOOT = "8d3c0f2e-boot"
 ABSENT = "GPU-deadbeef-0000-0000-0000-000000000000"  # on no node of these tests

@@ -19,7 +19,7 @@ from gpuagent.export import build_registry
 from gpuagent.hints.codec import hints_from_jsonable, hints_to_jsonable
 from gpuagent.hints.score import parse_fit_request, score_node
 from gpuagent.hints.table import format_hints_table
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,19 +10,11 @@ import pytest
 from snapshots import GIB, TAKEN_AT, lost_gpu_node, mig_node, two_gpu_node
 
 from gpuagent.hints.engine import HintsEngine, network_hints
-from gpuagent.snapshot import (
-    ContainerUse,
-    EnforcementState,
-    LinkSample,
-    MemoryState,
-    NetworkState,
-    NodeSnapshot,
-    PodUse,
-    ProcessSample,
-    RdmaPort,
-    ShareState,
-    Workload,
-)
+from gpuagent.snapshot.enforcement import EnforcementState, MemoryState, ShareState
+from gpuagent.snapshot.network import LinkSample, NetworkState, RdmaPort
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import ContainerUse, PodUse
+from gpuagent.snapshot.processes import ProcessSample, Workload
 
 
 def _with_util(snapshot: NodeSnapshot, percent: float, at: float) -> NodeSnapshot:

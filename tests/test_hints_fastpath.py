@@ -15,7 +15,7 @@ from gpuagent.hints.codec import hints_from_jsonable, hints_to_jsonable
 from gpuagent.hints.extender_protocol import extender_score
 from gpuagent.hints.extender_verdict import Verdict, entry_verdict, shown_reason
 from gpuagent.hints.score import NO_INDEX, FitRequest, FitResult, fit_node, node_index, score_node
-from gpuagent.snapshot import GpuHints, MigProfileHint, NodeHints, TenantHint
+from gpuagent.snapshot.hints import GpuHints, MigProfileHint, NodeHints, TenantHint
 
 pytestmark = pytest.mark.long  # property tests of many seconds: handed out early (conftest.py)
 

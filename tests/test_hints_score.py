@@ -17,7 +17,8 @@ from gpuagent.config import load_config
 from gpuagent.devices.sim import SimulatedNvml, load_scenario
 from gpuagent.hints.codec import hints_from_jsonable, hints_to_jsonable
 from gpuagent.hints.score import FitRequest, RequestError, parse_fit_request, score_node
-from gpuagent.snapshot import GpuHints, NodeHints, NodeSnapshot
+from gpuagent.snapshot.hints import GpuHints, NodeHints
+from gpuagent.snapshot.node import NodeSnapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "examples" / "scenarios" / "h100-8x-64proc.yaml"

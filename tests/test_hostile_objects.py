@@ -38,7 +38,7 @@ from gpuagent.hints.published import (
     project,
     state_object,
 )
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot.hints import NodeHints
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "deploy" / "gpunodestate-crd.yaml"

@@ -48,7 +48,7 @@ from gpuagent.hints.score import (
 )
 from gpuagent.hints.verdict_key import kind_keys
 from gpuagent.quantities import MEMORY_MAX_BYTES
-from gpuagent.snapshot import GpuHints, MigProfileHint, NodeHints, TenantHint
+from gpuagent.snapshot.hints import GpuHints, MigProfileHint, NodeHints, TenantHint
 from gpuagent.untrusted import has_unsafe
 
 pytestmark = pytest.mark.long  # property tests of several seconds: handed out early (conftest.py)

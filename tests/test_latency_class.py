@@ -41,7 +41,8 @@ from gpuagent.enforce.timeslice import (
     RotationPlan,
     Tenant,
 )
-from gpuagent.snapshot import NodeSnapshot, PodUse
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import PodUse
 
 LATENCY = "gpuagent.io/latency-sensitive"
 SERVING = PolicyRule(match_namespace="serving", latency_sensitive=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuagent.enforce.memory import LadderSettings, MemoryLadder, Step, pod_key
-from gpuagent.snapshot import MemoryState
+from gpuagent.snapshot.enforcement import MemoryState
 
 GI = 2**30
 LIMIT = 8 * GI

@@ -22,7 +22,8 @@ from gpuagent.agent import Agent
 from gpuagent.config import load_config
 from gpuagent.devices.sim import SimulatedNvml, load_scenario
 from gpuagent.export.exposition import generate_text
-from gpuagent.snapshot import MPS_SERVER, MpsLimits, allocation_view, to_jsonable
+from gpuagent.snapshot.processes import MPS_SERVER, MpsLimits
+from gpuagent.snapshot.views import allocation_view, to_jsonable
 
 pytestmark = pytest.mark.integration
 

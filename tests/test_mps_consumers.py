@@ -20,15 +20,13 @@ from gpuagent.enforce.policy import node_defaults
 from gpuagent.export import build_registry
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.engine import HintsEngine
-from gpuagent.snapshot import (
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.pods import ContainerUse, PodUse
+from gpuagent.snapshot.processes import (
     MPS_CLIENT,
     MPS_SERVER,
-    ContainerUse,
     MpsLimits,
-    NodeSnapshot,
-    PodUse,
     ProcessSample,
-    SourceStatus,
     Workload,
     combined_mps_limits,
     sm_share_ratio,

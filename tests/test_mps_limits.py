@@ -21,7 +21,8 @@ from gpuagent.pods.mps import (
     with_client_limits,
 )
 from gpuagent.pods.visible import cuda_devices, given_devices
-from gpuagent.snapshot import MPS_CLIENT, GpuInfo, GpuSample, MigSample, MpsLimits, ProcessSample
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample, MigSample
+from gpuagent.snapshot.processes import MPS_CLIENT, MpsLimits, ProcessSample
 
 GIB, MIB = 1 << 30, 1 << 20
 

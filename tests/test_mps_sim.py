@@ -16,7 +16,7 @@ from gpuagent.config import load_config
 from gpuagent.devices.mps import ClientUtilization, is_mps_daemon, process_kind
 from gpuagent.devices.sim import ScenarioError, SimulatedNvml, parse_scenario
 from gpuagent.pods.environ import parse_environ
-from gpuagent.snapshot import MPS_CLIENT, MPS_SERVER, MpsLimits, ProcessSample
+from gpuagent.snapshot.processes import MPS_CLIENT, MPS_SERVER, MpsLimits, ProcessSample
 
 GIB = 1 << 30
 FAKE = 4_200_000

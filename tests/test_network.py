@@ -39,18 +39,10 @@ from gpuagent.network.podnet import (
 from gpuagent.network.rates import RateTracker
 from gpuagent.network.rdma import RdmaCounters, parse_rate_bits_per_second, parse_state, read_rdma
 from gpuagent.network.source import NetworkSource, network_source
-from gpuagent.snapshot import (
-    GpuInfo,
-    GpuSample,
-    LinkSample,
-    NetworkState,
-    NodeSnapshot,
-    PodNetwork,
-    ProcessSample,
-    RdmaPort,
-    SourceStatus,
-    Workload,
-)
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample
+from gpuagent.snapshot.network import LinkSample, NetworkState, PodNetwork, RdmaPort
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.processes import ProcessSample, Workload
 
 FIXTURES = Path(__file__).parent / "fixtures" / "network"
 SYSFS = str(FIXTURES / "sys")

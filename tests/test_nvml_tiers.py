@@ -14,7 +14,8 @@ from test_accounting import NamedTenants, sim_agent
 
 from gpuagent.devices.guard import NvmlGuard
 from gpuagent.devices.procutil import ProcessUtilization
-from gpuagent.snapshot import NodeSnapshot, Workload
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import Workload
 
 SCENARIO = {
     "version": 1,
@@ -164,7 +165,8 @@ def test_an_unsupported_call_leaves_the_figures_unknown_and_is_not_repeated() ->
 def test_contended_gpus_are_those_with_two_non_exempt_tenants(exempt: bool) -> None:
     from gpuagent.agent import build_enforcer
     from gpuagent.config import load_config
-    from gpuagent.snapshot import GpuInfo, GpuSample, ProcessSample
+    from gpuagent.snapshot.gpu import GpuInfo, GpuSample
+    from gpuagent.snapshot.processes import ProcessSample
 
     policies = [{"match_name": "b.service", "exempt": True}] if exempt else []
     enforcer = build_enforcer(load_config(None, env={}, overrides={

@@ -21,11 +21,11 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from test_hints_score import A100_MIG, FAULTS, H100, sim_snapshot
 
-from gpuagent import snapshot as model
 from gpuagent.api.app import build_app
 from gpuagent.api.hints import openapi_document
 from gpuagent.export import build_registry
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot import hints as model
+from gpuagent.snapshot.node import NodeSnapshot
 
 DOC: dict[str, Any] = json.loads(openapi_document())
 HINT_CLASSES = ("NodeHints", "GpuHints", "TenantHint", "MigInstanceHint", "MigProfileHint", "NetworkHints",

@@ -12,7 +12,7 @@ from gpuagent.export import build_registry
 from gpuagent.export.exposition import generate_text
 from gpuagent.pods.attribution import PodName, attribute
 from gpuagent.pods.owners import Owner, OwnerRef, OwnerResolver
-from gpuagent.snapshot import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
 
 
 async def test_the_cache_is_bounded_and_forgets_the_least_recently_used() -> None:

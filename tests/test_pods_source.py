@@ -14,7 +14,7 @@ from gpuagent.agent import Agent
 from gpuagent.config import load_config
 from gpuagent.devices.sim import SimulatedNvml, load_scenario
 from gpuagent.export.exposition import generate_text
-from gpuagent.snapshot import allocation_view
+from gpuagent.snapshot.views import allocation_view
 
 FAKE_PID = 4_200_000  # the simulator numbers processes without a real PID from here, in scenario order
 UID_A = "0f7c5d4e-1a2b-4c3d-8e9f-0123456789ab"
@@ -219,7 +219,8 @@ async def test_environments_are_read_once_and_an_unknown_one_a_few_times_more(tm
     from gpuagent.pods.cgroup import CgroupReader
     from gpuagent.pods.environ import EnvironReader
     from gpuagent.pods.source import ENVIRON_RETRIES, PodsSource
-    from gpuagent.snapshot import GpuInfo, GpuSample, ProcessSample
+    from gpuagent.snapshot.gpu import GpuInfo, GpuSample
+    from gpuagent.snapshot.processes import ProcessSample
 
     root = tmp_path / "proc"
     for pid, uid in ((101, UID_A), (102, UID_B), (103, None)):

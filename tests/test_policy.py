@@ -21,7 +21,9 @@ from gpuagent.enforce.policy import (
     parse_rules,
     parse_share,
 )
-from gpuagent.snapshot import PodUse, PolicyProblem, Workload
+from gpuagent.snapshot.enforcement import PolicyProblem
+from gpuagent.snapshot.pods import PodUse
+from gpuagent.snapshot.processes import Workload
 
 GI, MI = 2**30, 2**20
 

@@ -14,16 +14,10 @@ import pytest
 from gpuagent.accounting.ledger import CONTAINER, POD, Ledger
 from gpuagent.accounting.rates import GpuRates, Owner, Rate, RateReader, poll_rates
 from gpuagent.pods.attribution import Attributor, PodName, attribute
-from gpuagent.snapshot import (
-    ContainerUse,
-    GpuInfo,
-    GpuSample,
-    NodeSnapshot,
-    PodUse,
-    ProcessSample,
-    SourceStatus,
-    Workload,
-)
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample
+from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
+from gpuagent.snapshot.pods import ContainerUse, PodUse
+from gpuagent.snapshot.processes import ProcessSample, Workload
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from gpuagent.recommend.patches import Refused, patch_for, write_patches
 from gpuagent.report.formats.csv_rows import render_csv as report_csv
 from gpuagent.report.formats.table import render_table as report_table
 from gpuagent.report.model import NamespaceRow, PodRow, Report, Timeline, Usage, WorkloadRow
-from gpuagent.snapshot import ProcessSample
+from gpuagent.snapshot.processes import ProcessSample
 from gpuagent.top import render
 from gpuagent.top.arrange import ViewOptions, arrange
 from gpuagent.top.client import OK, AgentStatus

@@ -23,7 +23,7 @@ from gpuagent.hints.extender_verdict import Verdict, entry_verdict
 from gpuagent.hints.fitreasons import not_whole_gpu
 from gpuagent.hints.score import FitRequest, kind_name, node_index
 from gpuagent.hints.verdict_key import KindKeys, kind_keys, verdict_key
-from gpuagent.snapshot import GpuHints, MigInstanceHint, MigProfileHint, NodeHints, TenantHint
+from gpuagent.snapshot.hints import GpuHints, MigInstanceHint, MigProfileHint, NodeHints, TenantHint
 
 pytestmark = pytest.mark.long  # property tests of many seconds: handed out early (conftest.py)
 

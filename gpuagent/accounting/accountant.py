@@ -9,7 +9,8 @@ from gpuagent.accounting.events import IdleEventPoster, IdleNotice
 from gpuagent.accounting.idle import IdleTracker
 from gpuagent.accounting.ledger import CONTAINER, POD, Ledger, Series, SeriesKey
 from gpuagent.accounting.rates import RateReader
-from gpuagent.snapshot import AccountingState, GpuAccounting, IdleWorkload, NodeSnapshot, WorkloadGpuUsage
+from gpuagent.snapshot.accounting import AccountingState, GpuAccounting, IdleWorkload, WorkloadGpuUsage
+from gpuagent.snapshot.node import NodeSnapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 
 Rules (``docs/accounting.md`` states them for users):
 
-- **Who.** A process's :class:`~gpuagent.snapshot.Workload`: a pod's container (``kind="pod"``), or off
-  Kubernetes a systemd unit, Docker container, Slurm job, session. Processes without a workload (they
+- **Who.** A process's :class:`~gpuagent.snapshot.processes.Workload`: a pod's container (``kind="pod"``),
+  or off Kubernetes a systemd unit, Docker container, Slurm job, session. Processes without a workload (they
   exited before their cgroup was read) are nobody's: their share of the energy is "unattributed".
 - **Allocated.** Where the kubelet's allocations are known (the pod-resources source answered, or pods
   carry allocated devices), a pod holds what its containers were allocated: ``GPU-<uuid>`` the whole
@@ -37,13 +37,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gpuagent.snapshot import (
+from gpuagent.snapshot.gpu import GpuSample, Health, MigSample
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import (
     MPS_CLIENT,
     MPS_SERVER,
-    GpuSample,
-    Health,
-    MigSample,
-    NodeSnapshot,
     ProcessSample,
     combined_mps_limits,
     sm_share_ratio,

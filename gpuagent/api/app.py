@@ -19,7 +19,8 @@ from gpuagent.api.hints import add_routes as add_hint_routes
 from gpuagent.api.hints import if_none_match
 from gpuagent.export import scrape
 from gpuagent.httperrors import json_error, json_errors
-from gpuagent.snapshot import NodeSnapshot, allocation_view, to_jsonable
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.views import allocation_view, to_jsonable
 
 LatestSnapshot = Callable[[], NodeSnapshot | None]
 

@@ -22,7 +22,8 @@ from gpuagent.hints.codec import hints_to_jsonable
 from gpuagent.hints.score import RequestError, parse_fit_request, score_node
 from gpuagent.httpbody import BodyError, BodyLimits, error_response, read_json
 from gpuagent.httperrors import json_error
-from gpuagent.snapshot import NodeHints, NodeSnapshot
+from gpuagent.snapshot.hints import NodeHints
+from gpuagent.snapshot.node import NodeSnapshot
 
 MAX_SCORE_BYTES = 64 * 1024
 _SCORE_LIMITS = BodyLimits(max_bytes=MAX_SCORE_BYTES, timeout_seconds=10.0)

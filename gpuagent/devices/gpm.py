@@ -24,7 +24,7 @@ from typing import Any
 
 from gpuagent.devices.cadence import Cadence
 from gpuagent.devices.guard import NvmlGuard
-from gpuagent.snapshot import GpuInfo, ProfilingSample
+from gpuagent.snapshot.gpu import GpuInfo, ProfilingSample
 
 MIB = 1024 * 1024
 PAIR_GAP_SECONDS = 0.1  # the first pair is at least this far apart (the 100 ms above; later ones: interval)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pynvml
 
-from gpuagent.snapshot import NvmlCallStats, NvmlErrorCount
+from gpuagent.snapshot.node import NvmlCallStats, NvmlErrorCount
 
 log = logging.getLogger(__name__)
 

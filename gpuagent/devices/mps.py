@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 
-from gpuagent.snapshot import MPS_CLIENT, MPS_SERVER, ProcessSample
+from gpuagent.snapshot.processes import MPS_CLIENT, MPS_SERVER, ProcessSample
 
 MPS_LIST = "nvmlDeviceGetMPSComputeRunningProcesses_v3"
 _DAEMON_NAMES = frozenset({"nvidia-cuda-mps-server", "nvidia-cuda-mps-control", "nvidia-cuda-mps"})

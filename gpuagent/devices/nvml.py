@@ -38,7 +38,8 @@ from gpuagent.devices.guard import GpuLostError, NvmlGuard
 from gpuagent.devices.processes import ProcessNames, ProcessReader
 from gpuagent.devices.procutil import ProcessUtilization
 from gpuagent.devices.slow import SlowReader, memory_info
-from gpuagent.snapshot import GpuInfo, GpuSample, MigSample, ProcessSample, XidRecord
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample, MigSample, XidRecord
+from gpuagent.snapshot.processes import ProcessSample
 
 
 class GpuReader:

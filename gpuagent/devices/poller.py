@@ -22,7 +22,7 @@ from gpuagent.devices.procnames import ProcessNames
 from gpuagent.devices.slow import optional_text
 from gpuagent.devices.worker import DaemonWorker
 from gpuagent.devices.xid import XidBook, XidWatcher
-from gpuagent.snapshot import GpuInfo, GpuSample, Health, XidRecord
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample, Health, XidRecord
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 from gpuagent.devices.guard import NvmlGuard
 from gpuagent.devices.mps import MPS_LIST, ClientUtilization, is_mps_daemon, process_kind
 from gpuagent.devices.procutil import ProcessUtilization
-from gpuagent.snapshot import MPS_CLIENT, ProcessSample
+from gpuagent.snapshot.processes import MPS_CLIENT, ProcessSample
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId of a process on a GPU without MIG
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuagent.devices.fields import SLOW_FIELDS, FieldBatch
 from gpuagent.devices.guard import NvmlGuard
-from gpuagent.snapshot import EccCounts, GpuInfo, MigProfileCapacity, RemappedRows
+from gpuagent.snapshot.gpu import EccCounts, GpuInfo, MigProfileCapacity, RemappedRows
 from gpuagent.untrusted import label_value
 
 MIB = 1024 * 1024

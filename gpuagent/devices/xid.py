@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuagent.devices.guard import NvmlGuard, NvmlUnavailableError, error_code_name
-from gpuagent.snapshot import XidRecord
+from gpuagent.snapshot.gpu import XidRecord
 
 log = logging.getLogger(__name__)
 

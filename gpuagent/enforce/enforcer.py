@@ -56,12 +56,9 @@ from gpuagent.enforce.timeslice import (
     Tenant,
 )
 from gpuagent.enforce.timeslice.preempt import Counter
-from gpuagent.snapshot import (
-    EnforcementState,
-    NodeSnapshot,
-    ShareState,
-    combined_mps_limits,
-)
+from gpuagent.snapshot.enforcement import EnforcementState, ShareState
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import combined_mps_limits
 
 log = logging.getLogger(__name__)
 

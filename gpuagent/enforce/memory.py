@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gpuagent.snapshot import MemoryState
+from gpuagent.snapshot.enforcement import MemoryState
 
 ACTIONS = ("warn", "kill", "evict")
 STEP_KINDS = ("warn", "term", "kill", "evict")

@@ -19,17 +19,10 @@ from dataclasses import dataclass, field
 from gpuagent.enforce.actions import Actions, FreezeTarget
 from gpuagent.enforce.memory import pod_key
 from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
-from gpuagent.snapshot import (
-    MPS_CLIENT,
-    MPS_SERVER,
-    LimitsDecision,
-    NodeSnapshot,
-    PodUse,
-    PolicyProblem,
-    ProcessSample,
-    Workload,
-    sm_share_ratio,
-)
+from gpuagent.snapshot.enforcement import LimitsDecision, PolicyProblem
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import PodUse
+from gpuagent.snapshot.processes import MPS_CLIENT, MPS_SERVER, ProcessSample, Workload, sm_share_ratio
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,9 @@ from gpuagent.quantities import (
 )
 from gpuagent.quantities import quoted as _shown
 from gpuagent.quantities import share_from_number as _share_from_number
-from gpuagent.snapshot import PodUse, PolicyProblem, Workload
+from gpuagent.snapshot.enforcement import PolicyProblem
+from gpuagent.snapshot.pods import PodUse
+from gpuagent.snapshot.processes import Workload
 
 ANNOTATION_PREFIX = "gpuagent.io/"
 ANNOTATION_SHARE = "gpuagent.io/gpu-share"
@@ -80,7 +82,7 @@ ANNOTATIONS = (ANNOTATION_SHARE, ANNOTATION_MEMORY, ANNOTATION_PRIORITY, ANNOTAT
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 PRIORITY_WORDS = {"high": 100, "normal": 0, "low": -100}
 
-# The kinds a Workload has (snapshot.Workload); a match_kind outside these, and no glob, is a typo.
+# The kinds a Workload has (snapshot.processes.Workload); a match_kind outside these, and no glob, is a typo.
 WORKLOAD_KINDS = (
     "pod", "systemd_service", "user_session", "docker", "podman", "slurm_job", "host", "unknown",
 )

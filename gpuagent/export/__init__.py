@@ -27,7 +27,7 @@ from gpuagent.export.network import NetworkCollector
 from gpuagent.export.pods import PodCollector
 from gpuagent.export.processes import ProcessCollector
 from gpuagent.export.scrape import Response, SnapshotRegistry, scrape
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 __all__ = ["Response", "SnapshotRegistry", "build_registry", "choose_encoder", "scrape"]
 

@@ -27,7 +27,9 @@ from gpuagent.export.families import (
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, find_mig, pod_labels
-from gpuagent.snapshot import GpuSample, NodeSnapshot, WorkloadGpuUsage
+from gpuagent.snapshot.accounting import WorkloadGpuUsage
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.node import NodeSnapshot
 
 _DOC = {
     "allocated": "GPU-seconds allocated (a MIG slice counts as its fraction, a replica as 1/N).",

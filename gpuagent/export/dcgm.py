@@ -41,7 +41,8 @@ from gpuagent.export.families import (
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
-from gpuagent.snapshot import GpuSample, Health, MigSample, NodeSnapshot, ProfilingSample
+from gpuagent.snapshot.gpu import GpuSample, Health, MigSample, ProfilingSample
+from gpuagent.snapshot.node import NodeSnapshot
 
 MIB = 1024 * 1024
 

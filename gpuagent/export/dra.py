@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, extend, family, gauge, join, non_empty
 from gpuagent.export.labels import GpuLabels, pod_labels
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 
 def dra_families(snapshot: NodeSnapshot, labels: GpuLabels) -> list[Metric]:

@@ -23,7 +23,7 @@ from gpuagent.export.families import (
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, pod_labels
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 MODES = ("off", "audit", "enforce")
 STAGES = ("ok", "warned", "terminating", "killed", "evicted")

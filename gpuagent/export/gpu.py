@@ -10,7 +10,8 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import COUNTER, GAUGE, Kept, TextCache, flag, non_empty, with_label
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
-from gpuagent.snapshot import Health, NodeSnapshot
+from gpuagent.snapshot.gpu import Health
+from gpuagent.snapshot.node import NodeSnapshot
 
 # NVML's clocks-event (throttle) reason bits, named as dcgm-exporter's ``clock_event`` label values.
 CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (

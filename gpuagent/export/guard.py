@@ -37,7 +37,7 @@ from gpuagent.export.families import (
     same_rows,
 )
 from gpuagent.export.held import Held, hold, nothing
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 log = logging.getLogger(__name__)
 

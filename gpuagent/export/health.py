@@ -41,7 +41,8 @@ from gpuagent.export.held import Held, hold
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, describe
 from gpuagent.export.node_health import node_health_families
 from gpuagent.export.published import publish_families
-from gpuagent.snapshot import Health, NodeSnapshot, PollHistogram
+from gpuagent.snapshot.gpu import Health
+from gpuagent.snapshot.node import NodeSnapshot, PollHistogram
 
 NVML_SOURCE = "nvml"
 SIMULATED_BACKEND = "sim"

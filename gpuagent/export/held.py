@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 Held = Callable[[], NodeSnapshot | None]
 

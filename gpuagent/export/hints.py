@@ -12,7 +12,8 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import GAUGE, INFO, Kept, TextCache, add, gauge, non_empty, with_label
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, host_labels
-from gpuagent.snapshot import Health, NodeSnapshot
+from gpuagent.snapshot.gpu import Health
+from gpuagent.snapshot.node import NodeSnapshot
 
 
 class HintsCollector(GpuRenderer):

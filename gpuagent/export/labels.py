@@ -17,7 +17,8 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import TextCache, label_pairs, label_text
 from gpuagent.export.held import Held, hold
-from gpuagent.snapshot import GpuInfo, GpuSample, MigSample, NodeSnapshot
+from gpuagent.snapshot.gpu import GpuInfo, GpuSample, MigSample
+from gpuagent.snapshot.node import NodeSnapshot
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
 DEFAULT_HOSTNAME_LABEL = "Hostname"  # dcgm-exporter <= 4.5.3-4.8.2; 4.6.0-4.8.3 and later use "hostname"

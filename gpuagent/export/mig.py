@@ -10,7 +10,8 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, add_known, extend, family, gauge, non_empty
 from gpuagent.export.labels import GpuLabels, GpuRenderer
-from gpuagent.snapshot import Health, NodeSnapshot
+from gpuagent.snapshot.gpu import Health
+from gpuagent.snapshot.node import NodeSnapshot
 
 
 class MigCollector(GpuRenderer):

@@ -26,7 +26,8 @@ from gpuagent.export.families import (
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, host_labels, pod_labels
-from gpuagent.snapshot import LinkSample, NetworkState, NodeSnapshot, PodNetwork, RdmaPort
+from gpuagent.snapshot.network import LinkSample, NetworkState, PodNetwork, RdmaPort
+from gpuagent.snapshot.node import NodeSnapshot
 
 _BITS_PER_BYTE = 8
 

@@ -11,7 +11,7 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import INFO, add, counter, extend, family, gauge, non_empty, with_label
 from gpuagent.export.labels import GpuLabels
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 MODES = ("off", "audit", "enforce")
 DRAIN_STATES = ("none", "audit", "draining", "blocked", "waiting", "done")

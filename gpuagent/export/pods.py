@@ -27,14 +27,9 @@ from gpuagent.export.families import (
     with_label,
 )
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer, pod_labels
-from gpuagent.snapshot import (
-    MPS_CLIENT,
-    MPS_SERVER,
-    GpuSample,
-    NodeSnapshot,
-    ProcessSample,
-    combined_mps_limits,
-)
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import MPS_CLIENT, MPS_SERVER, ProcessSample, combined_mps_limits
 
 
 class PodCollector(GpuRenderer):

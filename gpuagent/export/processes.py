@@ -18,7 +18,9 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import GAUGE, Kept, TextCache, extend, non_empty
 from gpuagent.export.labels import DEFAULT_HOSTNAME_LABEL, GpuLabels, GpuRenderer
-from gpuagent.snapshot import GpuSample, Health, NodeSnapshot, ProcessSample
+from gpuagent.snapshot.gpu import GpuSample, Health
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.processes import ProcessSample
 
 
 class ProcessCollector(GpuRenderer):

@@ -12,7 +12,7 @@ from prometheus_client.metrics_core import Metric
 
 from gpuagent.export.families import add, counter, gauge, non_empty, with_label
 from gpuagent.export.labels import GpuLabels
-from gpuagent.snapshot import NodeSnapshot
+from gpuagent.snapshot.node import NodeSnapshot
 
 OUTCOMES = ("written", "failed", "unreachable", "rate_limited")
 

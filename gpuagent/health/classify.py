@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 
 from gpuagent.health import table
 from gpuagent.health.table import Rule
-from gpuagent.snapshot import DraTaint, GpuSample, Health, NodeSnapshot
+from gpuagent.snapshot.gpu import GpuSample, Health
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import DraTaint
 
 NVML_SOURCE = "nvml"
 

@@ -2,8 +2,8 @@
 
 ``update(snapshot)`` runs on the poll, fast and without I/O: it classifies (:mod:`.classify`), tracks
 (:mod:`.tracker`), builds the conditions and the plan (:mod:`.plan`) and hands the plan to the writer
-(:mod:`.writer`) when one is configured; the :class:`~gpuagent.snapshot.HealthState` it returns goes in the
-snapshot, for ``/v1/state``, the metrics, ``gpuagent top`` and the hints (a GPU with a degraded or fatal
+(:mod:`.writer`) when one is configured; the :class:`~gpuagent.snapshot.health.HealthState` it returns goes in
+the snapshot, for ``/v1/state``, the metrics, ``gpuagent top`` and the hints (a GPU with a degraded or fatal
 fault is not offered). In audit mode the state says what enforce would do and nothing is written.
 """
 
@@ -17,7 +17,8 @@ from gpuagent.health.classify import Classifier
 from gpuagent.health.plan import HealthSettings, PodRef, conditions_of, plan_for
 from gpuagent.health.tracker import FaultTracker
 from gpuagent.health.writer import NodeWriter
-from gpuagent.snapshot import HealthState, NodeCondition, NodeSnapshot
+from gpuagent.snapshot.health import HealthState, NodeCondition
+from gpuagent.snapshot.node import NodeSnapshot
 
 log = logging.getLogger(__name__)
 

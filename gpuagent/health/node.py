@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuagent.boundedjson import Bounds, Unreadable, in_range, loads
 from gpuagent.health.plan import TAINT_KEY, Plan
-from gpuagent.snapshot import NodeCondition
+from gpuagent.snapshot.health import NodeCondition
 
 QUARANTINE_ANNOTATION = "gpuagent.io/quarantine"
 REMEDIATION_ANNOTATION = "gpuagent.io/remediation"

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuagent.health import table
-from gpuagent.snapshot import GpuFault, NodeCondition, NodeSnapshot
+from gpuagent.snapshot.health import GpuFault, NodeCondition
+from gpuagent.snapshot.node import NodeSnapshot
 
 TAINT_KEY = "gpuagent.io/gpu-unhealthy"
 HEALTHY_REASON = "NoGpuFault"

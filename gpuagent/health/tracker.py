@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from gpuagent.health import table
 from gpuagent.health.classify import Observation
 from gpuagent.health.table import Rule
-from gpuagent.snapshot import GpuFault, Health, NodeSnapshot
+from gpuagent.snapshot.gpu import Health
+from gpuagent.snapshot.health import GpuFault
+from gpuagent.snapshot.node import NodeSnapshot
 
 UNREACHABLE = frozenset({table.GPU_LOST.reason, table.GPU_UNRESPONSIVE.reason, table.NVML_FAILING.reason})
 

@@ -35,7 +35,7 @@ from gpuagent.health.budget import BudgetError, QuarantineBudget
 from gpuagent.health.drain import Drain
 from gpuagent.health.plan import Plan, PodRef
 from gpuagent.kubeapi import ApiConnection, WriteBudget, event_body
-from gpuagent.snapshot import GpuFault
+from gpuagent.snapshot.health import GpuFault
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from gpuagent.hints.extender_config import DEFAULT_AGENT_URL, NODE_PLACEHOLDER, 
 from gpuagent.hints.score import NodeIndex, node_index
 from gpuagent.hints.verdict_key import KindKeys
 from gpuagent.httperrors import client_error_text, read_body
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot.hints import NodeHints
 
 log = logging.getLogger(__name__)
 

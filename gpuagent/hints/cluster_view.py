@@ -71,7 +71,7 @@ from gpuagent.hints.score import NodeIndex, node_index
 from gpuagent.hints.verdict_key import KindKeys, kind_keys
 from gpuagent.kubeapi import ApiConnection
 from gpuagent.reflector import Reflector, wire
-from gpuagent.snapshot import GpuHints, NodeHints
+from gpuagent.snapshot.hints import GpuHints, NodeHints
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from gpuagent.boundedjson import Unreadable
-from gpuagent.snapshot import NodeHints, to_jsonable
+from gpuagent.snapshot.hints import NodeHints
+from gpuagent.snapshot.views import to_jsonable
 
 Decoder = Callable[[object, str], Any]
 

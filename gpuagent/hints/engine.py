@@ -23,20 +23,19 @@ import math
 
 from gpuagent.hints.nodeindex import MIG_SLICES
 from gpuagent.hints.tenants import gpu_tenants, node_limits, pods_by_gpu, sharing_mode
-from gpuagent.snapshot import (
+from gpuagent.snapshot.gpu import GpuSample, Health
+from gpuagent.snapshot.hints import (
     GpuHints,
-    GpuSample,
-    Health,
     LinkHint,
     MigInstanceHint,
     MigProfileHint,
     NetworkHints,
-    NetworkState,
     NodeHints,
-    NodeSnapshot,
     PodNetworkHint,
     TenantHint,
 )
+from gpuagent.snapshot.network import NetworkState
+from gpuagent.snapshot.node import NodeSnapshot
 
 SHORT_SECONDS = 10.0
 LONG_SECONDS = 300.0

@@ -86,7 +86,7 @@ from gpuagent.hints.fitrequest import FitRequest, kind_name
 from gpuagent.hints.malformed import MalformedPod
 from gpuagent.hints.podrequest import PodRequestError, pod_fit_request, pod_name
 from gpuagent.hints.verdict_key import KindKeys
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot.hints import NodeHints
 
 log = logging.getLogger(__name__)
 

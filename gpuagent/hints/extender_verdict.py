@@ -22,7 +22,7 @@ from gpuagent.hints.fitcolumns import STATIC
 from gpuagent.hints.fitreasons import node_reason, whole_gpu_size_reason
 from gpuagent.hints.fitrequest import FitRequest
 from gpuagent.hints.nodeindex import NO_INDEX, NodeIndex, node_index
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot.hints import NodeHints
 from gpuagent.untrusted import shown
 
 REASON_PREFIX = "gpuagent: "

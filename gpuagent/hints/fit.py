@@ -26,7 +26,7 @@ from gpuagent.hints.fitreasons import (
 )
 from gpuagent.hints.fitrequest import FitRequest, kind_name
 from gpuagent.hints.nodeindex import MIG_SLICES, NO_INDEX, GpuKind, GpuRow, NodeIndex, gpu_key
-from gpuagent.snapshot import GpuHints
+from gpuagent.snapshot.hints import GpuHints
 
 EPSILON = 1e-9  # shares closer than this are equal: 0.3 asked of a GPU with 0.30000000000000004 left fits
 

@@ -13,7 +13,7 @@ escapes them for the sink (the extender's ``_reason``: ``untrusted.shown``).
 from __future__ import annotations
 
 from gpuagent.hints.fitrequest import FitRequest
-from gpuagent.snapshot import GpuHints, MigProfileHint
+from gpuagent.snapshot.hints import GpuHints, MigProfileHint
 
 # Why a GPU the request's sizes rule out cannot take it: the fit's codes, ``size_reason``'s texts.
 SHARE_SHORT, NO_SHARE_LEFT, MEMORY_SHORT, NO_INSTANCE, INSTANCE_MEMORY_SHORT = range(5)

@@ -21,7 +21,7 @@ from typing import NamedTuple, TypeVar
 
 from gpuagent.hints.fitreasons import exclusive_static, mig_static, shared_static
 from gpuagent.quantities import MEMORY_MAX_BYTES
-from gpuagent.snapshot import GpuHints, MigProfileHint, NodeHints
+from gpuagent.snapshot.hints import GpuHints, MigProfileHint, NodeHints
 
 MIG_SLICES = 7  # compute slices of an A100/H100-class GPU, for the load a new instance adds
 

@@ -41,7 +41,7 @@ from gpuagent import boundedjson
 from gpuagent.boundedjson import Unreadable
 from gpuagent.hints.codec import check_limits, hints_schema, hints_to_jsonable
 from gpuagent.hints.verdict_key import verdict_key
-from gpuagent.snapshot import GpuHints, MigInstanceHint, NodeHints, TenantHint
+from gpuagent.snapshot.hints import GpuHints, MigInstanceHint, NodeHints, TenantHint
 
 GROUP = "gpuagent.io"
 VERSION = "v1alpha1"

@@ -44,7 +44,7 @@ from gpuagent.hints.published import (
     state_object,
 )
 from gpuagent.kubeapi import ApiConnection, WriteBudget
-from gpuagent.snapshot import NodeHints, PublishState
+from gpuagent.snapshot.hints import NodeHints, PublishState
 
 log = logging.getLogger(__name__)
 

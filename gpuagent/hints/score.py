@@ -37,7 +37,7 @@ from gpuagent.hints.fitrequest import (
 )
 from gpuagent.hints.nodeindex import MIG_SLICES, NO_INDEX, NodeIndex, node_index
 from gpuagent.hints.sharing_mode import MODES, recommend
-from gpuagent.snapshot import NodeHints
+from gpuagent.snapshot.hints import NodeHints
 
 __all__ = [
     "MAX_GPUS", "MIG_SLICES", "MODES", "NO_INDEX", "POLICIES", "FitRequest", "FitResult", "NodeFit",

@@ -14,7 +14,7 @@ from typing import Any
 from gpuagent.hints.fit import EPSILON
 from gpuagent.hints.fitrequest import FitRequest
 from gpuagent.hints.nodeindex import MIG_SLICES
-from gpuagent.snapshot import GpuHints
+from gpuagent.snapshot.hints import GpuHints
 
 MODES = ("exclusive", "mig", "time_sliced")
 LIGHT_LOAD_RATIO = 0.7  # a GPU's long-average SM use plus the request's share below this co-locates well

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 
-from gpuagent.snapshot import GpuHints, NodeHints
+from gpuagent.snapshot.hints import GpuHints, NodeHints
 from gpuagent.untrusted import shown
 
 _GIB = 1024**3

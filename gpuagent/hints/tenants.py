@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuagent.quantities import PolicyValueError, parse_memory, parse_share
-from gpuagent.snapshot import (
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.hints import TenantHint
+from gpuagent.snapshot.node import NodeSnapshot
+from gpuagent.snapshot.pods import PodUse
+from gpuagent.snapshot.processes import (
     MPS_CLIENT,
     MPS_SERVER,
-    GpuSample,
-    NodeSnapshot,
-    PodUse,
     ProcessSample,
-    TenantHint,
     combined_mps_limits,
     sm_share_ratio,
 )

@@ -43,7 +43,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from gpuagent.hints.nodeindex import NO_INDEX
-from gpuagent.snapshot import GpuHints, NodeHints
+from gpuagent.snapshot.hints import GpuHints, NodeHints
 
 _GPU = attrgetter("index", "health", "stale", "mig_enabled", "compute_mode", "sharing_mode",
                   "schedulable_share_ratio", "memory_free_bytes", "memory_total_bytes", "numa_node")

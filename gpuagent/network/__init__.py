@@ -1,5 +1,5 @@
 """The ``network`` source: node links (netlink, via pyroute2), RDMA ports (sysfs) and the traffic of pods'
-network namespaces (``/proc/PID/net/dev``), turned into ``snapshot.NetworkState`` with bytes/s.
+network namespaces (``/proc/PID/net/dev``), turned into ``snapshot.network.NetworkState`` with bytes/s.
 
 ``links`` netlink links and speeds; ``rdma`` /sys/class/infiniband ports; ``podnet`` per-pod netns counters;
 ``rates`` counters to rates, reset-safe; ``source`` the poll (worker thread, timeout, status). pyroute2 is

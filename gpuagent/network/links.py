@@ -54,7 +54,8 @@ class LinkFilter:
 
 @dataclass(frozen=True, slots=True)
 class LinkCounters:
-    """One link as read, before rates: what :class:`~gpuagent.snapshot.LinkSample` holds but bytes/s."""
+    """One link as read, before rates: what :class:`~gpuagent.snapshot.network.LinkSample`
+    holds but bytes/s."""
 
     index: int
     name: str

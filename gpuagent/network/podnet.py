@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuagent.snapshot import GpuSample
+from gpuagent.snapshot.gpu import GpuSample
 
 __all__ = ["NetDevParseError", "NetnsCounters", "PodNetReader", "PodNetReading", "PodRef", "parse_net_dev",
            "pod_pids"]

@@ -22,7 +22,8 @@ from gpuagent.network.links import LinkCounters, LinkFilter, NetlinkLinks
 from gpuagent.network.podnet import NetnsCounters, PodNetReader, PodNetReading, PodRef
 from gpuagent.network.rates import RateTracker
 from gpuagent.network.rdma import RdmaCounters, read_rdma
-from gpuagent.snapshot import LinkSample, NetworkState, PodNetwork, RdmaPort, SourceStatus
+from gpuagent.snapshot.network import LinkSample, NetworkState, PodNetwork, RdmaPort
+from gpuagent.snapshot.node import SourceStatus
 
 __all__ = ["SOURCE_NAME", "NetworkSource", "RawNetwork", "network_source"]
 

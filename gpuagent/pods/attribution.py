@@ -24,7 +24,9 @@ from typing import Any, Protocol, TypeVar
 
 from gpuagent.pods.environ import Environ
 from gpuagent.pods.evidence import Evidence
-from gpuagent.snapshot import MPS_SERVER, ContainerUse, GpuSample, MigSample, PodUse, ProcessSample, Workload
+from gpuagent.snapshot.gpu import GpuSample, MigSample
+from gpuagent.snapshot.pods import ContainerUse, PodUse
+from gpuagent.snapshot.processes import MPS_SERVER, ProcessSample, Workload
 from gpuagent.untrusted import label_value
 
 PodKey = tuple[str, str]  # (namespace, pod name)

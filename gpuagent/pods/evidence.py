@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from gpuagent.pods.environ import HOSTNAME, Environ
 from gpuagent.pods.visible import given_devices
-from gpuagent.snapshot import GpuSample
+from gpuagent.snapshot.gpu import GpuSample
 
 PodKey = tuple[str, str]  # (namespace, pod name)
 HOSTNAME_MAX = 63  # the kubelet cuts a pod's hostname to a DNS label

@@ -27,7 +27,8 @@ from dataclasses import replace
 from gpuagent.pods.attribution import device_key
 from gpuagent.pods.environ import MPS_MEMORY, MPS_THREADS
 from gpuagent.pods.visible import cuda_devices
-from gpuagent.snapshot import MPS_CLIENT, GpuSample, MpsLimits, ProcessSample
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.processes import MPS_CLIENT, MpsLimits, ProcessSample
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT])(?:i?B)?\s*$", re.IGNORECASE)
 _POWERS = {"K": 1, "M": 2, "G": 3, "T": 4}

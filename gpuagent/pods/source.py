@@ -23,7 +23,10 @@ from gpuagent.pods.cgroup import CgroupIdentity, CgroupParseError, CgroupReader
 from gpuagent.pods.environ import Environ, EnvironReader
 from gpuagent.pods.mps import MpsLimitError, with_client_limits
 from gpuagent.pods.podresources import PodResourcesClient, PodResourcesUnavailable
-from gpuagent.snapshot import MPS_CLIENT, DraDevice, DraTaint, GpuSample, PodUse, SourceStatus
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.node import SourceStatus
+from gpuagent.snapshot.pods import DraDevice, DraTaint, PodUse
+from gpuagent.snapshot.processes import MPS_CLIENT
 
 if TYPE_CHECKING:
     from gpuagent.kubeapi import ApiConnection

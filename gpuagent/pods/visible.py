@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpuagent.pods.environ import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES
-from gpuagent.snapshot import GpuSample
+from gpuagent.snapshot.gpu import GpuSample
 
 _NO_LIST = frozenset({"", "all", "none", "void"})
 

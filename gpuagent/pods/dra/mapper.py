@@ -8,12 +8,12 @@ resolved to a GPU or MIG UUID, in this order:
    number; the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes of a MIG device name its GPU and compute instances
    (through the driver's ``mig-minors`` table); else ``NVIDIA_VISIBLE_DEVICES`` may list one UUID.
 
-A device neither names is not mapped: it gets no allocation, and its :class:`~gpuagent.snapshot.DraDevice`
-says why (the reasons of every source tried). A resolved device becomes a
-:class:`~gpuagent.pods.podresources.DeviceAllocation` whose device id is the UUID (``GPU-…`` a whole GPU,
-``MIG-…`` its instance), so attribution, labels, accounting and hints treat it exactly as the device plugin's.
-A device held by several containers (one claim shared by pods or containers, or shares of a device with
-consumable capacity) is given as replicas ``<uuid>::<k>``, k by holder, so each holds 1/N of it, as
+A device neither names is not mapped: it gets no allocation, and its
+:class:`~gpuagent.snapshot.pods.DraDevice` says why (the reasons of every source tried). A resolved device
+becomes a :class:`~gpuagent.pods.podresources.DeviceAllocation` whose device id is the UUID (``GPU-…`` a whole
+GPU, ``MIG-…`` its instance), so attribution, labels, accounting and hints treat it exactly as the device
+plugin's. A device held by several containers (one claim shared by pods or containers, or shares of a device
+with consumable capacity) is given as replicas ``<uuid>::<k>``, k by holder, so each holds 1/N of it, as
 time-slicing replicas do.
 
 Everything here is pure (no I/O): the CDI index and the MIG minors table are read by the caller.
@@ -28,7 +28,8 @@ from gpuagent.pods.dra.cdi import CdiIndex
 from gpuagent.pods.dra.nvcaps import CAP_NODE, GPU_NODE, MigCapability
 from gpuagent.pods.dra.slices import DeviceKey, SliceDevice
 from gpuagent.pods.podresources import DeviceAllocation, DynamicAllocation, parse_device_id
-from gpuagent.snapshot import DraDevice, GpuSample
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.pods import DraDevice
 
 MAPPED_BY_SLICE = "resource_slice"
 MAPPED_BY_CDI = "cdi"

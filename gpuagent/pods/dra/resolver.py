@@ -6,7 +6,7 @@ ResourceSlice watcher to start. :meth:`DraResolver.allocations` runs every poll 
 is redone only when the kubelet's devices, the slices, the specs or the GPUs' places changed, and the
 allocations it returns are the same object while nothing did (attribution re-indexes on a new object).
 
-What cannot be mapped is reported three ways: each :class:`~gpuagent.snapshot.DraDevice` carries its
+What cannot be mapped is reported three ways: each :class:`~gpuagent.snapshot.pods.DraDevice` carries its
 problem (``/v1/state``, ``gpuagent_pod_dra_unmapped_devices``), the ``dra`` source status names the first
 few, and one log line is written per change of the unmapped set or of a reason. A malformed CDI spec file
 is the ``cdi`` source's error and one log line per change of the set of such files.
@@ -26,7 +26,9 @@ from gpuagent.pods.dra.slices import SOURCE as SLICES_SOURCE
 from gpuagent.pods.dra.slices import ResourceSlices
 from gpuagent.pods.dra.taints import tainted_gpus
 from gpuagent.pods.podresources import DeviceAllocation, DynamicAllocation
-from gpuagent.snapshot import DraDevice, DraTaint, GpuSample, SourceStatus
+from gpuagent.snapshot.gpu import GpuSample
+from gpuagent.snapshot.node import SourceStatus
+from gpuagent.snapshot.pods import DraDevice, DraTaint
 
 log = logging.getLogger(__name__)
 

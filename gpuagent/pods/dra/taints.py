@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuagent.snapshot import DraTaint
+from gpuagent.snapshot.pods import DraTaint
 
 MAX_TAINTS = 16  # KEP-5055: at most 16 taints on one device; more is a malformed slice
 MAX_FIELD_CHARS = 317  # a qualified label name: a 253-character prefix, "/", a 63-character name
