@@ -24,6 +24,8 @@ Usage: .venv/bin/python bench/bench_cluster_view.py [--nodes 5000,20000,100000] 
   reply), p50 and p99 over ``--calls``: a never-seen pod (a new memory request each call, every node scored
   again) and a seen pod (the per-node memo answers); each call names every node, or ``--call-names`` of
   them drawn once (kube-scheduler's adaptive percentageOfNodesToScore hands about 5,000 at 100,000 nodes).
+  The same calls over HTTP, end to end and with the extender's CPU per call, before and after a change:
+  ``bench_extender.py --judging`` (the same fleet, ``--call-names``).
 - restart: while a writer in the child changes 2 % of the nodes' states every second (at most
   ``MAX_CHURN_WRITES`` a second), a second extender starts from scratch; once both have caught up, their
   verdicts over all N nodes must be the same.
