@@ -23,8 +23,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from test_fast_paths import pod_node
 
 from gpuagent import cli
-from gpuagent.agent import build_enforcer
 from gpuagent.api.app import build_app
+from gpuagent.assembly import build_enforcer
 from gpuagent.config import ConfigError, load_config
 from gpuagent.enforce.policy import (
     Limits,

@@ -33,7 +33,7 @@ from gpuagent.accounting.ledger import (
     _trapezoid,
 )
 from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate, _use, owner_of
-from gpuagent.agent import build_enforcer
+from gpuagent.assembly import build_enforcer
 from gpuagent.config import load_config
 from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
 from gpuagent.enforce.timeslice.controller import (

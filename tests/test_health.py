@@ -324,7 +324,7 @@ def test_bad_health_settings_are_refused_naming_the_key(key: str, value: str, wo
 
 
 def test_health_settings_from_a_file(tmp_path: Path) -> None:
-    from gpuagent.agent import build_health
+    from gpuagent.assembly import build_health
     from gpuagent.config import load_config
 
     path = tmp_path / "gpuagent.yaml"

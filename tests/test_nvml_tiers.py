@@ -163,7 +163,7 @@ def test_an_unsupported_call_leaves_the_figures_unknown_and_is_not_repeated() ->
 
 @pytest.mark.parametrize("exempt", [False, True])
 def test_contended_gpus_are_those_with_two_non_exempt_tenants(exempt: bool) -> None:
-    from gpuagent.agent import build_enforcer
+    from gpuagent.assembly import build_enforcer
     from gpuagent.config import load_config
     from gpuagent.snapshot.gpu import GpuInfo, GpuSample
     from gpuagent.snapshot.processes import ProcessSample

@@ -15,7 +15,7 @@ import pytest
 from snapshots import two_gpu_node
 from test_timeslice import FakeTime, Recorder
 
-from gpuagent.agent import build_enforcer
+from gpuagent.assembly import build_enforcer
 from gpuagent.config import ConfigError, load_config
 from gpuagent.enforce.timeslice import (
     Cycler,
