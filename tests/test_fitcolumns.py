@@ -341,3 +341,14 @@ def test_states_keep_their_slot_until_the_columns_start_again() -> None:
     request = FitRequest(memory_bytes=12 * GIB, share=0.3)
     assert columns.judge(columns.kept_slots(states), request).outcomes() == \
         by_key.judge(by_key.slots((s.key, s.index) for s in states), request).outcomes()
+
+
+def test_two_columns_over_the_same_states_never_read_each_others_slots() -> None:
+    """Two extenders over one view keep their slots on the same states: each finds its own, by key,
+    whichever wrote last (another order of writing, other slots)."""
+    batch = [node(f"n{i}", gpu(0, 10 + i, 0.5)) for i in range(4)]
+    states = [SharedState(hints, node_index(hints), verdict_key(hints), kind_keys(hints)) for hints in batch]
+    first, second = StateColumns(), StateColumns()
+    assert first.kept_slots(states) == [0, 1, 2, 3]
+    assert second.kept_slots(states[::-1]) == [0, 1, 2, 3]  # the last state is the second's first
+    assert first.kept_slots(states) == [0, 1, 2, 3] and second.kept_slots(states) == [3, 2, 1, 0]

@@ -25,6 +25,7 @@ cache keys none) until they hold far more states than the source (``forget_if_ov
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from operator import attrgetter
 from typing import NamedTuple, Protocol
@@ -44,6 +45,7 @@ _GROWTH = 2
 FITS, PLACE, FAILS = 1, 0, -1  # fits one GPU (scored here); fits several (``fit_node`` places it); does not
 _SLOT_BITS = 2**32 - 1  # a kept slot: the columns' generation above these bits, the slot + 1 in them
 _KEPT = attrgetter("columns")
+_GENERATIONS = itertools.count(1)
 
 
 class KeepsSlot(Protocol):
@@ -106,11 +108,12 @@ class StateColumns:
     keys none, and its nodes are judged one by one)."""
 
     def __init__(self) -> None:
-        self._generation = 0
         self.clear()
 
     def clear(self) -> None:
-        self._generation += 1  # every slot a state keeps (``kept_slots``) is stale from here
+        # every slot a state keeps (``kept_slots``) is stale from here; unique across all columns, so two
+        # extenders over one view never read each other's slots (they would only rewrite them in turn)
+        self._generation = next(_GENERATIONS)
         self._slot: dict[bytes, int] = {}
         self._states = 0
         self._rows = 0
