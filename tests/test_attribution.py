@@ -8,7 +8,8 @@ import pytest
 
 from gpuagent.export import build_registry
 from gpuagent.export.exposition import generate_text
-from gpuagent.pods.attribution import PodName, attribute, match_pods
+from gpuagent.pods.attribution import PodName, attribute
+from gpuagent.pods.matching import match_pods
 from gpuagent.snapshot.gpu import GpuInfo, GpuSample, MigSample
 from gpuagent.snapshot.node import NodeSnapshot, SourceStatus
 from gpuagent.snapshot.processes import ProcessSample

@@ -1,6 +1,6 @@
 """What a pod's own processes say about which pod they are: the evidence the device join weighs.
 
-The device join (:func:`gpuagent.pods.attribution.match_pods`) pairs a pod UID seen on a device with the
+The device join (:func:`gpuagent.pods.matching.match_pods`) pairs a pod UID seen on a device with the
 one pod allocated that device. The devices alone cannot tell a pod that strays onto a GPU nobody was
 allocated (privileged, or ``NVIDIA_VISIBLE_DEVICES=all``) from an unallocated pod running on an idle
 pod's GPU: either way a UID is seen on a device whose one allocated pod is P, and on another device. Nor

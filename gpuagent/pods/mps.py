@@ -24,8 +24,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from gpuagent.pods.attribution import device_key
 from gpuagent.pods.environ import MPS_MEMORY, MPS_THREADS
+from gpuagent.pods.matching import device_key
 from gpuagent.pods.visible import cuda_devices
 from gpuagent.snapshot.gpu import GpuSample
 from gpuagent.snapshot.processes import MPS_CLIENT, MpsLimits, ProcessSample
