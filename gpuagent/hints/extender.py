@@ -310,14 +310,13 @@ class Extender:
             keys = list(map(_KIND_KEY[kind], held))
         except AttributeError:  # a name not in the view, or one whose state cannot be judged (None)
             return None
-        verdicts = list(map(by_state.get, keys))
-        missing = verdicts.count(None)
-        if not missing:
-            return verdicts  # type: ignore[return-value]
-        if missing == len(verdicts):  # a request never seen: every state of the call is new to it
+        if not by_state:  # a request never seen: every state of the call is new to it
             pending = dict(zip(keys, held, strict=True))
         else:
-            new = list(map(is_, verdicts, repeat(None)))
+            verdicts = list(map(by_state.get, keys))
+            new = list(map(is_, verdicts, repeat(None)))  # ``None in`` would call Verdict.__eq__ a name
+            if True not in new:
+                return verdicts  # type: ignore[return-value]
             pending = dict(zip(compress(keys, new), compress(held, new), strict=False))  # compress: no length
         self._judge_states(verb, request, pending, by_state, lambda key: nodes[keys.index(key)], True)
         return list(map(by_state.__getitem__, keys))
