@@ -11,7 +11,7 @@ cycler's, on the loop, journaled through ``enforce.actions`` (audit mode counts 
 and everything held is thawed when the cycler stops. The thread sleeps while nothing is watched.
 
 Why a thread, and why its period changes: the cost of a sensing loop is its wake-ups, not its reads (3 us
-a ``pread`` and the controller's step together against 30-150 us a wake-up on the 2-core VM of the tests,
+a ``pread`` and the controller's step together against 40-180 us a wake-up on the 2-core VM of the tests,
 more per wake-up the longer the sleep); an asyncio task on the event loop cost twice a thread's. A request's
 end read late idles the GPU, its start read late only shares it for a few milliseconds, so the thread reads
 fast only while a hold is on. ``bench/bench_preemption.py`` measures the whole (the process's CPU time
