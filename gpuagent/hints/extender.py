@@ -45,14 +45,13 @@ kube-scheduler's calls and answers them (``hints.extender_app``), and the proces
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_, not_
+from operator import attrgetter, eq, is_
 from typing import Any
 
 import msgspec
@@ -66,10 +65,10 @@ from gpuagent.hints.extender_metrics import ExtenderMetrics
 from gpuagent.hints.extender_protocol import (
     ArgsError,
     ExtenderArgs,
-    HostPriority,
-    filter_result,
-    host_priority_list,
+    encode,
+    filter_reply,
     parse_args,
+    priorities,
 )
 from gpuagent.hints.extender_verdict import (
     BY_FIT_SCORE,
@@ -98,8 +97,7 @@ MEMO_REQUESTS = 32  # distinct pod requests whose per-node verdicts are kept
 WRITTEN_ANSWERS = 4  # answers whose replies are kept written (1.6 MB for a filter of 20,000 names)
 LOGGED_UNJUDGED = 1024  # (pod, reason) pairs already logged
 _KIND_KEY = {kind: attrgetter(kind) for kind in KindKeys._fields}  # a SharedState -> one kind's key
-_STATE_KEY, _INDEX, _SCORE = attrgetter("key"), attrgetter("index"), attrgetter("score")
-_FITS, _REASON, _UNRESOLVABLE = attrgetter("fits"), attrgetter("reason"), attrgetter("unresolvable")
+_STATE_KEY, _INDEX, _FITS = attrgetter("key"), attrgetter("index"), attrgetter("fits")
 
 
 class _RequestMemo:
@@ -172,11 +170,12 @@ class Extender:
 
     async def filter(self, body: Any) -> dict[str, Any]:
         args = parse_args(body)
-        return _filter_reply(args, await self._judge(args, "filter"))
+        judged = await self._judge(args, "filter")
+        return filter_reply(args, judged.verdicts, judged.fits)
 
     async def prioritize(self, body: Any) -> list[dict[str, Any]]:
         args = parse_args(body)
-        return msgspec.to_builtins(_priorities(args, await self._judge(args, "prioritize")))
+        return msgspec.to_builtins(priorities(args, (await self._judge(args, "prioritize")).verdicts))
 
     async def reply(self, verb: str, body: Any) -> bytes:
         """The verb's reply as the JSON kube-scheduler reads: what ``filter`` or ``prioritize`` answer,
@@ -185,7 +184,8 @@ class Extender:
         judged = await self._judge(args, verb)
         written = judged.replies.get(verb)
         if written is None:
-            written = _encode(_filter_reply(args, judged) if verb == "filter" else _priorities(args, judged))
+            written = encode(filter_reply(args, judged.verdicts, judged.fits) if verb == "filter"
+                             else priorities(args, judged.verdicts))
             if judged.version is not None and args.nodes is None:  # the reply depends on the names alone
                 if not judged.replies:
                     self._written.append(judged)
@@ -443,37 +443,3 @@ class Extender:
             if len(judged.verdicts) - passed:
                 self.metrics.nodes.labels(verb, "fail").inc(len(judged.verdicts) - passed)
         return judged
-
-
-_JSON = msgspec.json.Encoder()
-
-
-def _filter_reply(args: ExtenderArgs, judged: _Judged) -> dict[str, Any]:
-    """The ExtenderFilterResult of a call's verdicts (C-speed passes over the names: map, compress)."""
-    nodes, verdicts, fits = args.node_names, judged.verdicts, judged.fits
-    failed: dict[str, str] = {}
-    unresolvable: dict[str, str] = {}
-    if judged.passed == len(verdicts):
-        return filter_result(args, nodes, failed, unresolvable)
-    failing = list(map(not_, fits))
-    names = list(compress(nodes, failing))
-    bad = list(compress(verdicts, failing))
-    if True in map(_UNRESOLVABLE, bad):
-        for node, verdict in zip(names, bad, strict=True):
-            (unresolvable if verdict.unresolvable else failed)[node] = verdict.reason
-    else:
-        failed = dict(zip(names, map(_REASON, bad), strict=True))
-    return filter_result(args, list(compress(nodes, fits)), failed, unresolvable)
-
-
-def _priorities(args: ExtenderArgs, judged: _Judged) -> list[HostPriority]:
-    return host_priority_list(args.node_names, list(map(_SCORE, judged.verdicts)))
-
-
-def _encode(reply: Any) -> bytes:
-    """JSON as kube-scheduler reads it, written by msgspec (C); a name no UTF-8 can hold (a lone surrogate
-    sent as a ``\\ud800`` escape) is written back escaped, as ``json`` writes it."""
-    try:
-        return _JSON.encode(reply)
-    except UnicodeEncodeError:
-        return json.dumps(reply, separators=(",", ":")).encode()

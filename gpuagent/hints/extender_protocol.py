@@ -12,8 +12,11 @@ sets the one the scheduler reads. Prioritize answers a bare ``[{"Host", "Score"}
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter, not_
 from typing import Any
 
 import msgspec
@@ -146,3 +149,40 @@ def host_priority_list(hosts: Sequence[str], scores: Sequence[int]) -> list[Host
 def extender_score(score_0_100: int) -> int:
     """A 0-100 fit score as an extender priority, 0-10 (rounded half up)."""
     return max(MIN_EXTENDER_PRIORITY, min(MAX_EXTENDER_PRIORITY, (int(score_0_100) + 5) // 10))
+
+
+_JSON = msgspec.json.Encoder()
+_SCORE, _REASON, _UNRESOLVABLE = attrgetter("score"), attrgetter("reason"), attrgetter("unresolvable")
+
+
+def filter_reply(args: ExtenderArgs, verdicts: Sequence[Any], fits: list[bool]) -> dict[str, Any]:
+    """The ExtenderFilterResult of a call's verdicts (``extender_verdict.Verdict``, one a name in order;
+    ``fits``: each one's ``fits``), in C-speed passes over the names (``map``, ``compress``)."""
+    nodes = args.node_names
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    if fits.count(True) == len(fits):
+        return filter_result(args, nodes, failed, unresolvable)
+    failing = list(map(not_, fits))
+    names = list(compress(nodes, failing))
+    bad = list(compress(verdicts, failing))
+    if True in map(_UNRESOLVABLE, bad):
+        for node, verdict in zip(names, bad, strict=True):
+            (unresolvable if verdict.unresolvable else failed)[node] = verdict.reason
+    else:
+        failed = dict(zip(names, map(_REASON, bad), strict=True))
+    return filter_result(args, list(compress(nodes, fits)), failed, unresolvable)
+
+
+def priorities(args: ExtenderArgs, verdicts: Sequence[Any]) -> list[HostPriority]:
+    """The HostPriorityList of a call's verdicts: each name's score."""
+    return host_priority_list(args.node_names, list(map(_SCORE, verdicts)))
+
+
+def encode(reply: Any) -> bytes:
+    """JSON as kube-scheduler reads it, written by msgspec (C); a name no UTF-8 can hold (a lone surrogate
+    sent as a ``\\ud800`` escape) is written back escaped, as ``json`` writes it."""
+    try:
+        return _JSON.encode(reply)
+    except UnicodeEncodeError:
+        return json.dumps(reply, separators=(",", ":")).encode()
