@@ -18,6 +18,7 @@ from test_latency_class import FakeCounter, rotation_cycler
 
 from gpuagent.devices.sim.workloads import Tenant as WorkloadTenant
 from gpuagent.enforce.timeslice import LatencyController, Preemption, Tenant
+from gpuagent.enforce.timeslice.latency import STILL_S, kernel_tick, still_for
 
 FAST, IDLE = 0.002, 0.02
 
@@ -208,3 +209,13 @@ def test_the_models_counter_moves_at_the_tick_and_when_the_cpu_stops() -> None:
     assert counter(0.012) == pytest.approx(0.0107)
     assert counter(0.0125) == pytest.approx(0.0107)  # no tick since it started
     assert counter(0.0135) == pytest.approx(0.0107 + 0.001)  # the tick at 0.013
+
+
+def test_the_still_time_outlasts_this_kernels_tick() -> None:
+    """A running task's CPU reaches cpu.stat at a tick: the still time that ends a request is the tick and
+    1 ms, the tick read from the coarse clock's resolution (HZ=250 here: 4 ms, as the model's counter)."""
+    tick = kernel_tick()
+    assert 0.0001 <= tick <= 0.02
+    assert still_for(0.004) == pytest.approx(STILL_S)  # the model's tick: the shipped constant
+    assert still_for(0.01) == pytest.approx(0.011) and still_for(0.001) == pytest.approx(0.002)
+    assert still_for(tick) > tick

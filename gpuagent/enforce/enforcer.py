@@ -55,6 +55,7 @@ from gpuagent.enforce.timeslice import (
     ShareController,
     Tenant,
 )
+from gpuagent.enforce.timeslice.latency import kernel_tick, still_for
 from gpuagent.enforce.timeslice.preempt import Counter
 from gpuagent.snapshot.enforcement import EnforcementState, ShareState
 from gpuagent.snapshot.node import NodeSnapshot
@@ -309,7 +310,8 @@ class Enforcer:
         if not latency:
             return controller
         if isinstance(controller, RotationController):
-            wrapped = LatencyController(latency, rotation=controller, preempt=self._preemption is not None)
+            wrapped = LatencyController(latency, rotation=controller, preempt=self._preemption is not None,
+                                        still_s=still_for(kernel_tick()))  # the tick of this kernel
             self._controllers[uuid] = wrapped
             return wrapped
         if not self._said_no_class:

@@ -43,6 +43,7 @@ cycler.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
@@ -61,6 +62,26 @@ SENSE_S = 0.002  # seconds between two readings while a hold is on, and once aft
 IDLE_SENSE_S = 0.02  # seconds between two readings otherwise
 ENDED = 0.0  # (off) a request ended within an interval its CPU moved under this part of its usual rate
 STILL_S = 0.005  # a request ended once its CPU stood still this long: a tick (4 ms at HZ=250) and some
+_CLOCK_MONOTONIC_COARSE = 6  # Linux's clock id: its resolution is the kernel's tick (1/HZ)
+_TICK_FALLBACK_S = 0.01  # HZ=100, the slowest tick a kernel is built with: the longest still time
+
+
+def kernel_tick() -> float:
+    """Seconds between two of the kernel's scheduler ticks (4 ms at HZ=250, 1 ms at HZ=1000, 10 ms at
+    HZ=100): the coarse monotonic clock's resolution is exactly a tick (``clock_getres``). A running
+    task's CPU time reaches ``cpu.stat`` only at a tick (and when it stops), so the still time that ends a
+    request must outlast one. Where the clock cannot be asked, HZ=100's tick, the longest."""
+    try:
+        tick = time.clock_getres(_CLOCK_MONOTONIC_COARSE)
+    except (AttributeError, OSError):
+        return _TICK_FALLBACK_S
+    return tick if 0.0001 <= tick <= 0.02 else _TICK_FALLBACK_S
+
+
+def still_for(tick: float) -> float:
+    """The still time that ends a request on a kernel ticking every ``tick`` seconds: the tick and 1 ms
+    (``STILL_S`` at HZ=250, 11 ms at HZ=100, 2 ms at HZ=1000)."""
+    return tick + STILL_S - 0.004
 _RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
 
 
