@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from prometheus_client.registry import Collector
 
 from gpuagent.hints.agents import FRESH, STALE, STATES, UNREACHABLE, AgentEntry
 from gpuagent.hints.ages import AgeBuckets
+from gpuagent.hints.interned import shared_strings
 from gpuagent.hints.published import (
     COLLECTION_PATH,
     GROUP,
@@ -71,7 +71,7 @@ from gpuagent.hints.score import NodeIndex, node_index
 from gpuagent.hints.verdict_key import KindKeys, kind_keys
 from gpuagent.kubeapi import ApiConnection
 from gpuagent.reflector import Reflector, wire
-from gpuagent.snapshot.hints import GpuHints, NodeHints
+from gpuagent.snapshot.hints import NodeHints
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ class ClusterView(Reflector):
         """The hints, index and keys kept for ``key``: nodes in the same state share one copy."""
         shared = self._shared.get(key)
         if shared is None:
-            hints = _shared_strings(hints)
+            hints = shared_strings(hints)
             shared = self._shared[key] = SharedState(hints, node_index(hints), key, kind_keys(hints, key))
         shared.users += 1
         return shared
@@ -397,40 +397,6 @@ class ClusterView(Reflector):
     async def close(self) -> None:
         if self._connection is not None:
             await self._connection.aclose()
-
-
-def _shared_strings(hints: NodeHints) -> NodeHints:
-    """``hints`` (just decoded, referenced nowhere else yet) with their repeated strings made one object
-    each: msgspec gives every string of every object its own copy, and an 8-GPU node's NVLink peers repeat
-    its GPUs' UUIDs 56 times (5.7 of its 14.8 KB), its models, modes, MIG profiles and tenants' names and
-    kinds repeat across GPUs and nodes. The values are the same, so are the hints (equal, same hash); the
-    decoded objects are changed in place (``object.__setattr__``, as a frozen dataclass's own
-    ``__post_init__`` would) because copying each of them would cost a distinct state several times this."""
-    intern, put = sys.intern, object.__setattr__
-    for gpu in hints.gpus:
-        _gpu_strings(gpu, intern, put)
-    return hints
-
-
-def _gpu_strings(gpu: GpuHints, intern: Callable[[str], str], put: Callable[[object, str, object], None]
-                 ) -> None:
-    for name in ("uuid", "model", "health", "sharing_mode", "compute_mode", "fault"):
-        value = getattr(gpu, name)
-        if type(value) is str:
-            put(gpu, name, intern(value))
-    put(gpu, "nvlink_peers", tuple(map(intern, gpu.nvlink_peers)))
-    for tenant in gpu.tenants:
-        put(tenant, "name", intern(tenant.name))
-        put(tenant, "kind", intern(tenant.kind))
-        if type(tenant.mig_instance) is str:
-            put(tenant, "mig_instance", intern(tenant.mig_instance))
-    for instance in gpu.mig_instances:
-        put(instance, "uuid", intern(instance.uuid))
-        put(instance, "profile", intern(instance.profile))
-        put(instance, "tenants", tuple(map(intern, instance.tenants)))
-    for profile in gpu.free_mig_profiles:
-        put(profile, "profile", intern(profile.profile))
-        put(profile, "idle_instances", tuple(map(intern, profile.idle_instances)))
 
 
 def _newer(generation: Generation, heartbeat: float, held: Generation, held_heartbeat: float) -> bool:
