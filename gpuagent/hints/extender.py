@@ -22,16 +22,16 @@ Per node, in order:
 
 What a call costs is what its names' distinct states cost (issue 31). With the cluster view every pass
 over the names is a C-speed ``map`` (no Python code a name): each name's state
-(``ClusterView.states_by_node``) and its key for the request's kind (``verdict_key.kind_keys``); a state already judged for this request (the
-last ``MEMO_REQUESTS`` requests are remembered) is its verdict, and the states new to it are judged
-together: a request for whole GPUs over columns of every state's GPUs at once (``hints.fitcolumns``, numpy,
-the same arithmetic as ``fit_node``: equal verdicts), MIG requests, the placement of several GPUs and the
-rare state the columns cannot hold exactly by ``fit_node`` one state at a time. A failing state's one-line
-reason is worded once per call for all the states whose reasons read the same figures, which the columns
-hand out. A repeated call over an unchanged view gets the same answer, and over HTTP the same bytes (the
-last ``WRITTEN_ANSWERS`` answers keep them); the replies are written by ``extender_protocol``. With the
-agents' cache (no cluster view) each node is judged alone, its verdict kept while its hints are the same
-object.
+(``ClusterView.states_by_node``) and its key for the request's kind (``verdict_key.kind_keys``); a state
+already judged for this request (the last ``MEMO_REQUESTS`` requests are remembered) is its verdict, and
+the states new to it are judged together: a request for whole GPUs over columns of every state's GPUs at
+once (``hints.fitcolumns``, numpy, the same arithmetic as ``fit_node``: equal verdicts), MIG requests, the
+placement of several GPUs and the rare state the columns cannot hold exactly by ``fit_node`` one state at a
+time. A failing state's one-line reason is worded once per call for all the states whose reasons read the
+same figures, which the columns hand out. A repeated call over an unchanged view gets the same answer, and
+over HTTP the same bytes (the last ``WRITTEN_ANSWERS`` answers keep them); the replies are written by
+``extender_protocol``. With the agents' cache (no cluster view) each node is judged alone, its verdict kept
+while its hints are the same object.
 
 Judging one node never fails the call: an exception while judging a node (a state no agent writes, or a
 bug it meets) fails that node alone, unresolvable, with the reason ``fitreasons.unjudgeable`` words; the
