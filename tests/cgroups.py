@@ -69,7 +69,6 @@ __all__ = [
     "CgroupProcess",
     "CgroupSandbox",
     "Hierarchy",
-    "burn_on_highest_cpu",
     "cgroup_process",
     "cgroup_sandbox",
     "cgroups_unavailable",
@@ -86,13 +85,6 @@ UNIFIED = "unified"
 DEFAULT_CONTROLLERS = (UNIFIED, "freezer", "pids", "cpu", "cpuacct", "memory", "name=systemd")
 SLEEP = ("sleep", "600")
 BUSY_LOOP = (sys.executable, "-c", "while True: pass")
-
-
-def burn_on_highest_cpu() -> tuple[str, ...]:
-    """A busy loop pinned to the highest CPU of this process's affinity, where the serial pass's tenants
-    burn (tests/README.md)."""
-    cpu = max(os.sched_getaffinity(0))
-    return ("python3", "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
 REMOVE_TIMEOUT_S = 5.0
 _PREFIX = "gpuagent-test"
 

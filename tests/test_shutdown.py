@@ -29,8 +29,8 @@ import pytest
 import yaml
 from agent_runner import AgentRunner, journal_entries
 from cgroups import (
+    SLEEP,
     CgroupSandbox,
-    burn_on_highest_cpu,
     kubelet_container_path,
     new_container_id,
     new_pod_uid,
@@ -229,13 +229,13 @@ def test_a_hung_nvml_call_while_enforcing_exits_thawed_within_the_deadline(
 ) -> None:
     uid = new_pod_uid()
     tenant = cgroup_sandbox.spawn(kubelet_container_path("systemd", "burstable", uid, "containerd",
-                                                         new_container_id()), argv=burn_on_highest_cpu())
+                                                         new_container_id()), argv=SLEEP)
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(yaml.safe_dump({
         "version": 1, "name": "hang-while-enforcing",
         "gpus": [{"model": "H100-SXM5-80GB"}, {"model": "H100-SXM5-80GB"}],
-        "processes": [{"pid": tenant.pid, "name": "tenant", "gpu": 0, "memory": "1Gi",
-                       "sm_util": {"follow_cpu": {"scale": 1.0, "queue_seconds": 0.2}}}],
+        # a steady 90 %, whatever CPU the sleeping tenant gets (a burner, starved on a loaded machine, read idle)
+        "processes": [{"pid": tenant.pid, "name": "tenant", "gpu": 0, "memory": "1Gi", "sm_util": 90}],
         "faults": [{"hang": {"gpu": 1, "at": 2.0, "seconds": 600}}],  # every call on GPU 1, for 10 min
     }))
     journal = tmp_path / "journal.json"
