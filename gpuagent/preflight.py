@@ -17,7 +17,8 @@ from typing import Any
 
 from gpuagent.api.tokens import TokenFile
 from gpuagent.config import Config, ConfigError
-from gpuagent.enforce.policy import NodeDefaults, PolicyRule, PolicyValueError, node_defaults, parse_rules
+from gpuagent.enforce.rules import NodeDefaults, PolicyRule, node_defaults, parse_rules
+from gpuagent.quantities import PolicyValueError
 
 
 def check(config: Config) -> None:

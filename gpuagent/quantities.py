@@ -1,6 +1,6 @@
 """Limit values as people write them: GPU shares ("30%") and Kubernetes memory quantities ("8Gi").
 
-Pure parsing, shared by the enforcer's policies (``enforce/policy.py``, which documents the rules) and the
+Pure parsing, shared by the enforcer's policies (``enforce/rules.py``, which documents the rules) and the
 scheduling hints (``hints/``), so both read a value the same way. Bad values raise ``PolicyValueError``
 saying what was expected and what came; nothing is guessed. Both read every pod's annotations on every
 poll, and a pod-dense node repeats a handful of values hundreds of times, so the texts that parse are

@@ -26,16 +26,10 @@ from gpuagent import cli
 from gpuagent.api.app import build_app
 from gpuagent.assembly import build_enforcer
 from gpuagent.config import ConfigError, load_config
-from gpuagent.enforce.policy import (
-    Limits,
-    NodeDefaults,
-    PolicyRule,
-    PolicyValueError,
-    limits_for_pod,
-    limits_for_workload,
-    parse_rules,
-)
+from gpuagent.enforce.policy import Limits, limits_for_pod, limits_for_workload
+from gpuagent.enforce.rules import NodeDefaults, PolicyRule, parse_rules
 from gpuagent.export import build_registry
+from gpuagent.quantities import PolicyValueError
 from gpuagent.snapshot.pods import PodUse
 from gpuagent.snapshot.processes import Workload
 

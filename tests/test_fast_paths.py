@@ -35,7 +35,8 @@ from gpuagent.accounting.ledger import (
 from gpuagent.accounting.rates import UNATTRIBUTED, GpuRates, Owner, Rate, _use, owner_of
 from gpuagent.assembly import build_enforcer
 from gpuagent.config import load_config
-from gpuagent.enforce.policy import NodeDefaults, limits_for_pod, parse_rules
+from gpuagent.enforce.policy import limits_for_pod
+from gpuagent.enforce.rules import NodeDefaults, parse_rules
 from gpuagent.enforce.timeslice.controller import (
     ShareController,
     Tenant,

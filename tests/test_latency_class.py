@@ -26,13 +26,8 @@ from gpuagent import cli
 from gpuagent.enforce.enforcer import Enforcer
 from gpuagent.enforce.journal import FreezeTarget
 from gpuagent.enforce.memory import LadderSettings, MemoryLadder
-from gpuagent.enforce.policy import (
-    NodeDefaults,
-    PolicyRule,
-    PolicyValueError,
-    limits_for_pod,
-    parse_rules,
-)
+from gpuagent.enforce.policy import limits_for_pod
+from gpuagent.enforce.rules import NodeDefaults, PolicyRule, parse_rules
 from gpuagent.enforce.timeslice import (
     Cycler,
     LatencyController,
@@ -41,6 +36,7 @@ from gpuagent.enforce.timeslice import (
     RotationPlan,
     Tenant,
 )
+from gpuagent.quantities import PolicyValueError
 from gpuagent.snapshot.node import NodeSnapshot
 from gpuagent.snapshot.pods import PodUse
 

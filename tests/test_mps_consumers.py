@@ -16,7 +16,7 @@ from gpuagent.enforce.actions import Actions
 from gpuagent.enforce.enforcer import Enforcer
 from gpuagent.enforce.journal import Journal
 from gpuagent.enforce.memory import LadderSettings, MemoryLadder
-from gpuagent.enforce.policy import node_defaults
+from gpuagent.enforce.rules import node_defaults
 from gpuagent.export import build_registry
 from gpuagent.export.exposition import generate_text
 from gpuagent.hints.engine import HintsEngine

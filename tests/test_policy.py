@@ -6,21 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuagent.enforce.policy import (
-    MEMORY_MAX_BYTES,
-    Limits,
+from gpuagent.enforce.policy import Limits, limits_for_pod, limits_for_workload
+from gpuagent.enforce.rules import (
     NodeDefaults,
     PolicyRule,
-    PolicyValueError,
-    limits_for_pod,
-    limits_for_workload,
     node_defaults,
     parse_bool,
-    parse_memory,
     parse_priority,
     parse_rules,
-    parse_share,
 )
+from gpuagent.quantities import MEMORY_MAX_BYTES, PolicyValueError, parse_memory, parse_share
 from gpuagent.snapshot.enforcement import PolicyProblem
 from gpuagent.snapshot.pods import PodUse
 from gpuagent.snapshot.processes import Workload

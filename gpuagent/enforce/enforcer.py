@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from gpuagent.enforce.actions import Actions, FreezeTarget
 from gpuagent.enforce.memory import MemoryLadder
 from gpuagent.enforce.owners import Owner, Owners, decisions
-from gpuagent.enforce.policy import NodeDefaults, PolicyRule
+from gpuagent.enforce.rules import NodeDefaults, PolicyRule
 from gpuagent.enforce.timeslice import (
     Cycler,
     LatencyController,

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from gpuagent.enforce.actions import Actions, FreezeTarget
 from gpuagent.enforce.memory import pod_key
-from gpuagent.enforce.policy import Limits, NodeDefaults, PolicyRule, limits_for_pod, limits_for_workload
+from gpuagent.enforce.policy import Limits, limits_for_pod, limits_for_workload
+from gpuagent.enforce.rules import NodeDefaults, PolicyRule
 from gpuagent.snapshot.enforcement import LimitsDecision, PolicyProblem
 from gpuagent.snapshot.node import NodeSnapshot
 from gpuagent.snapshot.pods import PodUse
