@@ -534,6 +534,8 @@ async def test_listing_200_pods_costs_little_memory(api: FakeApiServer) -> None:
         out, _ = await proc.communicate()
         return json.loads(out)
 
+    await probe(api.url)  # once unmeasured: a fresh checkout's first import compiles every module (bytecode
+    # written beside it), which raised this process's peak by several MiB that no agent pays twice
     bare, listed = await probe(""), await probe(api.url)
     assert listed["pods"] == 200
     # lightkube (config, httpx2, models) plus the slim decode of 200 full pods (~2 MB of JSON)
