@@ -251,14 +251,14 @@ def test_the_documented_policies_example_passes_and_names_every_key(
 ) -> None:
     """docs/configuration.md's policy schema: its example is a config check-config passes, and its tables
     name exactly the selectors and limits the parser knows."""
-    from gpuagent.enforce import policy
+    from gpuagent.enforce import rules
 
     doc = (REPO / "docs" / "configuration.md").read_text()
     section = doc[doc.index("## `policies`"):]
     (example,) = re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
     assert cli.main(["check-config", write(tmp_path, example)]) == 0, capsys.readouterr().err
     tabled = re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE)
-    assert tabled == [*policy._MATCH_KEYS, *policy._LIMIT_KEYS]
+    assert tabled == [*rules._MATCH_KEYS, *rules._LIMIT_KEYS]
 
 
 @pytest.mark.integration
