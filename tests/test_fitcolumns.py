@@ -128,14 +128,14 @@ def assert_same(batch: list[NodeHints], request: FitRequest) -> int:
     return answered
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(states(), min_size=1, max_size=6), request=requests())
 def test_columns_give_each_state_the_verdict_fit_node_gives_it(batch: list[NodeHints],
                                                                 request: FitRequest) -> None:
     assert_same(batch, request)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(hostile_nodes() | states(), min_size=1, max_size=5), request=requests())
 def test_hostile_states_are_judged_alike_or_left_to_fit_node(batch: list[NodeHints], request: FitRequest) -> None:
     assert_same(batch, request)

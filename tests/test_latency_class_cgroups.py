@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 REQUEST_CPU_S = 0.005
 RATE = 20.0  # requests a second
-MEASURE_S = 12.0
+MEASURE_S = 8.0
 
 # The service: pinned to the tenants' CPU, one request at a time, each REQUEST_CPU_S of its own CPU time.
 _SERVICE = """
