@@ -16,18 +16,8 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-if [[ " ${missing[*]} " == *" prometheus "* ]]; then
-  $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-fi
-if [[ " ${missing[*]} " == *" systemd "* ]]; then
-  $SUDO apt-get install -y -qq --no-install-recommends systemd >/dev/null
-fi
-if [[ " ${missing[*]} " == *" kubernetes-client "* ]]; then
-  $SUDO apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
-fi
-if [[ " ${missing[*]} " == *" tmux "* ]]; then
-  $SUDO apt-get install -y -qq --no-install-recommends tmux >/dev/null
-fi
+# One transaction for all that is missing (each apt-get run pays dpkg's start-up and the lists' reading)
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # The package starts a Prometheus service where an init system runs; the tests start their own.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
   $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
