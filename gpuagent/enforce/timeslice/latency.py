@@ -61,7 +61,9 @@ _SAMPLES_PER_POLL = 5  # NVML's per-process samples in a 1 s poll (a 200 ms grid
 SENSE_S = 0.002  # seconds between two readings while a hold is on, and once after it ends
 IDLE_SENSE_S = 0.02  # seconds between two readings otherwise
 ENDED = 0.0  # (off) a request ended within an interval its CPU moved under this part of its usual rate
-STILL_S = 0.005  # a request ended once its CPU stood still this long: a tick (4 ms at HZ=250) and some
+_STILL_MARGIN_S = 0.001  # a request ended once its CPU stood still a tick and this long
+STILL_S = 0.004 + _STILL_MARGIN_S  # the still time at HZ=250 (a 4 ms tick): the model's, and the default
+_RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
 _CLOCK_MONOTONIC_COARSE = 6  # Linux's clock id: its resolution is the kernel's tick (1/HZ)
 _TICK_FALLBACK_S = 0.01  # HZ=100, the slowest tick a kernel is built with: the longest still time
 
@@ -81,8 +83,7 @@ def kernel_tick() -> float:
 def still_for(tick: float) -> float:
     """The still time that ends a request on a kernel ticking every ``tick`` seconds: the tick and 1 ms
     (``STILL_S`` at HZ=250, 11 ms at HZ=100, 2 ms at HZ=1000)."""
-    return tick + STILL_S - 0.004
-_RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
+    return tick + _STILL_MARGIN_S
 
 
 class LatencyController:
