@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/bench_latency.py [--seeds 8] [--designs none,duty,rotation,exempt,latency]
        [--neighbours matmul,deep,trainer] [--counts 1,2] [--loads 0.1,0.3,0.6] [--arrivals poisson|bursts]
-       [--seconds 120] [--freeze-latency-ms 4] [--markdown]
+       [--seconds 120] [--freeze-latency-ms 4] [--hold-latency-ms 1] [--markdown]
 
 Issue 29's measurement (``tests/latencyplant.py``): a request-driven service (``serve``: Poisson arrivals,
 each request 2-12 H200 matmul kernels, 3.2-19.2 ms of GPU work) with a 30 % share at a load of 10, 30 and
@@ -10,9 +10,11 @@ each request 2-12 H200 matmul kernels, 3.2-19.2 ms of GPU work) with a 30 % shar
 ``trainer`` PyTorch-style 100 ms iterations) sharing the other 70 % equally; each design of
 ``latencyplant.DESIGNS`` enforces those shares (``none``: nothing is frozen). Runs of ``--seconds``
 virtual seconds, judged after the first 15; one seed a run (it draws the arrivals, the same for every
-design, NVML's phase and the plan's dither). ``--freeze-latency-ms``: the most a freeze or thaw lands after
-it was due (the plant's 4 by default; the preemption's hand-off measured by ``bench_preemption.py`` is far
-shorter, so a smaller value is a sensitivity, not the calibration).
+design, NVML's phase and the plan's dither). ``--freeze-latency-ms``: the most a freeze or thaw on the
+agent's loop lands after it was due (the plant's 4 by default, fitted to the rotation on the H200);
+``--hold-latency-ms``: the same for a change decided at a CPU reading, the preemption (the plant's 1 by
+default: its hand-off to the loop, ``bench_preemption.py``, and a v2 thaw, both well under it at the
+median).
 
 Per design, neighbours and load, over the seeds:
 
@@ -48,7 +50,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
 
     seconds = args.seconds
     after = 15.0
-    settings = contention.PlantSettings(freeze_latency_s=args.freeze_latency_ms / 1000.0)
+    settings = contention.PlantSettings(freeze_latency_s=args.freeze_latency_ms / 1000.0,
+                                        hold_latency_s=args.hold_latency_ms / 1000.0)
     rows: list[dict[str, object]] = []
     loads = [float(x) for x in args.loads.split(",")]
     for load in loads:
@@ -176,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrivals", default="poisson", choices=("poisson", "bursts"))
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--freeze-latency-ms", type=float, default=4.0)
+    parser.add_argument("--hold-latency-ms", type=float, default=1.0)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--goals", default=None, help="issue 29's goals table of this design (with none)")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 :class:`Preemption` watches one latency workload whose ``cpu.stat`` it rereads, the event loop otherwise
 idle.
 
-Usage: .venv/bin/python bench/bench_preemption.py [--designs shipped,5ms,1ms] [--loads busy,0.1,0.3,0.6]
+Usage: .venv/bin/python bench/bench_preemption.py [--designs shipped,still,5ms,1ms] [--loads busy,0.1,0.3,0.6]
        [--seconds 10] [--rounds 2]
 
 The workload is a service in a v2 cgroup of its own, made here (root): a process that spins through
@@ -10,12 +10,14 @@ requests (as CUDA's synchronisation spins while a request's kernels run) arrivin
 2-12 x 1.6 ms long (the model's ``Serve``), sleeping between them, at a ``--loads`` part of its time;
 ``busy``: it spins all the time (a service with a request always in hand: the fastest reading throughout,
 the sensing's worst case). Its batch neighbour's freezes go nowhere. Designs: ``shipped`` (the
-controller's defaults: fast while a hold is on, slow otherwise), ``5ms`` and ``1ms`` (a fixed period, as
-measured before). The designs alternate, ``--rounds`` times each, the median shown. One line per design
-and load: the percent of a core, the readings a second, the CPU per reading, the part of the time the
-batch neighbour was held, the hand-off from the reading that changed a hold to the loop's applying it
-(median and 99th percentile), and the machine's load average. The agent's budget is 2 % of a core in all
-(docs/isolation.md, the latency class).
+controller's defaults: fast while a hold is on, slow otherwise, an end read at the first tick the CPU
+stood still through: ``ticks.py``), ``still`` (the same, an end read once the CPU stood still a tick and
+1 ms), ``5ms`` and ``1ms`` (a fixed period, as measured before). The designs alternate, ``--rounds`` times
+each, the median shown. One line per design and load: the percent of a core, the readings a second, the
+CPU per reading, the part of the time the batch neighbour was held against the part the service's CPU was
+busy (held less: starts read late or holds broken; more: ends read late), the hand-off from the reading
+that changed a hold to the loop's applying it (median and 99th percentile), and the machine's load
+average. The agent's budget is 2 % of a core in all (docs/isolation.md, the latency class).
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ from gpuagent.enforce.actions.mounts import Hierarchies
 from gpuagent.enforce.cpustat import CpuStat
 from gpuagent.enforce.journal import FreezeTarget
 from gpuagent.enforce.timeslice import Cycler, LatencyController, Preemption, RotationPlan, Tenant
+from gpuagent.enforce.timeslice.ticks import KernelTicks
 
-DESIGNS: dict[str, Callable[[], LatencyController]] = {
-    "shipped": lambda: LatencyController({"svc"}),
-    "5ms": lambda: LatencyController({"svc"}, sense_s=0.005, idle_sense_s=0.005, ended=0.0),
-    "1ms": lambda: LatencyController({"svc"}, sense_s=0.001, idle_sense_s=0.001, ended=0.0),
+# name -> (the controller, whether the kernel's ticks are read: ticks.py)
+DESIGNS: dict[str, tuple[Callable[[], LatencyController], bool]] = {
+    "shipped": (lambda: LatencyController({"svc"}), True),
+    "still": (lambda: LatencyController({"svc"}), False),
+    "5ms": (lambda: LatencyController({"svc"}, sense_s=0.005, idle_sense_s=0.005, ended=0.0), False),
+    "1ms": (lambda: LatencyController({"svc"}, sense_s=0.001, idle_sense_s=0.001, ended=0.0), False),
 }
 
 # argv: the cgroup.procs to join, the load (0 < load < 1, or 1 to spin always), a seed
@@ -70,8 +75,8 @@ class _Timed(Preemption[FreezeTarget]):
         self.changed_at: dict[Hashable, float] = {}
         self.handoffs: list[float] = []
 
-    def sense(self, now: float) -> list[Hashable]:
-        changed = super().sense(now)
+    def sense(self, now: float, ticks: KernelTicks | None = None) -> list[Hashable]:
+        changed = super().sense(now, ticks)
         for group in changed:
             self.changed_at.setdefault(group, time.monotonic())
         return changed
@@ -99,31 +104,37 @@ class _Held:
             self.since = None
 
 
-async def cost(design: Callable[[], LatencyController], seconds: float, cgroup: str, v2_mount: str
-               ) -> dict[str, float]:
+async def cost(design: tuple[Callable[[], LatencyController], bool], seconds: float, cgroup: str,
+               v2_mount: str) -> dict[str, float]:
     """The figures of one run of ``seconds`` watching ``cgroup``."""
     held = _Held()
     cycler: Cycler[FreezeTarget] = Cycler(held.freeze, held.thaw, plan=RotationPlan(1.0))
-    controller = design()
+    build, ticks = design
+    controller = build()
     controller.update(0.0, [Tenant("svc", 0.1, 0.3), Tenant("batch", 0.5, 0.7)])
-    preemption = _Timed(cycler, CpuStat(v2_mount=v2_mount).open)
+    preemption = _Timed(cycler, CpuStat(v2_mount=v2_mount).open, ticks="kernel" if ticks else None)
+    usage = CpuStat(v2_mount=v2_mount).open([FreezeTarget("v2", cgroup)])[0]
     preemption.watch("gpu0", controller, {"svc": [FreezeTarget("v2", cgroup)]},
                      {"batch": [FreezeTarget("v2", "/nowhere")]})
     task = asyncio.create_task(preemption.run())
     await asyncio.sleep(0.5)
     held.thaw(FreezeTarget("v2", "/nowhere"))
     cpu, wall, readings, held.seconds = time.process_time(), time.monotonic(), preemption.readings, 0.0
+    used = usage.seconds() or 0.0
     if held.since is not None or controller.frozen():
         held.since = wall
     preemption.handoffs.clear()
     await asyncio.sleep(seconds)
     held.thaw(FreezeTarget("v2", "/nowhere"))
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    used = (usage.seconds() or 0.0) - used
+    usage.close()
     readings = preemption.readings - readings
     task.cancel()
     handoffs = sorted(preemption.handoffs) or [float("nan")]
     return {"percent": cpu / wall * 100.0, "per_s": readings / wall, "us": cpu / max(readings, 1) * 1e6,
-            "held": held.seconds / wall, "handoff_p50_ms": 1e3 * handoffs[len(handoffs) // 2],
+            "held": held.seconds / wall, "busy": used / wall,
+            "handoff_p50_ms": 1e3 * handoffs[len(handoffs) // 2],
             "handoff_p99_ms": 1e3 * handoffs[min(len(handoffs) - 1, int(0.99 * len(handoffs)))]}
 
 
@@ -155,7 +166,7 @@ def stop(proc: subprocess.Popen[bytes], v2_mount: str, cgroup: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--designs", default="shipped,5ms,1ms")
+    parser.add_argument("--designs", default="shipped,still,5ms,1ms")
     parser.add_argument("--loads", default="busy,0.1,0.3,0.6")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
@@ -180,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             f = {k: statistics.median(r[k] for r in runs[design]) for k in runs[design][0]}
             print(f"{design} at {load_text}: {f['percent']:.2f} % of a core, "
                   f"{f['per_s']:.0f} readings a second, {f['us']:.0f} us of CPU a reading, "
-                  f"held {f['held']:.0%}, hand-off "
+                  f"held {f['held']:.1%} (its CPU busy {f['busy']:.1%}), hand-off "
                   f"{f['handoff_p50_ms']:.2f} / {f['handoff_p99_ms']:.2f} ms, load average "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
     return 0

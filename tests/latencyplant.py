@@ -24,6 +24,7 @@ from gpuagent.enforce.timeslice import (
     RotationPlan,
     ShareController,
 )
+from gpuagent.enforce.timeslice.ticks import TickGrid
 
 SERVICE = "svc"
 SERVICE_SHARE = 0.3
@@ -46,20 +47,36 @@ class Unenforced:
 
 class LatencyEnforced(Enforced):
     """A :class:`LatencyController` and its rotation's plan: the plan's windows, and the batch tenants
-    frozen beyond them while a latency tenant has work (read from its CPU every ``sense_s``)."""
+    frozen beyond them while a latency tenant has work (read from its CPU every ``sense_s``). With
+    ``ticks`` (as the agent on a kernel whose ticks share one grid) it reads around the plant's scheduler
+    ticks while a hold is on and tells the controller when one lies between two readings (``ticks.py``);
+    without, the controller's still time alone ends a request."""
 
     def __init__(self, controller: LatencyController, plan: RotationPlan,
-                 shares: Mapping[str, float | None]) -> None:
+                 shares: Mapping[str, float | None], *, ticks: bool = True) -> None:
         super().__init__(controller, plan, shares)
         self.latency = controller
+        self.use_ticks = ticks
+        self.grid: TickGrid | None = None
+        self._sensed = -math.inf
+
+    def cpu_ticks(self, tick_s: float, phase_s: float) -> None:
+        if self.use_ticks:
+            self.grid = TickGrid(tick_s, phase_s)
 
     @property
     def sense_s(self) -> float:
-        """Seconds to the next reading: the controller's (fast while a hold is on, as the agent reads)."""
-        return self.latency.period()
+        """Seconds to the next reading: the controller's (fast while a hold is on, as the agent reads),
+        placed around the ticks while it is fast."""
+        period = self.latency.period()
+        if self.grid is None or period >= self.latency.idle_sense_s or not math.isfinite(self._sensed):
+            return period
+        return self.grid.delay(self._sensed, period)
 
     def sense(self, t: float, cpu: Mapping[str, float]) -> bool:
-        return self.latency.sense(t, cpu, thawed=set(self.shares) - self.frozen_at(t))
+        ticked = self.grid.ticked(self._sensed, t) if self.grid is not None else None
+        self._sensed = t
+        return self.latency.sense(t, cpu, thawed=set(self.shares) - self.frozen_at(t), ticked=ticked)
 
     def frozen_at(self, t: float) -> set[str]:
         return super().frozen_at(t) | self.latency.frozen()
@@ -80,10 +97,13 @@ DESIGNS: dict[str, tuple[str, Build]] = {
         RotationController(), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
     "exempt": ("latency class (no preemption)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}, preempt=False), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
-    # the agent's sensing, as shipped (LatencyController's defaults: read every 2 ms while a hold is on,
-    # 20 ms otherwise; a request ended once its CPU stood still 5 ms, a scheduler tick and some)
+    # the agent's sensing, as shipped (LatencyController's defaults: read around each tick while a hold is
+    # on, every 20 ms otherwise; a request ended once its CPU stood still through a scheduler tick)
     "latency": ("latency class (preempt, as shipped)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
+    # without the ticks' grid: read every 2 ms while a hold is on, an end once still 5 ms (a tick and some)
+    "latency-still": ("latency class (preempt, ends still 5 ms)", lambda shares, seed: LatencyEnforced(
+        LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares, ticks=False)),
     # and an end read from an interval that moved under 0.9 of the usual rate (measured, left off)
     "latency-ended": ("latency class (as shipped, ends from part-moved intervals)", lambda shares, seed:
                       LatencyEnforced(LatencyController({SERVICE}, ended=0.9), RotationPlan(1.0, dither=0.3,

@@ -18,7 +18,7 @@ from test_latency_class import FakeCounter, rotation_cycler
 
 from gpuagent.devices.sim.workloads import Tenant as WorkloadTenant
 from gpuagent.enforce.timeslice import LatencyController, Preemption, Tenant
-from gpuagent.enforce.timeslice.latency import STILL_S, kernel_tick, still_for
+from gpuagent.enforce.timeslice.ticks import STILL_S, kernel_tick, still_for
 
 FAST, IDLE = 0.002, 0.02
 

@@ -55,8 +55,8 @@ from gpuagent.enforce.timeslice import (
     ShareController,
     Tenant,
 )
-from gpuagent.enforce.timeslice.latency import kernel_tick, still_for
 from gpuagent.enforce.timeslice.preempt import Counter
+from gpuagent.enforce.timeslice.ticks import kernel_tick, still_for
 from gpuagent.snapshot.enforcement import EnforcementState, ShareState
 from gpuagent.snapshot.node import NodeSnapshot
 from gpuagent.snapshot.processes import combined_mps_limits

@@ -14,7 +14,9 @@ physics, deterministically from a seed, in well under a second of CPU per simula
   (requests arriving at random, each a few kernels, its latency recorded) are ``workloads.py``'s, by name
   with their defaults or as a :class:`~gpuagent.devices.sim.workloads.Trainer` or ``Serve``;
 - **the freezer** stops a tenant's CPU side only: what it has queued still runs and drains; a launch due
-  while it is frozen happens ``gap`` after the thaw;
+  while it is frozen happens ``gap`` after the thaw; a change lands up to ``freeze_latency_s`` after it
+  was due (a timer on the agent's loop), one decided at a CPU reading up to ``hold_latency_s`` after it
+  (the preemption's thread hands it to the loop at once: docs/shares.md, the latency class);
 - **NVML's per-process samples** come on a fixed ``sample_period_s`` grid (200 ms, measured on the H200:
   the timestamps of ``all.report.json``'s probe sit on one grid to within a millisecond), each instant
   jittered by ``sample_jitter_s``; a sample credits the contexts that ran in the ``sample_window_s``
@@ -30,8 +32,9 @@ each tenant's reading 0-1); :func:`run` drives it. A scheme with a ``sense_s`` a
 ``sense(t, cpu) -> bool`` every ``sense_s`` seconds (read again after each call: a scheme may change it),
 ``cpu`` each tenant's CPU seconds so far as its cgroup's ``cpu.stat`` shows them (a tenant uses CPU unless
 frozen, a ``serve`` one only while it has a request in hand; the kernel charges a running task at each
-scheduler tick, ``cpu_tick_s``, and when it stops, so the counter moves in steps); it returns whether
-its frozen set changed, which is then decided again (and lands after the freezer's latency).
+scheduler tick, every ``cpu_tick_s`` from one phase for all, and when it stops, so the counter moves in
+steps); it returns whether its frozen set changed, which is then decided again (and lands after the
+freezer's latency). Such a scheme with a ``cpu_ticks(tick_s, phase_s)`` method is first told the ticks.
 
 The grid's ``phase`` (where within the share period the samples fall) is drawn from the seed unless
 given: with a 100 ms duty cycle and a 200 ms grid every sample lands at the same phase of the cycle, which is
@@ -66,6 +69,9 @@ class PlantSettings:
     timeslice_s: float = 0.002  # the driver's time slice between contexts that both have work
     switch_s: float = 0.0002  # GPU time lost at each change of context
     freeze_latency_s: float = 0.004  # a freeze or thaw lands up to this long after it was due (event loop)
+    # a change decided at a CPU reading (the latency class's preemption) lands up to this long after it: the
+    # sensing thread's hand-off to the loop (0.07-0.11 ms at the median) and a v2 thaw (0.12 ms, p99 1.5)
+    hold_latency_s: float = 0.001
     cpu_tick_s: float = 0.004  # a running task's cpu.stat moves at each scheduler tick (HZ=250; 0: exact)
     sample_period_s: float = 0.2
     sample_jitter_s: float = 0.0005
@@ -148,8 +154,9 @@ class Plant:
         self._samples = 0
         self._schedule_generation = 0
         self._freezer_order = 0  # the last freezer change applied: an older one arriving late is dropped
-        ticks = random.Random(seed * 7919 + 29)  # each tenant's tick phase (its own stream: the rest unmoved)
-        self._ticks = [ticks.random() * self.s.cpu_tick_s for _ in self.tenants]
+        # the ticks' phase, one for every CPU as on a kernel without skew_tick=1 (its own stream: the rest
+        # unmoved)
+        self.tick_phase = random.Random(seed * 7919 + 29).random() * self.s.cpu_tick_s
 
     # -- the event queue -----------------------------------------------------------------------------
 
@@ -169,6 +176,8 @@ class Plant:
                 self._push(0.0, _LAUNCH, tenant)
             tenant.touch(0.0)
         sense_s = getattr(scheme, "sense_s", None)
+        if sense_s and s.cpu_tick_s > 0 and hasattr(scheme, "cpu_ticks"):
+            scheme.cpu_ticks(s.cpu_tick_s, self.tick_phase)  # type: ignore[attr-defined]
         if sense_s:
             self._push(sense_s, _SENSE, None)
         self._push(0.0, _SCHEDULE, 0)
@@ -194,7 +203,7 @@ class Plant:
             elif kind == _SENSE:
                 if scheme.sense(now, self._cpu(now)):  # type: ignore[attr-defined]
                     self._schedule_generation += 1
-                    self._push(now, _SCHEDULE, self._schedule_generation)
+                    self._decide(now, scheme, s.hold_latency_s)
                 self._push(now + scheme.sense_s, _SENSE, None)  # type: ignore[attr-defined]
             elif kind == _SAMPLE:
                 result.samples.append((now, self._sample(now)))
@@ -227,8 +236,8 @@ class Plant:
     def _cpu(self, now: float) -> dict[str, float]:
         for tenant in self.tenants:
             tenant.touch(now)
-        tick, phases = self.s.cpu_tick_s, self._ticks
-        return {t.name: t.counter(now, tick, phase) for t, phase in zip(self.tenants, phases, strict=True)}
+        tick, phase = self.s.cpu_tick_s, self.tick_phase
+        return {t.name: t.counter(now, tick, phase) for t in self.tenants}
 
     def _work_at(self, now: float) -> dict[str, float]:
         work = {t.name: t.done for t in self.tenants}
@@ -239,10 +248,12 @@ class Plant:
 
     # -- the freezer ---------------------------------------------------------------------------------
 
-    def _decide(self, now: float, scheme: Scheme) -> None:
-        """The scheme's frozen set now, landing after the freezer's latency; and when to look again."""
+    def _decide(self, now: float, scheme: Scheme, latency: float | None = None) -> None:
+        """The scheme's frozen set now, landing after the freezer's latency (``latency``: another's); and
+        when to look again."""
         self._seq += 1
-        delay = self.rng.uniform(0.0, self.s.freeze_latency_s) if self.s.freeze_latency_s > 0 else 0.0
+        latency = self.s.freeze_latency_s if latency is None else latency
+        delay = self.rng.uniform(0.0, latency) if latency > 0 else 0.0
         self._push(now + delay, _FREEZER, (self._seq, frozenset(scheme.frozen_at(now))))
         after = scheme.next_change(now)
         if math.isfinite(after):

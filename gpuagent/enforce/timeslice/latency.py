@@ -43,12 +43,12 @@ cycler.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from gpuagent.enforce.timeslice.controller import Tenant
 from gpuagent.enforce.timeslice.rotation import RotationController
+from gpuagent.enforce.timeslice.ticks import STILL_S
 
 _OVER_SIGMAS = 1.0  # a latency tenant is capped once its mean use is this many standard errors over its share
 _OVER_SIGMAS_BLIND = 3.0  # the same, without CPU readings to confirm it is saturated
@@ -61,29 +61,7 @@ _SAMPLES_PER_POLL = 5  # NVML's per-process samples in a 1 s poll (a 200 ms grid
 SENSE_S = 0.002  # seconds between two readings while a hold is on, and once after it ends
 IDLE_SENSE_S = 0.02  # seconds between two readings otherwise
 ENDED = 0.0  # (off) a request ended within an interval its CPU moved under this part of its usual rate
-_STILL_MARGIN_S = 0.001  # a request ended once its CPU stood still a tick and this long
-STILL_S = 0.004 + _STILL_MARGIN_S  # the still time at HZ=250 (a 4 ms tick): the model's, and the default
 _RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
-_CLOCK_MONOTONIC_COARSE = 6  # Linux's clock id: its resolution is the kernel's tick (1/HZ)
-_TICK_FALLBACK_S = 0.01  # HZ=100, the slowest tick a kernel is built with: the longest still time
-
-
-def kernel_tick() -> float:
-    """Seconds between two of the kernel's scheduler ticks (4 ms at HZ=250, 1 ms at HZ=1000, 10 ms at
-    HZ=100): the coarse monotonic clock's resolution is exactly a tick (``clock_getres``). A running
-    task's CPU time reaches ``cpu.stat`` only at a tick (and when it stops), so the still time that ends a
-    request must outlast one. Where the clock cannot be asked, HZ=100's tick, the longest."""
-    try:
-        tick = time.clock_getres(_CLOCK_MONOTONIC_COARSE)
-    except (AttributeError, OSError):
-        return _TICK_FALLBACK_S
-    return tick if 0.0001 <= tick <= 0.02 else _TICK_FALLBACK_S
-
-
-def still_for(tick: float) -> float:
-    """The still time that ends a request on a kernel ticking every ``tick`` seconds: the tick and 1 ms
-    (``STILL_S`` at HZ=250, 11 ms at HZ=100, 2 ms at HZ=1000)."""
-    return tick + _STILL_MARGIN_S
 
 
 class LatencyController:
@@ -125,6 +103,7 @@ class LatencyController:
         self._batch: frozenset[str] = frozenset()  # keys with a share, outside the latency class
         self._cpu: dict[str, tuple[float, float]] = {}  # key -> (instant, CPU seconds) of the last reading
         self._busy: frozenset[str] = frozenset()
+        self._sensed = -math.inf  # the instant of the last reading
 
     # -- what the enforcer reads ----------------------------------------------------------------------
 
@@ -263,12 +242,15 @@ class LatencyController:
         a few milliseconds of a shared GPU; docs/shares.md, the latency class)."""
         return self.sense_s if self._let_go or self.frozen() else self.idle_sense_s
 
-    def sense(self, now: float, cpu: Mapping[str, float], thawed: Collection[str] | None = None) -> bool:
-        """Each latency tenant's CPU seconds so far (``cpu.stat``), and the keys the plan has thawed now
-        (None: unknown; a capped tenant is then released only by the rotation); True when :meth:`frozen`
+    def sense(self, now: float, cpu: Mapping[str, float], thawed: Collection[str] | None = None,
+              ticked: bool | None = None) -> bool:
+        """Each latency tenant's CPU seconds so far (``cpu.stat``), the keys the plan has thawed now
+        (None: unknown; a capped tenant is then released only by the rotation), and whether a scheduler
+        tick was surely charged since the last call (None: unknown; ``ticks.py``); True when :meth:`frozen`
         changed."""
         busy = set()
         thawed_now = frozenset(thawed) if thawed is not None else frozenset()
+        sensed, self._sensed = self._sensed, now
         for key in self.latency:
             if key not in cpu:
                 continue
@@ -282,7 +264,10 @@ class LatencyController:
             moved = rate > self.busy_cpu
             if moved:
                 self._moved_at[key] = now
-            active = now - self._moved_at.get(key, -math.inf) <= self.still_s  # (a tick: see the module)
+            # still through a tick since the last reading: nothing of it ran at that tick; else still longer
+            # than a tick at most (a running task is charged at its ticks: see the module)
+            active = not (ticked and not moved and last[0] == sensed) and \
+                now - self._moved_at.get(key, -math.inf) <= self.still_s
             if key in self._capped:
                 if key in thawed_now and key in self._thawed:  # thawed through the interval
                     through, busy_in = self._counts.get(key, (0.0, 0.0))

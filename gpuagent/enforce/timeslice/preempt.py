@@ -26,14 +26,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from gpuagent.enforce.timeslice.cycler import Cycler
 from gpuagent.enforce.timeslice.latency import LatencyController
+from gpuagent.enforce.timeslice.ticks import KernelTicks
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +61,14 @@ class Preemption(Generic[T]):
     frozen through ``cycler`` while :meth:`LatencyController.frozen` says (see the module)."""
 
     def __init__(self, cycler: Cycler[T], open_counters: Callable[[Sequence[T]], Sequence[Counter]], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 ticks: KernelTicks | Literal["kernel"] | None = "kernel") -> None:
         self.readings = 0  # how many times the thread has read the counters (bench/bench_preemption.py)
+        # "kernel": the kernel's ticks, learnt beside the monotonic clock (none beside another: a test's);
+        # None: none, a request ends once its CPU stood still longer than a tick (ticks.py)
+        if ticks == "kernel":
+            ticks = KernelTicks(clock=clock) if clock is time.monotonic else None
+        self.ticks = ticks
         self.lock = threading.Lock()  # the controllers' state and the counters: the thread and the loop
         self._cycler = cycler
         self._open = open_counters
@@ -135,21 +143,26 @@ class Preemption(Generic[T]):
         """Seconds to the next reading: the shortest of the watched controllers' (fast while one holds)."""
         return min((w.controller.period() for w in self._watches.values()), default=math.inf)
 
-    def sense(self, now: float) -> list[Hashable]:
-        """One reading of every watched counter fed to its controller; the groups whose hold changed."""
+    def sense(self, now: float, ticks: KernelTicks | None = None) -> list[Hashable]:
+        """One reading of every watched counter fed to its controller (with ``ticks``, begun at ``now``:
+        whether a tick lies since the last reading); the groups whose hold changed."""
         changed = []
         self.readings += 1
         with self.lock:
             frozen = self._cycler.frozen_keys
-            for group, watch in self._watches.items():
+            read_now = []
+            for watch in self._watches.values():
                 cpu = {}
                 for key, counters in watch.counters.items():
                     values = [c.seconds() for c in counters]
                     read = [v for v in values if v is not None]
                     if read:
                         cpu[key] = sum(read)
+                read_now.append(cpu)
+            ticked = ticks.end() if ticks is not None else None
+            for (group, watch), cpu in zip(self._watches.items(), read_now, strict=True):
                 thawed = [k for k in watch.controller.latency if k not in frozen]
-                if watch.controller.sense(now, cpu, thawed):
+                if watch.controller.sense(now, cpu, thawed, ticked):
                     changed.append(group)
         return changed
 
@@ -185,8 +198,10 @@ class Preemption(Generic[T]):
                     self._wake.wait()
                 last = self._clock()
                 continue
+            ticks = self.ticks
             try:
-                changed = self.sense(self._clock())
+                began = ticks.begin() if ticks is not None else self._clock()
+                changed = self.sense(began, ticks)
             except Exception:  # a bug must not stop the loop's work; the holds stay as they were
                 log.exception("the latency class's sensing failed; preemption stopped")
                 loop.call_soon_threadsafe(self.stop)
@@ -199,8 +214,14 @@ class Preemption(Generic[T]):
             period = self.period()
             if math.isinf(period):  # nothing watched any more: wait at the top
                 continue
-            # counted from the last reading's start; fell behind (a starved process): no burst of readings
-            last = max(last + period, self._clock())
+            grid = ticks.grid if ticks is not None else None
+            if grid is None:  # counted from the last reading's start
+                last = last + period
+            elif period >= 2.0 * grid.tick:  # slow: at a random phase of the tick (the lag is learnt)
+                last = began + period * random.uniform(0.75, 1.25)
+            else:  # fast: around the ticks (ticks.py)
+                last = began + grid.delay(began, period)
+            last = max(last, self._clock())  # fell behind (a starved process): no burst of readings
             time.sleep(max(0.0, last - self._clock()))
 
     @staticmethod
