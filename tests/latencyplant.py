@@ -74,7 +74,7 @@ class LatencyEnforced(Enforced):
         return self.grid.delay(self._sensed, period)
 
     def sense(self, t: float, cpu: Mapping[str, float]) -> bool:
-        ticked = self.grid.ticked(self._sensed, t) if self.grid is not None else None
+        ticked = self.grid.window(self._sensed, t) if self.grid is not None else None
         self._sensed = t
         return self.latency.sense(t, cpu, thawed=set(self.shares) - self.frozen_at(t), ticked=ticked)
 

@@ -21,7 +21,14 @@ from latencyplant import run_beside
 
 from gpuagent.enforce.actions.mounts import Hierarchies
 from gpuagent.enforce.timeslice import LatencyController, Tenant
-from gpuagent.enforce.timeslice.ticks import READ_BEFORE_S, TICK_MARGIN_S, KernelTicks, TickGrid, kernel_tick
+from gpuagent.enforce.timeslice.ticks import (
+    READ_BEFORE_S,
+    TICK_GUARD_S,
+    TICK_MARGIN_S,
+    KernelTicks,
+    TickGrid,
+    kernel_tick,
+)
 
 TICK = 0.004  # HZ=250
 
@@ -29,10 +36,13 @@ TICK = 0.004  # HZ=250
 def test_the_grid_places_its_ticks_and_says_when_one_lies_between_two_readings() -> None:
     grid = TickGrid(TICK, 0.001)
     assert grid.last(0.0099) == pytest.approx(0.009) and grid.last(0.009) == pytest.approx(0.009)
-    assert grid.ticked(0.0085, 0.009 + TICK_MARGIN_S)  # a reading planned just after the tick counts it
-    assert not grid.ticked(0.0085, 0.009 + TICK_MARGIN_S / 2)  # too soon after it: maybe not charged yet
-    assert not grid.ticked(0.0091, 0.0125)  # no tick between
-    assert grid.ticked(0.0041, 0.0125)  # two
+    before, after = 0.009 - READ_BEFORE_S, 0.009 + TICK_MARGIN_S  # the readings around the tick at 9 ms
+    assert grid.window(before, after) is True  # planned just after the tick: it counts
+    assert grid.window(before, 0.009 + TICK_MARGIN_S / 2) is None  # too soon after it: maybe not charged yet
+    assert grid.window(0.009 - TICK_GUARD_S / 2, after) is None  # the tick may have come before
+    assert grid.window(after, 0.013 - READ_BEFORE_S) is False  # between two ticks, clear of both
+    assert grid.window(after, 0.013 - TICK_GUARD_S / 2) is None  # the next tick may have come
+    assert grid.window(0.0041, 0.0125) is True  # two
 
 
 def test_while_fast_it_reads_just_before_each_tick_and_just_after_it() -> None:
@@ -52,20 +62,23 @@ class Spinner:
 
     def __init__(self, grid: TickGrid) -> None:
         self.grid = grid
-        self.used = 0.0
-        self.since: float | None = None
+        self.used = 0.0  # charged for the runs before this one
+        self.since: float | None = None  # this run's start
+        self.until: float | None = None  # and its end, once known
 
     def start(self, t: float) -> None:
-        self.since = t
+        if self.since is not None and self.until is not None:
+            self.used += self.until - self.since
+        self.since, self.until = t, None
 
     def stop(self, t: float) -> None:
-        assert self.since is not None
-        self.used += t - self.since
-        self.since = None
+        self.until = t
 
     def counter(self, t: float) -> float:
-        if self.since is None:
+        if self.since is None or t <= self.since:
             return self.used
+        if self.until is not None and t >= self.until:
+            return self.used + self.until - self.since
         return self.used + max(0.0, self.grid.last(t) - self.since)
 
 
@@ -81,7 +94,7 @@ def test_the_hold_lasts_while_the_service_spins_and_ends_at_the_first_tick_after
         nonlocal now, last
         period = controller.period()
         now += grid.delay(now, period) if period < controller.idle_sense_s else period
-        controller.sense(now, {"svc": spinner.counter(now)}, ticked=grid.ticked(last, now))
+        controller.sense(now, {"svc": spinner.counter(now)}, ticked=grid.window(last, now))
         last = now
 
     spinner.start(now + 0.005)
@@ -92,70 +105,88 @@ def test_the_hold_lasts_while_the_service_spins_and_ends_at_the_first_tick_after
         read()
         held.append(controller.frozen() == {"t0"})
     assert all(held) and len(held) > 200
-    stopped = now + 0.0007
+    tick = grid.last(now)
+    stopped = tick + TICK / 2 if tick + TICK / 2 > now else tick + 1.5 * TICK  # between two ticks
     spinner.stop(stopped)
     while controller.frozen():
         read()
-    # read at the first reading after the next tick (and its margin) once one reading had seen it stop
-    assert now - stopped <= 2 * TICK + TICK_MARGIN_S
-    assert now - stopped < 0.006  # the still time alone: 5 ms after the reading that last saw it move
+    # the reading before the next tick saw it stop, the one just after that tick ends the hold
+    assert now - stopped <= TICK / 2 + TICK_MARGIN_S + 1e-9
+    spinner.start(now + 0.003)
+    while not controller.frozen():
+        read()
+    for _ in range(5):
+        read()
+    stopped = grid.last(now) + TICK + 0.0001  # just after a tick: its last charge in a window with a tick
+    spinner.stop(stopped)
+    while controller.frozen():
+        read()
+    # it may have lost its CPU at that tick (charged there, waiting since): the still time ends it
+    assert controller.still_s < now - stopped <= controller.still_s + TICK
 
 
 class FakeKernel:
-    """The clocks of a kernel ticking every 4 ms from 0.1 ms: the coarse clock changes at each tick and reads
-    ``lag`` behind it."""
+    """The clocks of a kernel ticking every 4 ms from 0.1 ms, read by a spinning thread: each reading of the
+    clock ``step`` later than the last; the coarse clock changes at each tick (its value on a grid of its
+    own, ``lag`` behind)."""
 
-    def __init__(self, lag: float = 0.003) -> None:
-        self.lag = lag
+    def __init__(self, step: float = 0.00002, lag: float = 0.003) -> None:
         self.t = 10.0
+        self.step = step
+        self.lag = lag
         self.grid = TickGrid(TICK, 0.0001)
 
     def clock(self) -> float:
+        self.t += self.step
         return self.t
 
     def coarse(self) -> float:
         return self.grid.last(self.t) - self.lag
 
 
-def test_the_lag_learnt_is_never_under_the_true_one_and_closes_on_it() -> None:
+def test_a_calibration_places_the_grid_at_the_coarse_clocks_change_just_after_the_tick() -> None:
     kernel = FakeKernel()
     ticks = KernelTicks(TICK, clock=kernel.clock, coarse=kernel.coarse, skewed=False)
-    for i in range(400):  # readings at phases spread over the tick
-        kernel.t += 0.0171 + (i % 7) * 0.00013
-        ticks.begin()
-        ticks.end()
-        assert ticks.lag is not None and ticks.lag >= kernel.lag - 1e-12
-    assert ticks.lag == pytest.approx(kernel.lag, abs=0.0002)
+    assert ticks.due(kernel.t) and ticks.grid is None
+    assert ticks.calibrate()
     grid = ticks.grid
-    assert grid is not None and grid.last(kernel.t) == pytest.approx(kernel.grid.last(kernel.t), abs=0.0002)
+    assert grid is not None
+    true = kernel.grid.last(kernel.t)
+    assert true <= grid.last(kernel.t) <= true + 2 * kernel.step  # never before the true tick
+    assert not ticks.due(kernel.t + 1.0) and ticks.due(kernel.t + 61.0)  # once a minute
 
 
-def test_a_tick_counts_between_two_readings_only_once_the_coarse_clock_moved_and_it_is_old_enough() -> None:
-    kernel = FakeKernel()
+def test_a_calibration_straddled_by_a_long_gap_is_not_kept_and_is_tried_again() -> None:
+    kernel = FakeKernel(step=0.0002)  # the thread preempted: 0.2 ms between two readings
     ticks = KernelTicks(TICK, clock=kernel.clock, coarse=kernel.coarse, skewed=False)
-    kernel.t = 10.0061  # 2 ms after the tick at 10.0041
-    ticks.begin()
-    assert ticks.end() is None  # no reading before: unknown
-    kernel.t = 10.0068
-    ticks.begin()
-    assert ticks.end() is False  # no tick between
-    kernel.t = 10.0081 + TICK_MARGIN_S / 3  # just after the tick at 10.0081: maybe not charged yet
-    ticks.begin()
-    assert ticks.end() is False and ticks.lag == pytest.approx(0.0031)
-    kernel.t = 10.0097
-    ticks.begin()
-    assert ticks.end() is False  # none since the last reading
-    kernel.t = 10.0127
-    ticks.begin()
-    assert ticks.end() is True  # the tick at 10.0121, 0.6 ms old, placed late by the lag learnt (0.1 ms)
-    kernel.t = 10.0202
-    ticks.begin()
-    assert ticks.end() is True  # the newest tick too young, the one at 10.0161 since the last reading
+    assert not ticks.calibrate() and ticks.grid is None
+    assert not ticks.due(kernel.t + 0.5) and ticks.due(kernel.t + 1.0)
+
+
+def test_once_calibrated_a_reading_says_whether_a_tick_surely_lies_since_the_last_one() -> None:
+    kernel = FakeKernel(step=0.0)
+    ticks = KernelTicks(TICK, clock=kernel.clock, coarse=kernel.coarse, skewed=False)
+
+    def reading(at: float) -> bool | None:
+        kernel.t = at
+        ticks.begin()
+        return ticks.end()
+
+    assert reading(10.0003) is None and reading(10.0013) is None  # not calibrated: unknown
+    ticks.grid = kernel.grid
+    base = kernel.grid.last(10.04)
+    reading(base - 0.002)
+    assert reading(base - READ_BEFORE_S) is False  # between two ticks
+    assert reading(base + TICK_MARGIN_S + 0.0002) is True  # just after one
+    assert reading(base + TICK_MARGIN_S + 0.0005) is False
+    assert reading(base + TICK - TICK_GUARD_S / 2) is None  # the next tick may have come
+    assert reading(base + 3 * TICK) is True
 
 
 def test_a_kernel_with_skewed_ticks_or_no_coarse_clock_says_unknown() -> None:
     kernel = FakeKernel()
     skewed = KernelTicks(TICK, clock=kernel.clock, coarse=kernel.coarse, skewed=True)
+    assert not skewed.due(kernel.t)
     skewed.begin()
     skewed.begin()
     assert skewed.end() is None and skewed.grid is None
@@ -164,7 +195,8 @@ def test_a_kernel_with_skewed_ticks_or_no_coarse_clock_says_unknown() -> None:
         raise OSError("no coarse clock")
 
     blind = KernelTicks(TICK, clock=kernel.clock, coarse=broken, skewed=False)
-    assert blind.begin() == kernel.t
+    assert not blind.calibrate() and not blind.due(kernel.t + 100.0)
+    blind.begin()
     assert blind.end() is None and blind.grid is None
 
 
@@ -210,21 +242,27 @@ def v2_cgroup() -> str:
 
 
 def _windows(cgroup: str, seconds: float) -> tuple[int, int]:
-    """Reading the cgroup's ``cpu.stat`` about every millisecond for ``seconds`` as the agent does: the
-    windows a tick lies in, and those of them the counter moved through."""
+    """Reading the cgroup's ``cpu.stat`` around the ticks for ``seconds`` as the agent does while a hold
+    is on: the windows a tick surely lies in, and those of them the counter moved through."""
     ticks = KernelTicks()
+    for _ in range(50):
+        if ticks.calibrate():
+            break
+        time.sleep(0.01)
+    grid = ticks.grid
+    assert grid is not None, "no calibration in 50 tries"
     fd = os.open(os.path.join(cgroup, "cpu.stat"), os.O_RDONLY)
     try:
         last, ticked, moved = None, 0, 0
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            ticks.begin()
+            now = ticks.begin()
             used = int(os.pread(fd, 4096, 0).split()[1])
             if ticks.end():
                 ticked += 1
                 moved += used != last
             last = used
-            time.sleep(0.0007)
+            time.sleep(max(0.0, now + grid.delay(now, 0.002) - time.monotonic()))
     finally:
         os.close(fd)
     return ticked, moved

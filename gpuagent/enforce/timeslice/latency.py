@@ -19,15 +19,18 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
   sums, so the slots fill the period (no open slot idling the GPU for a service that time-slices into
   every slot anyway), and each batch tenant loses to it in proportion to its slot;
 - **preemption** (``preempt``): the agent reads each exempt tenant's CPU time (cgroup ``cpu.stat``)
-  every :meth:`period`: ``idle_sense_s`` (20 ms) while nothing is held, ``sense_s`` (2 ms) while a hold is
-  on and once after one ends (a start read late costs the service a few milliseconds beside its
-  neighbours; an end read late idles the GPU). A request begins at a reading whose interval moved by
-  more than ``busy_cpu`` of it (a CUDA synchronisation spins) and lasts until the counter has stood still
-  ``still_s`` (5 ms): the kernel charges a running task only at its scheduler tick (4 ms at HZ=250) and
+  every :meth:`period`: ``idle_sense_s`` (20 ms) while nothing is held, ``sense_s`` (2 ms; the caller
+  places the readings around the scheduler's ticks, ``ticks.py``) while a hold is on and once after one
+  ends (a start read late costs the service a few milliseconds beside its neighbours; an end read late
+  idles the GPU). A request begins at a reading whose interval moved by more than ``busy_cpu`` of it (a
+  CUDA synchronisation spins) and lasts until the counter stood still through a tick, having last moved
+  between two ticks (``ticked``: the kernel charges a running task only at its ticks, 4 ms at HZ=250, and
   when it stops, so a counter read faster than the tick stands still between ticks while the service
-  spins. While any has a request in hand (and ``hold_s`` after), the batch tenants with a share are all
-  frozen; not while it is over its share and ``tolerance`` by one standard error with its CPU saturated,
-  or by three whatever its CPU (served at once by its preemption, a service at 60 % is not saturated).
+  spins; one that lost its CPU at a tick was charged there), and at most until it stood still
+  ``still_s`` (5 ms: the ticks not known, or that last movement at a tick). While any has a request in
+  hand (and ``hold_s`` after), the batch tenants with a share are all frozen; not while it is over its
+  share and ``tolerance`` by one standard error with its CPU saturated, or by three whatever its CPU
+  (served at once by its preemption, a service at 60 % is not saturated).
   ``ended`` (off) would end a request at a reading that moved under that part of the usual rate: the
   model gains from it, a real loaded CPU cuts a busy service's holds with it. The freeze stops their CPU,
   not what they queued, so preemption bounds the latency only beside shallow queues.
@@ -97,6 +100,7 @@ class LatencyController:
         self._in_hand: set[str] = set()  # preempting keys with a request in hand at the last reading
         self._rate: dict[str, float] = {}  # key -> its CPU's rate (cores) through a request, smoothed
         self._moved_at: dict[str, float] = {}  # key -> the last reading its CPU moved at
+        self._stopped: dict[str, bool] = {}  # key -> it last moved within a window known to hold no tick
         self._let_go = False  # a hold ended at the last reading: the next one comes soon (see period)
         self._thawed: frozenset[str] = frozenset()  # the keys thawed at the last reading
         self._preempting: set[str] = set()  # exempt latency keys within their shares: they may preempt
@@ -151,6 +155,7 @@ class LatencyController:
         self._counts.pop(key, None)
         self._rate.pop(key, None)
         self._moved_at.pop(key, None)
+        self._stopped.pop(key, None)
         self._in_hand.discard(key)
         self._cpu_polls.pop(key, None)
         self._last_busy.pop(key, None)
@@ -264,10 +269,12 @@ class LatencyController:
             moved = rate > self.busy_cpu
             if moved:
                 self._moved_at[key] = now
-            # still through a tick since the last reading: nothing of it ran at that tick; else still longer
-            # than a tick at most (a running task is charged at its ticks: see the module)
-            active = not (ticked and not moved and last[0] == sensed) and \
-                now - self._moved_at.get(key, -math.inf) <= self.still_s
+                self._stopped[key] = ticked is False and last[0] == sensed
+            # still through a tick since the last reading, having last moved between two ticks (it stopped:
+            # one that lost its CPU at a tick is charged at that tick): nothing of it ran at this tick; else
+            # still longer than a tick at most (a running task is charged at its ticks: see the module)
+            active = not (ticked and not moved and last[0] == sensed and self._stopped.get(key, False)) \
+                and now - self._moved_at.get(key, -math.inf) <= self.still_s
             if key in self._capped:
                 if key in thawed_now and key in self._thawed:  # thawed through the interval
                     through, busy_in = self._counts.get(key, (0.0, 0.0))

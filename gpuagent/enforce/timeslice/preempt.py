@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -214,11 +213,11 @@ class Preemption(Generic[T]):
             period = self.period()
             if math.isinf(period):  # nothing watched any more: wait at the top
                 continue
+            if ticks is not None and period >= 2.0 * ticks.tick and ticks.due(began):
+                ticks.calibrate()  # while slow: a tick's spin at most, once a minute (ticks.py)
             grid = ticks.grid if ticks is not None else None
-            if grid is None:  # counted from the last reading's start
+            if grid is None or period >= 2.0 * grid.tick:  # counted from the last reading's start
                 last = last + period
-            elif period >= 2.0 * grid.tick:  # slow: at a random phase of the tick (the lag is learnt)
-                last = began + period * random.uniform(0.75, 1.25)
             else:  # fast: around the ticks (ticks.py)
                 last = began + grid.delay(began, period)
             last = max(last, self._clock())  # fell behind (a starved process): no burst of readings

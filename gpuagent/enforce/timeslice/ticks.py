@@ -5,39 +5,40 @@ HZ=250) and when the task stops, so a counter read between two ticks stands stil
 Waiting for it to stand still longer than a tick (:func:`still_for`) reads every end 5-7 ms late, and the
 GPU idles through it (its neighbours held frozen for nothing). A tick, though, is an instant every CPU
 shares: without ``skew_tick=1`` on the kernel's command line each CPU's tick timer fires on one grid of
-the monotonic clock, every ``tick`` from one phase. So a counter that did not move between two readings
-with a tick between them says that nothing of the cgroup ran at that tick: the request ended before it
-(or the service lost its CPU). :class:`TickGrid` is the grid and where to read around it; the latency
-controller takes ``ticked`` (a tick surely charged between its last reading and this one) from its caller:
-the plant knows its grid, the agent's :class:`KernelTicks` learns it from the coarse monotonic clock.
+the monotonic clock, every ``tick`` from one phase, for as long as the machine runs. So a counter that did
+not move between two readings with a tick between them says nothing of the cgroup ran at that tick: the
+request ended (or the service lost its CPU at a tick, which the controller tells apart: a task switched
+out at a tick is charged at it). :class:`TickGrid` is the grid, what a window between two readings holds
+(surely a tick, surely none, or cannot tell) and where to read around it; the latency controller takes
+that from its caller: the plant knows its grid, the agent's :class:`KernelTicks` finds it.
 
-The coarse clock (``CLOCK_MONOTONIC_COARSE``) changes exactly at a tick (the timekeeping update), and its
-resolution is the tick; its value lags the instant by a constant less than a tick (the timekeeper keeps
-whole intervals; 3.08 ms of 4 on the VM of the tests). So a reading taken just after the clock changed,
-coarse value first and then the monotonic clock, gives ``monotonic - coarse`` at its smallest, the lag, and
-every other reading gives more: the smallest seen so far is never under the lag. Between two readings a
-tick happened if the coarse value read before the second is newer than the one read after the first; the
-tick is surely charged by the second reading if it lies ``margin`` before it by the lag so far (an
-overestimate, so the tick is placed late and the test errs towards no tick). Measured on the VM (a spinning
-process in a v2 cgroup, ``cpu.stat`` read every 0.2 ms for 3 s): every change of the counter came at a
-change of the coarse clock or at a preemption, and 11 of 14,727 windows across a tick, margin 0.1 ms, saw
-no movement (the spinner preempted): docs/shares.md, the latency class, has the figures.
+Finding it: the coarse monotonic clock changes at the timekeeping tick while a CPU is busy, so a thread
+that spins reading it and the monotonic clock sees the change within microseconds of a tick (its own
+CPU ticking); :meth:`KernelTicks.calibrate` does that, at most a tick and a half of CPU, once a minute
+while no hold is on, and places the grid at the first reading after the change (never before the tick).
+The coarse clock's *value* is no guide (its own grid, 3.08 ms behind the ticks on the VM of the tests, and
+set at any instant when an idle CPU wakes), nor its changes while the CPUs idle. Measured on the VM (a
+spinning process in a v2 cgroup, ``cpu.stat`` read every 0.2 ms for 3 s): every change of the counter came
+at a tick or at a preemption, and 11 of 14,727 windows across a tick, 0.1 ms after it, saw no movement
+(the spinner preempted). docs/shares.md, the latency class, has the figures.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 CLOCK_MONOTONIC_COARSE = 6  # Linux's clock id: its resolution is the kernel's tick (1/HZ)
 TICK_MARGIN_S = 0.0003  # a tick counts at a reading this long after it (the charged CPU's own handler)
+TICK_GUARD_S = 0.00025  # a tick may come this long before the grid learnt places it (the lag's error)
 READ_BEFORE_S = 0.0005  # while a hold is on, a reading this long before each tick, and one after it
 _STILL_MARGIN_S = 0.001  # a request ended once its CPU stood still a tick and this long (no grid known)
 _TICK_FALLBACK_S = 0.01  # HZ=100, the slowest tick a kernel is built with: the longest still time
-_LAG_WINDOW = 1024  # readings the smallest lag is taken over (20 s of idle readings: a drift is followed)
+_CALIBRATION_GAP_S = 0.0001  # the most two readings straddling a calibration's tick may lie apart
+_RECALIBRATE_S = 60.0  # seconds between two calibrations (the grid is exact on the monotonic clock)
+_RETRY_S = 1.0  # seconds before a failed calibration is tried again
 
 
 def kernel_tick() -> float:
@@ -72,10 +73,18 @@ class TickGrid:
         """The last tick at or before ``t``."""
         return self.base + math.floor((t - self.base) / self.tick) * self.tick
 
-    def ticked(self, since: float, now: float, margin: float = TICK_MARGIN_S) -> bool:
-        """A tick lies after ``since`` and ``margin`` before ``now`` (to 100 ns: a reading planned
-        ``margin`` after a tick counts it)."""
-        return self.last(now - margin + 1e-7) > since
+    def window(self, since: float, now: float, *, guard: float = TICK_GUARD_S,
+               margin: float = TICK_MARGIN_S) -> bool | None:
+        """Whether a tick's charge lies within ``(since, now]``: True surely (a tick ``guard`` after
+        ``since`` and ``margin`` before ``now``), False surely not (every tick that could be in it is
+        ``margin`` before ``since``), None: cannot tell. A tick of the grid may really come up to ``guard``
+        before it (the grid learnt is placed late), and its charge up to ``margin`` after it (the charged
+        CPU's own handler); to 100 ns, so a reading planned ``margin`` after a tick counts it."""
+        if self.last(now - margin + 1e-7) - guard > since:
+            return True
+        if self.last(now + guard) + margin <= since + 1e-7:
+            return False
+        return None
 
     def delay(self, now: float, period: float, *, before: float = READ_BEFORE_S,
               after: float = TICK_MARGIN_S) -> float:
@@ -108,10 +117,10 @@ def _skewed(cmdline: str = "/proc/cmdline") -> bool:
 
 
 class KernelTicks:
-    """The kernel's tick grid on the monotonic clock, learnt from the coarse clock at each reading (see the
-    module). :meth:`begin` before a reading (the instant to give the controller), :meth:`end` after it
-    (whether a tick was surely charged between the last reading and this one; None where the kernel's
-    ticks are not on one grid or there is no coarse clock)."""
+    """The kernel's tick grid on the monotonic clock, found by :meth:`calibrate` (see the module); then
+    :meth:`begin` before each reading (the instant to give the controller) and :meth:`end` after it
+    (whether a tick was surely charged between the last reading and this one; None where it cannot be
+    told: ticks not on one grid, no coarse clock, not calibrated)."""
 
     def __init__(self, tick: float | None = None, *, clock: Callable[[], float] = time.monotonic,
                  coarse: Callable[[], float] = _coarse, margin: float = TICK_MARGIN_S,
@@ -121,57 +130,50 @@ class KernelTicks:
         self._clock = clock
         self._coarse = coarse
         self._usable = not (_skewed() if skewed is None else skewed)
-        self._lags: deque[tuple[int, float]] = deque()  # (reading, lag): the window's minimum first
-        self._count = 0
-        self._began: tuple[float, float] | None = None  # (coarse, now) read before this reading
-        self._after: float | None = None  # the coarse value read after the last reading
+        self.grid: TickGrid | None = None  # the ticks as last calibrated (placed no earlier than they are)
+        self._calibrated = -math.inf  # when (the clock's instant)
+        self._tried = -math.inf  # the last attempt
+        self._began: float | None = None  # this reading's start
+        self._after: float | None = None  # the last reading's end
 
-    @property
-    def lag(self) -> float | None:
-        """The coarse clock's lag behind its tick so far (never under the true one)."""
-        return self._lags[0][1] if self._lags else None
+    def due(self, now: float) -> bool:
+        """A calibration is due: none yet, or the last over ``_RECALIBRATE_S`` ago (the last attempt failed
+        over ``_RETRY_S`` ago)."""
+        if not self._usable:
+            return False
+        since = now - (self._calibrated if self.grid is not None else self._tried)
+        return since >= (_RECALIBRATE_S if self.grid is not None else _RETRY_S)
 
-    @property
-    def grid(self) -> TickGrid | None:
-        """The ticks as learnt so far (placed no earlier than they are)."""
-        if not self._usable or self._began is None or not self._lags:
-            return None
-        return TickGrid(self.tick, self._began[0] + self._lags[0][1])
-
-    def begin(self) -> float:
-        """Before a reading: the coarse clock, then the clock (the instant returned); the lag learnt."""
+    def calibrate(self) -> bool:
+        """Spin reading the coarse clock and the clock until the coarse clock changes (at most a tick and a
+        half): the change is a tick, so this thread's CPU being busy. Kept when two readings
+        ``_CALIBRATION_GAP_S`` apart at most straddle it (not preempted), placed at the later one."""
+        clock = self._clock
+        self._tried = start = clock()
         try:
-            coarse = self._coarse()
+            coarse, before = self._coarse(), clock()
+            while before - start < 1.5 * self.tick:
+                value, now = self._coarse(), clock()
+                if value != coarse:
+                    if now - before > _CALIBRATION_GAP_S:
+                        return False
+                    self.grid, self._calibrated = TickGrid(self.tick, now), now
+                    return True
+                before = now
         except OSError:
             self._usable = False
-            return self._clock()
-        now = self._clock()
-        self._began = (coarse, now)
-        self._count += 1
-        lag = now - coarse
-        lags = self._lags
-        while lags and lags[-1][1] >= lag:
-            lags.pop()
-        lags.append((self._count, lag))
-        if lags[0][0] <= self._count - _LAG_WINDOW:
-            lags.popleft()
+        return False
+
+    def begin(self) -> float:
+        """Before a reading: its instant."""
+        self._began = now = self._clock()
         return now
 
     def end(self) -> bool | None:
-        """After the reading begun: a tick lies between the last reading and this one, ``margin`` before
-        this one's start (None: not known)."""
+        """After the reading begun: whether a tick was charged between the last reading's end and this
+        one's start (:meth:`TickGrid.window`; None: not known)."""
         began, after = self._began, self._after
-        if not self._usable or began is None:
+        self._after = self._clock()
+        if not self._usable or self.grid is None or began is None or after is None:
             return None
-        try:
-            self._after = self._coarse()
-        except OSError:
-            self._usable = False
-            return None
-        if after is None:
-            return None
-        coarse, now = began
-        if coarse <= after + self.tick / 2:  # no tick since the last reading's counters were read
-            return False
-        # the newest tick placed late by the lag so far; an older one since the last reading is older still
-        return coarse - self.tick > after + self.tick / 2 or now - self.margin >= coarse + self._lags[0][1]
+        return self.grid.window(after, began, margin=self.margin)
