@@ -3,8 +3,9 @@ reads a request's end.
 
 A request's start read late costs the service a few milliseconds of a shared GPU; its end read late idles
 the GPU (its neighbours are held frozen for nothing). So :meth:`LatencyController.period` is short while a
-hold is on (and for one reading after it ends) and long otherwise; a hold ends once the counter stood still
-longer than a scheduler tick (the kernel charges a running task only at its ticks); ``ended`` (measured,
+hold is on (and for one reading after it ends) and long otherwise; without the ticks' grid a hold ends once
+the counter stood still longer than a scheduler tick (the kernel charges a running task only at its ticks;
+with the grid: ``test_latency_ticks.py``); ``ended`` (measured,
 off by default) would end it at a reading that moved under a part of the usual rate. The figures that
 chose them: docs/shares.md, the latency class. Deterministic: readings at given instants, fake counters.
 """
