@@ -53,16 +53,19 @@ class LatencyEnforced(Enforced):
     without, the controller's still time alone ends a request."""
 
     def __init__(self, controller: LatencyController, plan: RotationPlan,
-                 shares: Mapping[str, float | None], *, ticks: bool = True) -> None:
+                 shares: Mapping[str, float | None], *, ticks: bool = True, waited: float | None = 0.0) -> None:
         super().__init__(controller, plan, shares)
         self.latency = controller
         self.use_ticks = ticks
+        self.waited = waited  # the CPU pressure the service's cgroup shows (None: unknown)
         self.grid: TickGrid | None = None
         self._sensed = -math.inf
 
     def cpu_ticks(self, tick_s: float, phase_s: float) -> None:
         if self.use_ticks:
             self.grid = TickGrid(tick_s, phase_s)
+            for key in self.latency.latency:  # the plant's CPUs are never short: no task waits for one
+                self.latency.waited(key, self.waited)
 
     @property
     def sense_s(self) -> float:
@@ -101,6 +104,10 @@ DESIGNS: dict[str, tuple[str, Build]] = {
     # on, every 20 ms otherwise; a request ended once its CPU stood still through a scheduler tick)
     "latency": ("latency class (preempt, as shipped)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares)),
+    # as shipped where the service's tasks wait for a CPU (or PSI is off): a still tick ends a request only
+    # if it last moved between two ticks
+    "latency-pressed": ("latency class (preempt, its CPU contended)", lambda shares, seed: LatencyEnforced(
+        LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares, waited=None)),
     # without the ticks' grid: read every 2 ms while a hold is on, an end once still 5 ms (a tick and some)
     "latency-still": ("latency class (preempt, ends still 5 ms)", lambda shares, seed: LatencyEnforced(
         LatencyController({SERVICE}), RotationPlan(1.0, dither=0.3, seed=seed), shares, ticks=False)),

@@ -204,6 +204,9 @@ class FakeCounter:
     def seconds(self) -> float | None:
         return None if self.closed else self.value
 
+    def waited(self) -> float | None:
+        return None
+
     def close(self) -> None:
         self.closed = True
 
@@ -242,6 +245,25 @@ def test_the_preemption_holds_the_batch_tenants_while_the_service_cpu_moves() ->
     assert rec.frozen == {"t01", "t02", "t11"}
     preemption.unwatch("gpu0")
     assert rec.frozen == set() and svc.closed
+
+
+def test_the_preemption_hands_each_latency_workload_its_cpu_pressure_or_the_nodes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuagent.enforce.timeslice import preempt
+
+    class Pressed(FakeCounter):
+        def waited(self) -> float | None:
+            return 0.25
+
+    cycler, _, _ = rotation_cycler()
+    monkeypatch.setattr(preempt, "system_waited", lambda: 0.004)
+    preemption = Preemption(cycler, lambda targets: [Pressed() if "own" in targets[0] else FakeCounter()])
+    one, two = busy_service_gpu(), busy_service_gpu()
+    preemption.watch("gpu0", one, {"svc": ["own"]}, {"t0": ["t01"]})
+    preemption.watch("gpu1", two, {"svc": ["none"]}, {"t0": ["t11"]})
+    preemption.pressure()
+    assert one._waited == {"svc": 0.25} and two._waited == {"svc": 0.004}  # its cgroup's, else the node's
+    preemption.stop()
 
 
 def test_a_watch_keeps_its_counters_while_the_targets_are_the_same_and_stop_lets_go() -> None:
@@ -487,6 +509,30 @@ def test_the_reader_reads_v2_cpu_stat_and_v1_cpuacct_usage_and_rereads_the_open_
     assert reader.open([FreezeTarget("v2", "/kubepods/gone"), FreezeTarget("v2", "/kubepods/../x"),
                         FreezeTarget("v2", "kubepods/svc")]) == []
     assert CpuStat(str(tmp_path)).open([FreezeTarget("v2", "/kubepods/svc")]) == []  # no v2 mounted
+
+
+def test_the_reader_reads_a_v2_cgroups_cpu_pressure_and_the_nodes_where_it_has_none(tmp_path: Path) -> None:
+    from gpuagent.enforce.cpustat import CpuStat, read_pressure, system_waited
+
+    v2 = tmp_path / "unified" / "kubepods" / "svc"
+    v1 = tmp_path / "cpu,cpuacct" / "kubepods" / "svc"
+    v2.mkdir(parents=True)
+    v1.mkdir(parents=True)
+    (tmp_path / "cpu,cpuacct" / "cpuacct.usage").write_text("0\n")
+    (v2 / "cpu.stat").write_text("usage_usec 2500000\n")
+    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    (v2 / "cpu.pressure").write_text("some avg10=7.39 avg60=5.76 avg300=5.31 total=9133882264\n"
+                                     "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    reader = CpuStat(str(tmp_path), v2_mount=str(tmp_path / "unified"))
+    [new, old] = reader.open([FreezeTarget("v2", "/kubepods/svc"), FreezeTarget("v1", "/kubepods/svc")])
+    assert new.waited() == pytest.approx(0.0739) and old.waited() is None  # v1 cgroups have no PSI
+    new.close()
+    assert new.waited() is None
+    for bad in (b"", b"full avg10=1.00", b"some avg10=x", b"some avg10=250.0 avg60=0", b"some total=5"):
+        assert read_pressure(bad) is None, bad
+    (tmp_path / "pressure").write_text("some avg10=0.50 avg60=0.00 avg300=0.00 total=1\n")
+    assert system_waited(str(tmp_path / "pressure")) == pytest.approx(0.005)
+    assert system_waited(str(tmp_path / "nowhere")) is None
 
 
 @pytest.mark.serial  # a spinning service and the sensing's own CPU: at nice 19 beside the serial pass's

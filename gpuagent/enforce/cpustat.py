@@ -7,11 +7,15 @@ v2 cgroup, with or without the cpu controller) in the same directory; a v1 targe
 every v1 hierarchy), mounted at ``<cgroup_root>/cpuacct`` or ``<cgroup_root>/cpu,cpuacct``. Each counter
 keeps its file open and rereads it with ``pread`` at offset 0: 1-2 us of CPU a read on the hybrid host of
 the tests, against 11-12 us to open, read and close it (the cost of a sensing loop is its wake-ups, not its
-reads: docs/isolation.md, the latency class). Only reads: freezing stays in ``enforce.actions``.
+reads: docs/isolation.md, the latency class). A v2 counter also reads its cgroup's ``cpu.pressure`` (PSI:
+the part of the last 10 s some task of it waited for a CPU), the node's ``/proc/pressure/cpu`` standing in
+where a cgroup has none: a service that never waits for a CPU cannot have lost it at a scheduler tick
+(``timeslice/ticks.py``). Only reads: freezing stays in ``enforce.actions``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from collections.abc import Sequence
@@ -22,14 +26,32 @@ _MAX_BYTES = 4096  # cpu.stat is six lines; cpuacct.usage one number
 
 
 class CpuCounter:
-    """One cgroup's CPU counter, its file kept open; :meth:`seconds` rereads it."""
+    """One cgroup's CPU counter, its file kept open; :meth:`seconds` rereads it, :meth:`waited` the
+    cgroup's CPU pressure (v2)."""
 
-    __slots__ = ("_fd", "_v2", "path")
+    __slots__ = ("_fd", "_pressure", "_v2", "path")
 
     def __init__(self, path: str, *, v2: bool) -> None:
         self.path = path
         self._v2 = v2
         self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._pressure: int | None = None  # cpu.pressure's descriptor, once opened (-1: none to open)
+
+    def waited(self) -> float | None:
+        """The part of the last 10 s some task of the cgroup waited for a CPU (PSI's ``cpu.pressure``,
+        ``some avg10``); None without one (a v1 cgroup, PSI off, the cgroup gone)."""
+        if self._pressure is None:
+            self._pressure = -1
+            if self._v2 and self._fd is not None:
+                with contextlib.suppress(OSError):
+                    self._pressure = os.open(posixpath.join(posixpath.dirname(self.path), "cpu.pressure"),
+                                             os.O_RDONLY | os.O_CLOEXEC)
+        if self._pressure < 0:
+            return None
+        try:
+            return read_pressure(os.pread(self._pressure, _MAX_BYTES, 0))
+        except OSError:
+            return None
 
     def seconds(self) -> float | None:
         """CPU seconds the cgroup has used so far; None once it is gone (or the file reads wrong)."""
@@ -53,6 +75,31 @@ class CpuCounter:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+        pressure, self._pressure = self._pressure, -1
+        if pressure is not None and pressure >= 0:
+            os.close(pressure)
+
+
+def read_pressure(data: bytes) -> float | None:
+    """``some avg10`` of a PSI file (``some avg10=7.39 avg60=...``) as a part of the time, 0-1; None if it
+    does not read so."""
+    first = data.split(b"\n", 1)[0].split()
+    if len(first) < 2 or first[0] != b"some" or not first[1].startswith(b"avg10="):
+        return None
+    try:
+        value = float(first[1][6:]) / 100.0
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def system_waited(path: str = "/proc/pressure/cpu") -> float | None:
+    """The node's CPU pressure (``some avg10``), where a cgroup has none of its own; None without PSI."""
+    try:
+        with open(path, "rb") as f:
+            return read_pressure(f.read(_MAX_BYTES))
+    except OSError:
+        return None
 
 
 class CpuStat:

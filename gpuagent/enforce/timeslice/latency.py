@@ -24,10 +24,11 @@ for its slot (p99 1.3-1.75 s on CPU tenants, ~1 s on the model). :class:`Latency
   ends (a start read late costs the service a few milliseconds beside its neighbours; an end read late
   idles the GPU). A request begins at a reading whose interval moved by more than ``busy_cpu`` of it (a
   CUDA synchronisation spins) and lasts until the counter stood still through a tick, having last moved
-  between two ticks (``ticked``: the kernel charges a running task only at its ticks, 4 ms at HZ=250, and
-  when it stops, so a counter read faster than the tick stands still between ticks while the service
-  spins; one that lost its CPU at a tick was charged there), and at most until it stood still
-  ``still_s`` (5 ms: the ticks not known, or that last movement at a tick). While any has a request in
+  between two ticks or its tasks not waiting for a CPU (``ticked``: the kernel charges a running task
+  only at its ticks, 4 ms at HZ=250, and when it stops, so a counter read faster than the tick stands
+  still between ticks while the service spins; one that lost its CPU at a tick was charged there;
+  :meth:`waited`: PSI), and at most until it stood still ``still_s`` (5 ms: the ticks not known, or the
+  service pressed for CPU and its last movement at a tick). While any has a request in
   hand (and ``hold_s`` after), the batch tenants with a share are all frozen; not while it is over its
   share and ``tolerance`` by one standard error with its CPU saturated, or by three whatever its CPU
   (served at once by its preemption, a service at 60 % is not saturated).
@@ -65,6 +66,7 @@ SENSE_S = 0.002  # seconds between two readings while a hold is on, and once aft
 IDLE_SENSE_S = 0.02  # seconds between two readings otherwise
 ENDED = 0.0  # (off) a request ended within an interval its CPU moved under this part of its usual rate
 _RATE_WEIGHT = 0.25  # the weight of a reading through a request in a service's usual CPU rate
+_CALM = 0.01  # a service whose tasks waited for a CPU under this part of the last 10 s does not lose it
 
 
 class LatencyController:
@@ -101,6 +103,7 @@ class LatencyController:
         self._rate: dict[str, float] = {}  # key -> its CPU's rate (cores) through a request, smoothed
         self._moved_at: dict[str, float] = {}  # key -> the last reading its CPU moved at
         self._stopped: dict[str, bool] = {}  # key -> it last moved within a window known to hold no tick
+        self._waited: dict[str, float] = {}  # key -> the part of the last 10 s its tasks waited for a CPU
         self._let_go = False  # a hold ended at the last reading: the next one comes soon (see period)
         self._thawed: frozenset[str] = frozenset()  # the keys thawed at the last reading
         self._preempting: set[str] = set()  # exempt latency keys within their shares: they may preempt
@@ -156,6 +159,7 @@ class LatencyController:
         self._rate.pop(key, None)
         self._moved_at.pop(key, None)
         self._stopped.pop(key, None)
+        self._waited.pop(key, None)
         self._in_hand.discard(key)
         self._cpu_polls.pop(key, None)
         self._last_busy.pop(key, None)
@@ -247,6 +251,14 @@ class LatencyController:
         a few milliseconds of a shared GPU; docs/shares.md, the latency class)."""
         return self.sense_s if self._let_go or self.frozen() else self.idle_sense_s
 
+    def waited(self, key: str, part: float | None) -> None:
+        """The part of the last 10 s the latency tenant's tasks waited for a CPU (PSI; None: unknown). Under
+        ``_CALM`` a still tick ends its request wherever it last moved: none lost its CPU at a tick."""
+        if part is None:
+            self._waited.pop(key, None)
+        else:
+            self._waited[key] = part
+
     def sense(self, now: float, cpu: Mapping[str, float], thawed: Collection[str] | None = None,
               ticked: bool | None = None) -> bool:
         """Each latency tenant's CPU seconds so far (``cpu.stat``), the keys the plan has thawed now
@@ -273,7 +285,9 @@ class LatencyController:
             # still through a tick since the last reading, having last moved between two ticks (it stopped:
             # one that lost its CPU at a tick is charged at that tick): nothing of it ran at this tick; else
             # still longer than a tick at most (a running task is charged at its ticks: see the module)
-            active = not (ticked and not moved and last[0] == sensed and self._stopped.get(key, False)) \
+            # (or anywhere, while its tasks have not been waiting for a CPU: none lost it at a tick)
+            stopped = self._stopped.get(key, False) or self._waited.get(key, 1.0) < _CALM
+            active = not (ticked and not moved and last[0] == sensed and stopped) \
                 and now - self._moved_at.get(key, -math.inf) <= self.still_s
             if key in self._capped:
                 if key in thawed_now and key in self._thawed:  # thawed through the interval

@@ -32,17 +32,22 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
+from gpuagent.enforce.cpustat import system_waited
 from gpuagent.enforce.timeslice.cycler import Cycler
 from gpuagent.enforce.timeslice.latency import LatencyController
 from gpuagent.enforce.timeslice.ticks import KernelTicks
 
 log = logging.getLogger(__name__)
 
+_PRESSURE_S = 1.0  # seconds between two readings of the latency workloads' CPU pressure (a 10 s average)
+
 T = TypeVar("T", bound=Hashable)
 
 
 class Counter(Protocol):
     def seconds(self) -> float | None: ...
+
+    def waited(self) -> float | None: ...
 
     def close(self) -> None: ...
 
@@ -76,6 +81,7 @@ class Preemption(Generic[T]):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stopped = False
+        self._pressure_due = -math.inf  # when the thread next reads the workloads' CPU pressure
 
     @property
     def watched(self) -> frozenset[Hashable]:
@@ -165,6 +171,18 @@ class Preemption(Generic[T]):
                     changed.append(group)
         return changed
 
+    def pressure(self) -> None:
+        """Each latency workload's CPU pressure (the most of its cgroups', else the node's: PSI's ``some
+        avg10``) to its controller, where a still tick then ends a request wherever it last moved."""
+        node: list[float | None] = []  # read once, where a workload has no pressure of its own
+        with self.lock:
+            for watch in self._watches.values():
+                for key, counters in watch.counters.items():
+                    parts = [part for c in counters if (part := c.waited()) is not None]
+                    if not parts and not node:
+                        node.append(system_waited())
+                    watch.controller.waited(key, max(parts) if parts else node[0])
+
     def apply(self, group: Hashable) -> None:
         """On the loop: hold what the group's controller freezes now."""
         if self._stopped:
@@ -205,6 +223,9 @@ class Preemption(Generic[T]):
                 log.exception("the latency class's sensing failed; preemption stopped")
                 loop.call_soon_threadsafe(self.stop)
                 return
+            if began >= self._pressure_due:
+                self._pressure_due = began + _PRESSURE_S
+                self.pressure()
             try:
                 for group in changed:
                     loop.call_soon_threadsafe(self.apply, group)
