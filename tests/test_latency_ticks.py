@@ -174,7 +174,9 @@ def test_a_calibration_straddled_by_a_long_gap_is_not_kept_and_is_tried_again() 
     kernel = FakeKernel(step=0.0002)  # the thread preempted: 0.2 ms between two readings
     ticks = KernelTicks(TICK, clock=kernel.clock, coarse=kernel.coarse, skewed=False)
     assert not ticks.calibrate() and ticks.grid is None
-    assert not ticks.due(kernel.t + 0.5) and ticks.due(kernel.t + 1.0)
+    assert not ticks.due(kernel.t + 1.5) and ticks.due(kernel.t + 2.0)  # 1 s, doubled after each failure
+    assert not ticks.calibrate()
+    assert not ticks.due(kernel.t + 3.5) and ticks.due(kernel.t + 4.0)
 
 
 def test_once_calibrated_a_reading_says_whether_a_tick_surely_lies_since_the_last_one() -> None:

@@ -133,16 +133,18 @@ class KernelTicks:
         self.grid: TickGrid | None = None  # the ticks as last calibrated (placed no earlier than they are)
         self._calibrated = -math.inf  # when (the clock's instant)
         self._tried = -math.inf  # the last attempt
+        self._retry = _RETRY_S  # seconds from a failed attempt to the next
         self._began: float | None = None  # this reading's start
         self._after: float | None = None  # the last reading's end
 
     def due(self, now: float) -> bool:
         """A calibration is due: none yet, or the last over ``_RECALIBRATE_S`` ago (the last attempt failed
-        over ``_RETRY_S`` ago)."""
+        over ``_RETRY_S`` ago, twice that after each failure, up to ``_RECALIBRATE_S``: a thread that is
+        always preempted does not spin every second)."""
         if not self._usable:
             return False
         since = now - (self._calibrated if self.grid is not None else self._tried)
-        return since >= (_RECALIBRATE_S if self.grid is not None else _RETRY_S)
+        return since >= (_RECALIBRATE_S if self.grid is not None else self._retry)
 
     def calibrate(self) -> bool:
         """Spin reading the coarse clock and the clock until the coarse clock changes (at most a tick and a
@@ -156,12 +158,13 @@ class KernelTicks:
                 value, now = self._coarse(), clock()
                 if value != coarse:
                     if now - before > _CALIBRATION_GAP_S:
-                        return False
-                    self.grid, self._calibrated = TickGrid(self.tick, now), now
+                        break
+                    self.grid, self._calibrated, self._retry = TickGrid(self.tick, now), now, _RETRY_S
                     return True
                 before = now
         except OSError:
             self._usable = False
+        self._retry = min(2.0 * self._retry, _RECALIBRATE_S)
         return False
 
     def begin(self) -> float:
