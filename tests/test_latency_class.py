@@ -488,16 +488,22 @@ def test_under_the_duty_scheme_the_class_is_not_applied_and_the_log_says_so(
 # --- the cpu.stat reader ------------------------------------------------------------------------------------
 
 
+def hybrid_host(root: Path) -> tuple[Path, Path]:
+    """A pod's cgroup in a v2 hierarchy (``unified``) and in a v1 cpuacct one, 2.5 and 1.5 CPU seconds."""
+    v2 = root / "unified" / "kubepods" / "svc"
+    v1 = root / "cpu,cpuacct" / "kubepods" / "svc"
+    v2.mkdir(parents=True)
+    v1.mkdir(parents=True)
+    (root / "cpu,cpuacct" / "cpuacct.usage").write_text("0\n")
+    (v2 / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    return v2, v1
+
+
 def test_the_reader_reads_v2_cpu_stat_and_v1_cpuacct_usage_and_rereads_the_open_file(tmp_path: Path) -> None:
     from gpuagent.enforce.cpustat import CpuStat
 
-    v2 = tmp_path / "unified" / "kubepods" / "svc"
-    v1 = tmp_path / "cpu,cpuacct" / "kubepods" / "svc"
-    v2.mkdir(parents=True)
-    v1.mkdir(parents=True)
-    (tmp_path / "cpu,cpuacct" / "cpuacct.usage").write_text("0\n")
-    (v2 / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
-    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    v2, _ = hybrid_host(tmp_path)
     reader = CpuStat(str(tmp_path), v2_mount=str(tmp_path / "unified"))
     [new, old] = reader.open([FreezeTarget("v2", "/kubepods/svc"), FreezeTarget("v1", "/kubepods/svc")])
     assert (new.seconds(), old.seconds()) == (2.5, 1.5)
@@ -514,13 +520,7 @@ def test_the_reader_reads_v2_cpu_stat_and_v1_cpuacct_usage_and_rereads_the_open_
 def test_the_reader_reads_a_v2_cgroups_cpu_pressure_and_the_nodes_where_it_has_none(tmp_path: Path) -> None:
     from gpuagent.enforce.cpustat import CpuStat, read_pressure, system_waited
 
-    v2 = tmp_path / "unified" / "kubepods" / "svc"
-    v1 = tmp_path / "cpu,cpuacct" / "kubepods" / "svc"
-    v2.mkdir(parents=True)
-    v1.mkdir(parents=True)
-    (tmp_path / "cpu,cpuacct" / "cpuacct.usage").write_text("0\n")
-    (v2 / "cpu.stat").write_text("usage_usec 2500000\n")
-    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    v2, _ = hybrid_host(tmp_path)
     (v2 / "cpu.pressure").write_text("some avg10=7.39 avg60=5.76 avg300=5.31 total=9133882264\n"
                                      "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     reader = CpuStat(str(tmp_path), v2_mount=str(tmp_path / "unified"))

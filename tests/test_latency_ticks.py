@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,7 @@ while True:
 
 
 @pytest.fixture
-def v2_cgroup() -> str:
+def v2_cgroup() -> Iterator[str]:
     mount = Hierarchies("/sys/fs/cgroup").mountpoints.get("v2")
     if mount is None or not os.access(mount, os.W_OK):
         pytest.skip("no writable cgroup v2 hierarchy here (root, a v2 mount)")
