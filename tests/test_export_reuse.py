@@ -106,7 +106,8 @@ def pod_node(rng: random.Random, step: int) -> NodeSnapshot:
     enforcement = EnforcementState(
         mode="audit",
         shares=tuple(ShareState(name, namespace, uuids[i % 2], i % 2, rng.choice((None, 0.5)), rng.random(), 0.0,
-                                float(step)) for i, (namespace, name) in enumerate(pods)),
+                                float(step), latency_standing=rng.choice((None, "exempt", "over", "capped")),
+                                preemptions_total=step) for i, (namespace, name) in enumerate(pods)),
         memory=tuple(MemoryState(name, namespace, rng.choice((None, 4 * GIB)), GIB,
                                  rng.choice(("ok", "warned", "killed"))) for namespace, name in pods),
         actions_total={("freeze", "audit"): step},

@@ -415,6 +415,30 @@ def test_a_gpu_with_a_latency_pod_gets_the_class_and_its_requests_preempt_the_ba
     assert rec.frozen == {target("t0"), target("t1")}
     request(enforcer, svc, 0.110, busy=False)
     assert rec.frozen == set()
+    state = enforcer.update(node(1.0, BUSY))
+    shares = {s.pod: s for s in state.shares}
+    assert (shares["svc"].latency_standing, shares["svc"].preemptions_total) == ("exempt", 1)
+    assert (shares["t0"].latency_standing, shares["t0"].preemptions_total) == (None, 0)
+
+
+def test_the_class_standing_and_preemptions_are_exported_for_the_pods_in_it() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuagent.export import build_registry
+    from gpuagent.export.exposition import generate_text
+
+    enforcer, _, _, counters, _ = wired()
+    enforcer.update(node(0.0, BUSY))
+    request(enforcer, counters["/kubepods/svc"], 0.100, busy=False)
+    request(enforcer, counters["/kubepods/svc"], 0.105, busy=True)
+    snapshot = node(1.0, BUSY)
+    snapshot = replace(snapshot, enforcement=enforcer.update(snapshot))
+    text = generate_text(build_registry(lambda: snapshot)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    standing = {s.labels["standing"]: s.value for s in families["gpuagent_pod_gpu_latency_standing"].samples}
+    assert standing == {"exempt": 1.0, "over": 0.0, "capped": 0.0}  # the service alone: the others are batch
+    [preempted] = families["gpuagent_pod_gpu_preemptions"].samples
+    assert preempted.labels["pod"] == "svc" and preempted.value == 1.0 and "gpu" in preempted.labels
 
 
 def test_the_class_leaves_with_the_rule_and_the_held_pods_are_thawed() -> None:

@@ -283,10 +283,12 @@ class Enforcer:
             owner = owners[key]
             limits = owner.limits
             # positional, in ShareState's field order: one of these per tenant per poll
+            classed = isinstance(controller, LatencyController)
             states.append(ShareState(
                 owner.name, owner.namespace, uuid, index, limits.share_ratio, controller.achieved(key),
                 fraction, throttled(key) if throttled is not None else 0.0, limits.priority,
                 None if isinstance(controller, ShareController) else controller.correction(key),
+                controller.standing(key) if classed else None, controller.preemptions(key) if classed else 0,
             ))
         return tuple(states)
 

@@ -27,6 +27,7 @@ from gpuagent.snapshot.node import NodeSnapshot
 
 MODES = ("off", "audit", "enforce")
 STAGES = ("ok", "warned", "terminating", "killed", "evicted")
+STANDINGS = ("exempt", "over", "capped")  # a latency-sensitive pod's on its GPU (timeslice/latency.py)
 
 # Every (action, outcome) the actions gate can count in each mode, exported at 0 from the first poll so
 # that rate()/increase() see the first event (a series born at 1 hides it). From enforce/actions.py: in
@@ -87,6 +88,21 @@ class EnforcementCollector(GpuRenderer):
                            GAUGE, series, [s.frozen_ratio for s in shares])
         throttled = kept.family("gpuagent_pod_gpu_throttled_seconds_total", "Time the pod spent frozen.",
                                 COUNTER, series, [s.throttled_seconds_total for s in shares])
+        classed = [s for s in shares if s.latency_standing is not None]
+        standings: list[str] = []
+        for s in classed:
+            standings += texts[("standings", s.namespace, s.pod, places[(s.gpu_uuid, None)])]
+        standing = kept.family(
+            "gpuagent_pod_gpu_latency_standing",
+            "1 for the latency-sensitive pod's standing on the GPU: exempt (its requests preempt the batch "
+            "pods), over (its share: it preempts no one) or capped (it takes turns at its share).",
+            GAUGE, standings, [1.0 if s.latency_standing == v else 0.0 for s in classed for v in STANDINGS])
+        preemptions = kept.family(
+            "gpuagent_pod_gpu_preemptions_total",
+            "The latency-sensitive pod's requests that began with the GPU's batch pods held frozen "
+            "(audit mode: would have).",
+            COUNTER, [texts[("share", s.namespace, s.pod, places[(s.gpu_uuid, None)])] for s in classed],
+            [s.preemptions_total for s in classed])
         memory = state.memory
         memory_limit = kept.known("gpuagent_pod_gpu_memory_limit_bytes", "The pod's GPU memory limit.", GAUGE,
                                   [texts[("pod", m.namespace, m.pod)] for m in memory],
@@ -104,7 +120,8 @@ class EnforcementCollector(GpuRenderer):
             ident = pod_labels(problem.namespace, problem.pod)
             add(problems, with_label(ident, "annotation", problem.annotation), 1)
         return non_empty(
-            [mode, frozen, actions, limit, achieved, duty, throttled, memory_limit, stage, problems]
+            [mode, frozen, actions, limit, achieved, duty, throttled, standing, preemptions, memory_limit,
+             stage, problems]
         )
 
 
@@ -122,4 +139,6 @@ def _label_text(key: tuple) -> Any:
         return join(ident, key[3])
     if kind == "stages":
         return tuple(with_label(ident, "stage", value) for value in STAGES)
+    if kind == "standings":
+        return tuple(with_label(join(ident, key[3]), "standing", value) for value in STANDINGS)
     return ident

@@ -28,6 +28,10 @@ class ShareState:
     # share_scheme rotation: how much of the period its slot was shortened by what NVML's view showed it
     # getting beyond the slot (a queue running on past it; negative: lengthened); None under duty
     correction_ratio: float | None = None
+    # the latency class (docs/isolation.md): "exempt" (never frozen, its requests preempt the GPU's batch
+    # pods), "over" (over its share: preempts no one), "capped" (takes turns at its share); None: not in it
+    latency_standing: str | None = None
+    preemptions_total: int = 0  # its requests that began with the GPU's batch pods to hold frozen
 
 
 @dataclass(frozen=True, slots=True)

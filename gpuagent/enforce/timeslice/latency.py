@@ -104,6 +104,7 @@ class LatencyController:
         self._moved_at: dict[str, float] = {}  # key -> the last reading its CPU moved at
         self._stopped: dict[str, bool] = {}  # key -> it last moved within a window known to hold no tick
         self._waited: dict[str, float] = {}  # key -> the part of the last 10 s its tasks waited for a CPU
+        self._preemptions: dict[str, int] = {}  # key -> its requests that began a hold
         self._let_go = False  # a hold ended at the last reading: the next one comes soon (see period)
         self._thawed: frozenset[str] = frozenset()  # the keys thawed at the last reading
         self._preempting: set[str] = set()  # exempt latency keys within their shares: they may preempt
@@ -117,6 +118,20 @@ class LatencyController:
     def capped(self, key: str) -> bool:
         """The latency tenant is over its share and takes turns in the rotation."""
         return key in self._capped
+
+    def standing(self, key: str) -> str | None:
+        """The tenant's standing in the class at the last poll: ``exempt`` (never frozen, its requests
+        preempt the batch tenants), ``over`` (over its share: it preempts no one), ``capped`` (in the
+        rotation at its share and ``tolerance``); None: not in the class."""
+        if key not in self.latency:
+            return None
+        if key in self._capped:
+            return "capped"
+        return "exempt" if key in self._preempting else "over"
+
+    def preemptions(self, key: str) -> int:
+        """How many of the tenant's requests began with batch tenants to hold (each a preemption)."""
+        return self._preemptions.get(key, 0)
 
     def busy(self) -> frozenset[str]:
         """The exempt latency tenants that had a request in hand at the last reading of their CPU."""
@@ -160,6 +175,7 @@ class LatencyController:
         self._moved_at.pop(key, None)
         self._stopped.pop(key, None)
         self._waited.pop(key, None)
+        self._preemptions.pop(key, None)
         self._in_hand.discard(key)
         self._cpu_polls.pop(key, None)
         self._last_busy.pop(key, None)
@@ -300,6 +316,9 @@ class LatencyController:
                     busy.add(key)
         self._thawed = thawed_now
         before = self.frozen()
+        if self.preempt and self._batch:
+            for key in busy - self._busy:
+                self._preemptions[key] = self._preemptions.get(key, 0) + 1
         self._busy = frozenset(busy)
         after = self.frozen()
         self._let_go = bool(before) and not after
