@@ -769,4 +769,6 @@ def test_the_latency_item_on_cpu_tenants_orders_the_runs_as_the_issue_asks(tmp_p
     assert rows["alone"]["trainer_work"] == 0.0 and rows["unenforced"]["trainer_work"] > 0.3
     cls = rows["latency class"]
     assert cls["in_class"] is True and cls["freezes"] >= 10 and cls["service_frozen_s"] == 0.0
+    # the agent's own kernel ticks (it reads them beside the monotonic clock): found, or the still time
+    assert cls["ticks"] in ("calibrated", "pending", "off") and 0.0001 <= cls["tick_s"] <= 0.02
     assert "| run | requests (unanswered) | p50 / p99 / p99.9 ms |" in (out / "report.md").read_text()

@@ -418,6 +418,7 @@ def test_a_gpu_with_a_latency_pod_gets_the_class_and_its_requests_preempt_the_ba
     state = enforcer.update(node(1.0, BUSY))
     shares = {s.pod: s for s in state.shares}
     assert (shares["svc"].latency_standing, shares["svc"].preemptions_total) == ("exempt", 1)
+    assert state.latency_ticks is None  # a test's clock: no kernel ticks read beside it
     assert (shares["t0"].latency_standing, shares["t0"].preemptions_total) == (None, 0)
 
 

@@ -162,8 +162,8 @@ class FakeKernel:
 def test_a_calibration_places_the_grid_at_the_coarse_clocks_change_just_after_the_tick() -> None:
     kernel = FakeKernel()
     ticks = KernelTicks(TICK, clock=kernel.clock, coarse=kernel.coarse, skewed=False)
-    assert ticks.due(kernel.t) and ticks.grid is None
-    assert ticks.calibrate()
+    assert ticks.due(kernel.t) and ticks.grid is None and ticks.state == "pending"
+    assert ticks.calibrate() and ticks.state == "calibrated"
     grid = ticks.grid
     assert grid is not None
     true = kernel.grid.last(kernel.t)
@@ -203,7 +203,7 @@ def test_once_calibrated_a_reading_says_whether_a_tick_surely_lies_since_the_las
 def test_a_kernel_with_skewed_ticks_or_no_coarse_clock_says_unknown() -> None:
     kernel = FakeKernel()
     skewed = KernelTicks(TICK, clock=kernel.clock, coarse=kernel.coarse, skewed=True)
-    assert not skewed.due(kernel.t)
+    assert not skewed.due(kernel.t) and skewed.state == "off"
     skewed.begin()
     skewed.begin()
     assert skewed.end() is None and skewed.grid is None

@@ -195,7 +195,16 @@ class Enforcer:
             share_scheme=self._cycler.plan.name if self._cycler is not None else None,
             share_period_seconds=self._cycler.period if self._cycler is not None else None,
             limits=decisions(owners),
+            **self._sensing(),
         )
+
+    def _sensing(self) -> dict[str, object]:
+        """The latency class's tick reading, while the preemption watches a GPU (see EnforcementState)."""
+        preemption = self._preemption
+        ticks = preemption.ticks if preemption is not None and preemption.watched else None
+        if ticks is None:
+            return {}
+        return {"latency_ticks": ticks.state, "tick_seconds": ticks.tick}
 
     # -- who, with which limits --------------------------------------------------------------------
 

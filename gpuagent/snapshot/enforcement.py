@@ -96,6 +96,10 @@ class EnforcementState:
     share_scheme: str | None = None  # "rotation" | "duty"; None: no cycler (no shares applied)
     share_period_seconds: float | None = None  # the mean period of the rotation or duty cycle
     limits: tuple[LimitsDecision, ...] = ()  # every workload with processes on a GPU, by owner
+    # the latency class's sensing while it watches a GPU: the scheduler's ticks "calibrated" (a request's
+    # end read at the tick), "pending" or "off" (the still time), and the tick; None: nothing watched
+    latency_ticks: str | None = None
+    tick_seconds: float | None = None
 
 
 # Every frozen dataclass above builds through its slots directly: the same objects, ~45 % faster to make

@@ -186,8 +186,10 @@ def one_run(ctx: Context, name: str, service: Tenant, trainer: Tenant, n: Length
             state = get_json(runner, "/v1/state")
             limits = [entry for entry in (state.get("enforcement") or {}).get("limits", ())
                       if isinstance(entry, dict) and service.uid in (entry.get("name"), entry.get("owner"))]
+            enforcement = state.get("enforcement") or {}
             record.update(
                 in_class=bool(limits) and all(entry.get("latency_sensitive") is True for entry in limits),
+                ticks=enforcement.get("latency_ticks"), tick_s=enforcement.get("tick_seconds"),
                 freezes=_delta(before, after, "gpuagent_enforcement_actions_total", action="freeze",
                                outcome="done"),
                 service_frozen_s=_delta(before, after, "gpuagent_pod_gpu_throttled_seconds_total",
@@ -264,6 +266,8 @@ def run(ctx: Context) -> ItemResult:
     alone, free, cls = by["alone"], by["unenforced"], by["latency class"]
     result.check("latency class: the agent put the service in it (/v1/state limits)", cls["in_class"],
                  cls["in_class"] is True, bar="latency_sensitive")
+    result.check("latency class: how the agent read a request's end (/v1/state)", cls.get("ticks"), None,
+                 note=f"the scheduler's tick {cls.get('tick_s')} s; calibrated: at the tick, else still time")
     ratio = cls["p99_ms"] / free["p99_ms"] if cls["p99_ms"] and free["p99_ms"] else None
     result.check("p99 under the latency class against the p99 unenforced", round(ratio, 2) if ratio else None,
                  ratio is not None and ratio <= P99_BAR, bar=f"<= {P99_BAR}",

@@ -137,6 +137,15 @@ class KernelTicks:
         self._began: float | None = None  # this reading's start
         self._after: float | None = None  # the last reading's end
 
+    @property
+    def state(self) -> str:
+        """``calibrated`` (an end is read at the tick), ``pending`` (no calibration has held yet) or
+        ``off`` (no one grid: ``skew_tick=1``, or no coarse clock): until calibrated, the still time ends
+        a request."""
+        if not self._usable:
+            return "off"
+        return "calibrated" if self.grid is not None else "pending"
+
     def due(self, now: float) -> bool:
         """A calibration is due: none yet, or the last over ``_RECALIBRATE_S`` ago (the last attempt failed
         over ``_RETRY_S`` ago, twice that after each failure, up to ``_RECALIBRATE_S``: a thread that is
