@@ -169,6 +169,10 @@ def test_a_calibration_places_the_grid_at_the_coarse_clocks_change_just_after_th
     true = kernel.grid.last(kernel.t)
     assert true <= grid.last(kernel.t) <= true + 2 * kernel.step  # never before the true tick
     assert not ticks.due(kernel.t + 1.0) and ticks.due(kernel.t + 61.0)  # once a minute
+    kernel.t += 61.0
+    kernel.step = 0.0002  # preempted now: the recalibration fails, the grid found stays
+    assert not ticks.calibrate() and ticks.grid is grid
+    assert not ticks.due(kernel.t + 1.0) and ticks.due(kernel.t + 2.5)  # not at every slow reading
 
 
 def test_a_calibration_straddled_by_a_long_gap_is_not_kept_and_is_tried_again() -> None:

@@ -150,10 +150,9 @@ class KernelTicks:
         """A calibration is due: none yet, or the last over ``_RECALIBRATE_S`` ago (the last attempt failed
         over ``_RETRY_S`` ago, twice that after each failure, up to ``_RECALIBRATE_S``: a thread that is
         always preempted does not spin every second)."""
-        if not self._usable:
+        if not self._usable or now - self._tried < self._retry:
             return False
-        since = now - (self._calibrated if self.grid is not None else self._tried)
-        return since >= (_RECALIBRATE_S if self.grid is not None else self._retry)
+        return self.grid is None or now - self._calibrated >= _RECALIBRATE_S
 
     def calibrate(self) -> bool:
         """Spin reading the coarse clock and the clock until the coarse clock changes (at most a tick and a
