@@ -621,6 +621,21 @@ def pods() -> dm.Dashboard:
                     [q(by("sum", PER_POD + ", gpu",
                           rate(pg("gpuagent_pod_gpu_throttled_seconds_total"))), POD_GPU_LEGEND)],
                     "percentunit", maximum=1))
+    b.add(12, 8, timeline("Latency class standing", "`gpuagent_pod_gpu_latency_standing` of each "
+                          "latency-sensitive pod on its GPU: exempt (never frozen, its requests preempt the "
+                          "batch pods), over (over its share: it preempts no one), capped (it takes turns at "
+                          "its share); `(no latency class)` when no pod is in it.",
+                          [q(state_code("gpuagent_pod_gpu_latency_standing", POD_GPU, "standing",
+                                        ("over", "capped"), "instance, namespace, pod, gpu")
+                             + ' or on() label_replace(vector(-1), "pod", "(no latency class)", "", "")',
+                             POD_GPU_LEGEND)],
+                          states((-1, "no pod in the class", "text"), (0, "exempt", "green"),
+                                 (1, "over", "orange"), (2, "capped", "red"))))
+    b.add(12, 8, ts("Latency class preemptions", "rate(`gpuagent_pod_gpu_preemptions_total`): a "
+                    "latency-sensitive pod's requests a second that held its GPU's batch pods frozen (what "
+                    "it costs them is in their throttled time); `(no latency class)` when no pod is in it.",
+                    [q(or_none(by("sum", PER_POD + ", gpu", rate(pg("gpuagent_pod_gpu_preemptions_total"))),
+                               "pod", "(no latency class)"), POD_GPU_LEGEND)], "reqps"))
 
     b.row("Enforcement")
     actions = sel("gpuagent_enforcement_actions_total", NODE)

@@ -298,7 +298,8 @@ def test_series_that_may_be_absent_have_a_fallback(dashboard: dict[str, Any]) ->
     """Families that exist only in rare states are never queried bare: a panel that reads them says 0 (or
     "none") rather than "No data" on a healthy node."""
     rare = ("gpuagent_gpu_xid_errors_total", "gpuagent_nvml_errors_total", "gpuagent_enforcement_actions_total",
-            "gpuagent_pod_policy_problem", "gpuagent_pod_gpu_unallocated_use", "gpuagent_mig_info")
+            "gpuagent_pod_policy_problem", "gpuagent_pod_gpu_unallocated_use", "gpuagent_mig_info",
+            "gpuagent_pod_gpu_latency_standing", "gpuagent_pod_gpu_preemptions_total")
     for where, expr in queries(dashboard):
         if where.startswith("variable"):
             continue
